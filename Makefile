@@ -1,0 +1,85 @@
+# flashgpt build. `make` builds train_gpt (CUDA backend too when nvcc is found; NO_CUDA=1 skips
+# it), `make test` runs the CPU test suite and the PyTorch oracle tests, `make test-gpu` the GPU
+# tests, `make libattention` the attention kernels as a shared library for scripts/bench_attention.py.
+CC      ?= gcc
+PYTHON  ?= /usr/bin/python3
+BUILD   ?= build
+OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
+CFLAGS  = -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -fPIC -I. \
+          -I$(OPENBLAS_INC) $(CFLAGS_EXTRA)
+LDLIBS  = -lcjson -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
+
+MODULES := common attention model optim data dist
+C_SRC   := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+CU_SRC  := $(foreach m,$(MODULES),$(wildcard $(m)/*.cu))
+C_OBJ   := $(C_SRC:%.c=$(BUILD)/%.o)
+CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*.cuh))
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(NO_CUDA),1)
+NVCC :=
+endif
+ifneq ($(NVCC),)
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH  ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80
+NVCCFLAGS  = -O3 -std=c++17 -I. $(CUDA_ARCH) -lineinfo --expt-relaxed-constexpr \
+             -Xcompiler -fPIC,-fopenmp -DFLASHGPT_CUDA $(NVCCFLAGS_EXTRA) $(CFLAGS_EXTRA)
+CFLAGS    += -DFLASHGPT_CUDA -I$(CUDA_HOME)/include
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+OBJ        = $(C_OBJ) $(CU_OBJ)
+else
+OBJ        = $(C_OBJ)
+endif
+
+TEST_SRC     := $(wildcard tests/test_*.c)
+TEST_BIN     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c tests/gpu/test_*.cu)
+GPU_TEST_BIN := $(patsubst tests/gpu/%,$(BUILD)/tests/gpu/%,$(basename $(GPU_TEST_SRC)))
+
+.PHONY: all test test-gpu bench libattention clean
+all: train_gpt
+
+$(BUILD)/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libflashgpt.a: $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+train_gpt: $(BUILD)/train_gpt.o $(BUILD)/libflashgpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/testlib.h $(BUILD)/libflashgpt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(BUILD)/libflashgpt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h $(BUILD)/libflashgpt.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libflashgpt.a -o $@ -lcjson -lopenblas -lcublasLt -lcublas -lgomp $(LDFLAGS_EXTRA)
+
+# The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
+libattention: $(BUILD)/libattention.so
+$(BUILD)/libattention.so: $(filter $(BUILD)/attention/% $(BUILD)/common/%,$(OBJ))
+	$(CC) -shared $^ -o $@ $(LDLIBS)
+
+test: train_gpt $(TEST_BIN)
+	@bash tests/run_tests.sh $(TEST_BIN)
+
+test-gpu: train_gpt $(GPU_TEST_BIN)
+	@bash tests/run_tests.sh --gpu $(GPU_TEST_BIN)
+
+bench: train_gpt
+	./train_gpt bench
+
+clean:
+	rm -rf $(BUILD) train_gpt

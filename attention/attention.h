@@ -1,0 +1,98 @@
+// attention: the public API of the attention module (CPU reference, CUDA flash kernels, naive
+// baseline). It knows nothing of GPT: callers describe tensors with pointers and strides.
+//
+// Layout: every tensor is addressed as base + b*batch_stride + t*row_stride + h*head_stride + d
+// (strides in ELEMENTS, the innermost head dimension is contiguous). This lets the model hand in
+// its fused QKV buffer (B, T, (NH + 2*NKV) * HS) without permute copies.
+#pragma once
+#include <stdint.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { ATTN_F32 = 0, ATTN_BF16 = 1, ATTN_F16 = 2 } AttnDtype;
+typedef enum { ATTN_IMPL_FLASH = 0, ATTN_IMPL_NAIVE = 1 } AttnImpl;
+typedef enum { ATTN_CPU = 0, ATTN_CUDA = 1 } AttnDevice;
+
+typedef struct {
+    int64_t batch, row, head;  // element strides
+} AttnStrides;
+
+// Filled once per call (zero-initialise, then set every field you use); kernels trust it after
+// attn_check() accepted it.
+typedef struct {
+    // --- forward tensors ---
+    const void *q;   // (B, T_q, NH, HS)  by q_st
+    const void *k;   // (B, T_k, NKV, HS) by k_st
+    const void *v;   // (B, T_k, NKV, HS) by v_st
+    void *out;       // (B, T_q, NH, HS)  by o_st
+    float *lse;      // (B, NH, T_q) fp32, contiguous: log-sum-exp of the scaled, masked scores
+                     // (+INFINITY for a fully masked row, whose output is 0)
+    AttnStrides q_st, k_st, v_st, o_st;
+
+    // --- backward tensors (attn_backward only) ---
+    const void *dout;      // like out, by do_st
+    void *dq, *dk, *dv;    // like q, k, v, by dq_st, dk_st, dv_st; OVERWRITTEN (not accumulated)
+    AttnStrides do_st, dq_st, dk_st, dv_st;
+
+    // --- sizes ---
+    int B, T_q, T_k;
+    int NH, NKV;          // query heads, key/value heads; NKV divides NH (GQA/MQA when NKV < NH)
+    int HS;               // head size
+    float scale;          // usually 1/sqrt(HS)
+
+    // --- masking ---
+    // Query i (0-based in T_q) is aligned to key position i + (T_k - T_q) ("bottom-right"
+    // alignment, as in flash-attention), so causal with T_q == T_k is the usual lower triangle.
+    int causal;
+    int window_left, window_right;  // key j is visible to aligned query position p only if
+                                    // p - window_left <= j <= p + window_right; -1 = unbounded
+    const float *alibi_slopes;      // (NH) or NULL: adds -slope * |p - j| to each score
+    // Packed documents (requires T_q == T_k): cu_seqlens[0..n_docs] are cumulative offsets over
+    // the flattened (B*T) token index, starting at 0 and ending at B*T; a document never crosses
+    // a batch row (row starts must appear in the list). Tokens attend only inside their document.
+    const int *cu_seqlens;          // NULL = no document masking
+    int n_docs;
+
+    // --- dropout on the attention probabilities (training only) ---
+    float dropout_p;                // 0 = off
+    uint64_t seed, offset;          // Philox key and counter base: backward regenerates the mask
+
+    // --- execution ---
+    AttnDtype dtype;                // element type of q, k, v, out, dout, dq, dk, dv
+    AttnImpl impl;
+    int deterministic;              // bitwise reproducible dq (and dk, dv)
+    void *stream;                   // cudaStream_t for ATTN_CUDA, ignored on the CPU
+    void *workspace;                // scratch of attn_workspace_bytes() (device memory for CUDA)
+    size_t workspace_bytes;
+} AttnParams;
+
+// Validates the params for `dev` (and for backward when `backward` is set). Returns 0 when they
+// are acceptable, otherwise writes a message a user can act on into err and returns -1.
+int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, size_t errlen);
+
+// Scratch memory the chosen implementation needs for forward+backward of this problem (bytes).
+// Flash implementations need O(B*NH*T); naive needs O(B*NH*T_q*T_k).
+size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev);
+
+// CPU (fp32 only). impl selects the tiled flash reference or the materialised naive version.
+void attn_forward_cpu(const AttnParams *p);
+void attn_backward_cpu(const AttnParams *p);   // needs out and lse from the forward
+
+// CUDA (built only when nvcc is available). Asynchronous on p->stream.
+void attn_forward_cuda(const AttnParams *p);
+void attn_backward_cuda(const AttnParams *p);
+
+// Helpers shared by every implementation (attention/mask.c): whether key j is visible to query
+// i of batch row b under the params' causal/window/document rules, and the ALiBi bias.
+int attn_visible(const AttnParams *p, int b, int i, int j);
+// The dropout keep-decision for element (b, h, i, j): 1 keep (scaled by 1/(1-p)), 0 drop.
+// Counter-based (Philox-4x32-10 keyed by seed, counter from offset and the element index), so
+// any implementation on any device regenerates the same mask.
+int attn_dropout_keep(const AttnParams *p, int b, int h, int i, int j);
+
+#ifdef __cplusplus
+}
+#endif

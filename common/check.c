@@ -1,0 +1,73 @@
+#include "check.h"
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+
+void fatal(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stdout);
+    exit(code);
+}
+
+void warnf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) fatal(EXIT_RUNTIME, "out of host memory allocating %zu bytes", n);
+    return p;
+}
+
+void *xcalloc(size_t n, size_t s) {
+    void *p = calloc(n ? n : 1, s ? s : 1);
+    if (!p) fatal(EXIT_RUNTIME, "out of host memory allocating %zu x %zu bytes", n, s);
+    return p;
+}
+
+void *xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) fatal(EXIT_RUNTIME, "out of host memory reallocating %zu bytes", n);
+    return q;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+FILE *fopen_or_die(const char *path, const char *mode) {
+    FILE *f = fopen(path, mode);
+    if (!f)
+        fatal(EXIT_USAGE, "cannot open '%s' (mode %s): %s; check the path and its permissions", path,
+              mode, strerror(errno));
+    return f;
+}
+
+char *read_file_or_die(const char *path, size_t *len_out) {
+    FILE *f = fopen_or_die(path, "rb");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = xmalloc(cap);
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (cap - len - 1 == 0) buf = xrealloc(buf, cap *= 2);
+    }
+    if (ferror(f)) fatal(EXIT_USAGE, "cannot read '%s': %s", path, strerror(errno));
+    fclose(f);
+    buf[len] = '\0';
+    if (len_out) *len_out = len;
+    return buf;
+}

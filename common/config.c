@@ -1,0 +1,422 @@
+// The configuration table and everything it drives: defaults, JSON files, --set overrides,
+// validation, help text and serialisation.
+#include "config.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+typedef enum { CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_STR, CFG_ENUM, CFG_SCALE } CfgType;
+
+typedef struct {
+    const char *key;      // "section.name"
+    CfgType type;
+    size_t offset;        // into Config
+    const char *def;      // default, written as it would be given to --set
+    double min, max;      // inclusive range for CFG_INT / CFG_FLOAT
+    const char *choices;  // "a|b|c" for CFG_ENUM
+    const char *help;
+} CfgKey;
+
+#define OFF(field) offsetof(Config, field)
+#define BIG 2147483647.0
+
+static const CfgKey KEYS[] = {
+    {"model.n_layer", CFG_INT, OFF(model.n_layer), "12", 1, 1024, NULL, "number of transformer blocks"},
+    {"model.n_head", CFG_INT, OFF(model.n_head), "12", 1, 1024, NULL, "query heads per attention layer"},
+    {"model.n_kv_head", CFG_INT, OFF(model.n_kv_head), "0", 0, 1024, NULL,
+     "key/value heads (GQA when < n_head); 0 = same as n_head"},
+    {"model.n_embd", CFG_INT, OFF(model.n_embd), "768", 1, 65536, NULL, "model width C"},
+    {"model.vocab_size", CFG_INT, OFF(model.vocab_size), "50257", 2, BIG, NULL,
+     "tokens in the vocabulary (padded to a multiple of 128 inside the model)"},
+    {"model.max_seq_len", CFG_INT, OFF(model.max_seq_len), "1024", 1, 1 << 22, NULL,
+     "longest sequence the model supports (size of the learned position table)"},
+    {"model.pos_embedding", CFG_ENUM, OFF(model.pos_embedding), "learned", 0, 0, "learned|rope|alibi",
+     "position encoding"},
+    {"model.rope_theta", CFG_FLOAT, OFF(model.rope_theta), "10000", 1, 1e9, NULL, "RoPE base frequency"},
+
+    {"data.train", CFG_STR, OFF(data.train), "", 0, 0, NULL, "glob pattern of training token shards"},
+    {"data.val", CFG_STR, OFF(data.val), "", 0, 0, NULL, "glob pattern of validation token shards"},
+    {"data.tokenizer", CFG_STR, OFF(data.tokenizer), "", 0, 0, NULL,
+     "tokenizer file (llm.c format) used to print samples; empty = no text samples"},
+    {"data.synthetic", CFG_ENUM, OFF(data.synthetic), "none", 0, 0, "none|copy|markov",
+     "built-in task instead of shards: copy (second half repeats the first), markov (known entropy)"},
+    {"data.shuffle", CFG_BOOL, OFF(data.shuffle), "false", 0, 0, NULL,
+     "visit training windows in a seeded random order instead of sequentially"},
+    {"data.eot_token", CFG_INT, OFF(data.eot_token), "-1", -1, BIG, NULL,
+     "end-of-text token that separates documents; -1 = none"},
+
+    {"train.batch_size", CFG_INT, OFF(train.batch_size), "8", 1, 1 << 20, NULL,
+     "sequences per GPU (or process) per micro-step"},
+    {"train.seq_len", CFG_INT, OFF(train.seq_len), "1024", 1, 1 << 22, NULL, "tokens per sequence"},
+    {"train.grad_accum", CFG_INT, OFF(train.grad_accum), "1", 1, 1 << 20, NULL,
+     "micro-steps accumulated into one optimizer step"},
+    {"train.steps", CFG_INT, OFF(train.steps), "1000", 0, BIG, NULL, "optimizer steps"},
+    {"train.seed", CFG_INT, OFF(train.seed), "1337", 0, BIG, NULL, "seed of initialisation, data order and sampling"},
+    {"train.recompute", CFG_ENUM, OFF(train.recompute), "none", 0, 0, "none|attn_gelu|block",
+     "activation recomputation in backward"},
+
+    {"optim.lr", CFG_FLOAT, OFF(optim.lr), "6e-4", 0, 10, NULL, "peak learning rate"},
+    {"optim.min_lr", CFG_FLOAT, OFF(optim.min_lr), "6e-5", 0, 10, NULL, "learning rate at the end of the decay"},
+    {"optim.warmup_steps", CFG_INT, OFF(optim.warmup_steps), "0", 0, BIG, NULL, "linear warmup steps"},
+    {"optim.schedule", CFG_ENUM, OFF(optim.schedule), "cosine", 0, 0, "cosine|linear|constant",
+     "decay from lr to min_lr after warmup"},
+    {"optim.weight_decay", CFG_FLOAT, OFF(optim.weight_decay), "0.1", 0, 10, NULL,
+     "decoupled weight decay of 2-D weights"},
+    {"optim.beta1", CFG_FLOAT, OFF(optim.beta1), "0.9", 0, 0.999999, NULL, "AdamW beta1"},
+    {"optim.beta2", CFG_FLOAT, OFF(optim.beta2), "0.95", 0, 0.999999, NULL, "AdamW beta2"},
+    {"optim.eps", CFG_FLOAT, OFF(optim.eps), "1e-8", 0, 1, NULL, "AdamW epsilon"},
+    {"optim.grad_clip", CFG_FLOAT, OFF(optim.grad_clip), "1.0", 0, 1e9, NULL,
+     "clip the global gradient norm to this; 0 = off"},
+    {"optim.decay_embeddings", CFG_BOOL, OFF(optim.decay_embeddings), "false", 0, 0, NULL,
+     "also apply weight decay to the position embedding table"},
+
+    {"precision.dtype", CFG_ENUM, OFF(precision.dtype), "bf16", 0, 0, "bf16|fp16|fp32",
+     "compute dtype on CUDA (the CPU backend always computes in fp32)"},
+    {"precision.loss_scale", CFG_SCALE, OFF(precision.loss_scale), "dynamic", 0, 0, NULL,
+     "\"dynamic\" or a fixed positive loss scale"},
+    {"precision.initial_loss_scale", CFG_FLOAT, OFF(precision.initial_loss_scale), "65536", 1, 1e30,
+     NULL, "first scale of dynamic loss scaling"},
+    {"precision.loss_scale_window", CFG_INT, OFF(precision.loss_scale_window), "1000", 1, BIG, NULL,
+     "clean steps before the dynamic scale doubles"},
+
+    {"attention.impl", CFG_ENUM, OFF(attention.impl), "flash", 0, 0, "flash|naive",
+     "flash (tiled, memory linear in T) or naive (materialised scores)"},
+    {"attention.window", CFG_INT, OFF(attention.window), "-1", -1, BIG, NULL,
+     "sliding window: keys at most this far back; -1 = unbounded"},
+    {"attention.dropout", CFG_FLOAT, OFF(attention.dropout), "0", 0, 0.99, NULL,
+     "dropout on attention probabilities"},
+    {"attention.deterministic", CFG_BOOL, OFF(attention.deterministic), "false", 0, 0, NULL,
+     "bitwise reproducible attention backward"},
+
+    {"log.dir", CFG_STR, OFF(log.dir), "runs/default", 0, 0, NULL,
+     "run directory: metrics.jsonl, config.json and checkpoints"},
+    {"log.every", CFG_INT, OFF(log.every), "10", 1, BIG, NULL, "print a progress line every N steps"},
+    {"log.eval_every", CFG_INT, OFF(log.eval_every), "0", 0, BIG, NULL,
+     "evaluate val loss every N steps (and at the end); 0 = only at the end"},
+    {"log.eval_tokens", CFG_INT, OFF(log.eval_tokens), "65536", 0, BIG, NULL,
+     "tokens of validation data per evaluation"},
+    {"log.sample_every", CFG_INT, OFF(log.sample_every), "0", 0, BIG, NULL,
+     "print a text sample every N steps (and at the end); 0 = only at the end"},
+    {"log.sample_tokens", CFG_INT, OFF(log.sample_tokens), "200", 0, BIG, NULL, "tokens per sample"},
+    {"log.checkpoint_every", CFG_INT, OFF(log.checkpoint_every), "0", 0, BIG, NULL,
+     "write a checkpoint every N steps (and at the end); 0 = only at the end"},
+    {"log.keep_checkpoints", CFG_INT, OFF(log.keep_checkpoints), "2", 1, BIG, NULL,
+     "newest checkpoints kept in log.dir"},
+};
+#define N_KEYS ((int)(sizeof(KEYS) / sizeof(KEYS[0])))
+
+static int errorf(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const CfgKey *find_key(const char *key) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(KEYS[i].key, key) == 0) return &KEYS[i];
+    return NULL;
+}
+
+static int choice_ok(const char *choices, const char *v) {
+    size_t n = strlen(v);
+    for (const char *s = choices; *s;) {
+        const char *bar = strchr(s, '|');
+        size_t len = bar ? (size_t)(bar - s) : strlen(s);
+        if (len == n && strncmp(s, v, n) == 0) return 1;
+        s += len + (bar ? 1 : 0);
+    }
+    return 0;
+}
+
+static const char *type_name(const CfgKey *k) {
+    switch (k->type) {
+    case CFG_INT: return "integer";
+    case CFG_FLOAT: return "number";
+    case CFG_BOOL: return "true|false";
+    case CFG_STR: return "string";
+    case CFG_ENUM: return k->choices;
+    case CFG_SCALE: return "\"dynamic\" or number";
+    }
+    return "?";
+}
+
+static void range_text(const CfgKey *k, char *buf, size_t n) {
+    if (k->type == CFG_INT) snprintf(buf, n, "[%.0f, %.0f]", k->min, k->max);
+    else if (k->type == CFG_FLOAT) snprintf(buf, n, "[%g, %g]", k->min, k->max);
+    else snprintf(buf, n, "-");
+}
+
+// Stores a value given as text (defaults, --set, JSON strings) into the field of `k`.
+static int set_from_text(Config *c, const CfgKey *k, const char *v, char *err, size_t errlen) {
+    char *field = (char *)c + k->offset;
+    char range[64];
+    range_text(k, range, sizeof range);
+    switch (k->type) {
+    case CFG_INT: {
+        char *end;
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (*v == '\0' || *end != '\0' || errno)
+            return errorf(err, errlen, "%s: expected an integer, got '%s'", k->key, v);
+        if (x < k->min || x > k->max)
+            return errorf(err, errlen, "%s: %lld is out of range %s", k->key, x, range);
+        if (k->offset == OFF(train.seed)) *(long long *)field = x;
+        else *(int *)field = (int)x;
+        return 0;
+    }
+    case CFG_FLOAT: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (*v == '\0' || *end != '\0' || errno || !isfinite(x))
+            return errorf(err, errlen, "%s: expected a number, got '%s'", k->key, v);
+        if (x < k->min || x > k->max)
+            return errorf(err, errlen, "%s: %g is out of range %s", k->key, x, range);
+        *(float *)field = (float)x;
+        return 0;
+    }
+    case CFG_BOOL:
+        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) *(int *)field = 1;
+        else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) *(int *)field = 0;
+        else return errorf(err, errlen, "%s: expected true or false, got '%s'", k->key, v);
+        return 0;
+    case CFG_ENUM:
+        if (!choice_ok(k->choices, v))
+            return errorf(err, errlen, "%s: '%s' is not one of %s", k->key, v, k->choices);
+        /* fall through */
+    case CFG_STR:
+        if (strlen(v) >= (k->type == CFG_STR ? CFG_PATH_MAX : CFG_NAME_MAX))
+            return errorf(err, errlen, "%s: value is too long", k->key);
+        strcpy(field, v);
+        return 0;
+    case CFG_SCALE: {
+        char *end;
+        double x = strtod(v, &end);
+        int is_num = *v != '\0' && *end == '\0' && isfinite(x);
+        if (strcmp(v, "dynamic") != 0 && !(is_num && x > 0))
+            return errorf(err, errlen, "%s: expected \"dynamic\" or a positive number, got '%s'",
+                          k->key, v);
+        snprintf(field, CFG_NAME_MAX, "%s", v);
+        return 0;
+    }
+    }
+    return -1;
+}
+
+void config_defaults(Config *c) {
+    char err[256];
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < N_KEYS; i++)
+        if (set_from_text(c, &KEYS[i], KEYS[i].def, err, sizeof err) != 0)
+            fatal(EXIT_RUNTIME, "bad default in config table: %s", err);
+}
+
+int config_set(Config *c, const char *kv, char *err, size_t errlen) {
+    const char *eq = strchr(kv, '=');
+    if (!eq) return errorf(err, errlen, "--set '%s': expected key=value, e.g. --set train.steps=100", kv);
+    char key[128];
+    size_t n = (size_t)(eq - kv);
+    if (n >= sizeof key) n = sizeof key - 1;
+    memcpy(key, kv, n);
+    key[n] = '\0';
+    const CfgKey *k = find_key(key);
+    if (!k) return errorf(err, errlen, "--set: unknown key '%s' (train_gpt train --help lists every key)", key);
+    return set_from_text(c, k, eq + 1, err, errlen);
+}
+
+// 1-based line of the first occurrence of "name" (quoted) in the JSON text, 0 if absent.
+static int line_of(const char *json, const char *name) {
+    char pat[160];
+    snprintf(pat, sizeof pat, "\"%s\"", name);
+    const char *hit = strstr(json, pat);
+    if (!hit) return 0;
+    int line = 1;
+    for (const char *s = json; s < hit; s++) line += *s == '\n';
+    return line;
+}
+
+static int set_from_json(Config *c, const CfgKey *k, const cJSON *item, const char *where,
+                         char *err, size_t errlen) {
+    char text[64];
+    const char *v = NULL;
+    switch (k->type) {
+    case CFG_INT:
+    case CFG_FLOAT:
+        if (!cJSON_IsNumber(item))
+            return errorf(err, errlen, "%s: %s must be a %s", where, k->key, type_name(k));
+        if (k->type == CFG_INT && item->valuedouble != floor(item->valuedouble))
+            return errorf(err, errlen, "%s: %s must be an integer, got %g", where, k->key, item->valuedouble);
+        snprintf(text, sizeof text, k->type == CFG_INT ? "%.0f" : "%.9g", item->valuedouble);
+        v = text;
+        break;
+    case CFG_BOOL:
+        if (!cJSON_IsBool(item)) return errorf(err, errlen, "%s: %s must be true or false", where, k->key);
+        v = cJSON_IsTrue(item) ? "true" : "false";
+        break;
+    case CFG_STR:
+    case CFG_ENUM:
+        if (!cJSON_IsString(item))
+            return errorf(err, errlen, "%s: %s must be a string (%s)", where, k->key, type_name(k));
+        v = item->valuestring;
+        break;
+    case CFG_SCALE:
+        if (cJSON_IsNumber(item)) {
+            snprintf(text, sizeof text, "%.9g", item->valuedouble);
+            v = text;
+        } else if (cJSON_IsString(item)) {
+            v = item->valuestring;
+        } else {
+            return errorf(err, errlen, "%s: %s must be \"dynamic\" or a number", where, k->key);
+        }
+        break;
+    }
+    char inner[384];
+    if (set_from_text(c, k, v, inner, sizeof inner) != 0)
+        return errorf(err, errlen, "%s: %s", where, inner);
+    return 0;
+}
+
+int config_load_json(Config *c, const char *json, const char *origin, char *err, size_t errlen) {
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        int line = 1;
+        if (at)
+            for (const char *s = json; s < at && *s; s++) line += *s == '\n';
+        return errorf(err, errlen, "%s:%d: malformed JSON near '%.20s'", origin, line, at ? at : "");
+    }
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        rc = errorf(err, errlen, "%s: the config must be a JSON object of sections", origin);
+        goto done;
+    }
+    for (const cJSON *sec = root->child; sec && rc == 0; sec = sec->next) {
+        int known = 0;
+        size_t sl = strlen(sec->string);
+        for (int i = 0; i < N_KEYS; i++)
+            known |= strncmp(KEYS[i].key, sec->string, sl) == 0 && KEYS[i].key[sl] == '.';
+        if (!known) {
+            rc = errorf(err, errlen,
+                        "%s:%d: unknown section '%s' (expected model, data, train, optim, precision, "
+                        "attention, log)", origin, line_of(json, sec->string), sec->string);
+            break;
+        }
+        if (!cJSON_IsObject(sec)) {
+            rc = errorf(err, errlen, "%s:%d: section '%s' must be an object", origin,
+                        line_of(json, sec->string), sec->string);
+            break;
+        }
+        for (const cJSON *item = sec->child; item; item = item->next) {
+            char key[160], where[CFG_PATH_MAX + 32];
+            snprintf(key, sizeof key, "%s.%s", sec->string, item->string);
+            snprintf(where, sizeof where, "%s:%d", origin, line_of(json, item->string));
+            const CfgKey *k = find_key(key);
+            if (!k) {
+                rc = errorf(err, errlen, "%s: unknown key '%s' (train_gpt train --help lists every key)",
+                            where, key);
+                break;
+            }
+            if ((rc = set_from_json(c, k, item, where, err, errlen)) != 0) break;
+        }
+    }
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return errorf(err, errlen, "cannot open config '%s': %s", path, strerror(errno));
+    fclose(f);
+    char *text = read_file_or_die(path, NULL);
+    int rc = config_load_json(c, text, path, err, errlen);
+    free(text);
+    return rc;
+}
+
+int config_validate(Config *c, char *err, size_t errlen) {
+    if (c->model.n_kv_head == 0) c->model.n_kv_head = c->model.n_head;
+    const int C = c->model.n_embd, NH = c->model.n_head, NKV = c->model.n_kv_head;
+    if (C % NH != 0)
+        return errorf(err, errlen, "model.n_embd (%d) must be divisible by model.n_head (%d)", C, NH);
+    if (NH % NKV != 0)
+        return errorf(err, errlen, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", NH, NKV);
+    if ((C / NH) % 2 != 0 && strcmp(c->model.pos_embedding, "rope") == 0)
+        return errorf(err, errlen, "model.pos_embedding = rope needs an even head size, got %d", C / NH);
+    if (c->train.seq_len > c->model.max_seq_len)
+        return errorf(err, errlen, "train.seq_len (%d) must not exceed model.max_seq_len (%d)",
+                      c->train.seq_len, c->model.max_seq_len);
+    if (c->optim.min_lr > c->optim.lr)
+        return errorf(err, errlen, "optim.min_lr (%g) must not exceed optim.lr (%g)", c->optim.min_lr,
+                      c->optim.lr);
+    if (strcmp(c->data.synthetic, "none") == 0 && c->data.train[0] == '\0')
+        return errorf(err, errlen, "data.train is empty: give a shard pattern (see train_gpt prepare) "
+                                   "or a built-in task with data.synthetic");
+    if (c->data.eot_token >= c->model.vocab_size)
+        return errorf(err, errlen, "data.eot_token (%d) must be below model.vocab_size (%d)",
+                      c->data.eot_token, c->model.vocab_size);
+    return 0;
+}
+
+static const char *MODEL_KEYS[] = {"model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
+                                   "model.vocab_size", "model.max_seq_len", "model.pos_embedding",
+                                   "model.rope_theta"};
+
+int config_same_model(const Config *a, const Config *b, char *err, size_t errlen) {
+    for (size_t i = 0; i < sizeof MODEL_KEYS / sizeof MODEL_KEYS[0]; i++) {
+        const CfgKey *k = find_key(MODEL_KEYS[i]);
+        size_t sz = k->type == CFG_ENUM ? CFG_NAME_MAX : (k->type == CFG_FLOAT ? sizeof(float) : sizeof(int));
+        if (memcmp((const char *)a + k->offset, (const char *)b + k->offset, sz) != 0)
+            return errorf(err, errlen, "%s differs from the checkpoint's", k->key);
+    }
+    return 0;
+}
+
+char *config_to_json(const Config *c) {
+    cJSON *root = cJSON_CreateObject();
+    for (int i = 0; i < N_KEYS; i++) {
+        const CfgKey *k = &KEYS[i];
+        char sec[32];
+        const char *dot = strchr(k->key, '.');
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - k->key), k->key);
+        cJSON *s = cJSON_GetObjectItemCaseSensitive(root, sec);
+        if (!s) s = cJSON_AddObjectToObject(root, sec);
+        const char *field = (const char *)c + k->offset;
+        switch (k->type) {
+        case CFG_INT:
+            cJSON_AddNumberToObject(s, dot + 1, k->offset == OFF(train.seed) ? (double)*(const long long *)field
+                                                                             : (double)*(const int *)field);
+            break;
+        case CFG_FLOAT: cJSON_AddNumberToObject(s, dot + 1, *(const float *)field); break;
+        case CFG_BOOL: cJSON_AddBoolToObject(s, dot + 1, *(const int *)field); break;
+        case CFG_STR:
+        case CFG_ENUM: cJSON_AddStringToObject(s, dot + 1, field); break;
+        case CFG_SCALE:
+            if (strcmp(field, "dynamic") == 0) cJSON_AddStringToObject(s, dot + 1, field);
+            else cJSON_AddNumberToObject(s, dot + 1, strtod(field, NULL));
+            break;
+        }
+    }
+    char *out = cJSON_Print(root);
+    cJSON_Delete(root);
+    return out;
+}
+
+void config_print_help(FILE *f) {
+    fprintf(f, "Config keys (JSON sections, or --set section.key=value):\n");
+    for (int i = 0; i < N_KEYS; i++) {
+        char range[64];
+        range_text(&KEYS[i], range, sizeof range);
+        fprintf(f, "  %-30s %-22s default %-10s range %-16s %s\n", KEYS[i].key, type_name(&KEYS[i]),
+                KEYS[i].def[0] ? KEYS[i].def : "\"\"", range, KEYS[i].help);
+    }
+}

@@ -1,0 +1,83 @@
+// backend: the small set of ops the GPT is written against. The model (model/gpt.c) calls only
+// these; model/ops_cpu.c implements them in fp32 (the reference) and the CUDA backend
+// (model/ops_cuda.cu, a later issue) in bf16/fp16/fp32 beside it.
+//
+// Conventions:
+// - Every pointer is backend memory; tensors are row-major, shapes are given in comments.
+// - Weights, activations and their gradients have the element type `dtype`. Tensors typed
+//   float* (LayerNorm statistics, losses) are fp32 everywhere; token ids are int32.
+// - Linear weights are (OC, C) as in PyTorch: out = inp @ w^T + bias.
+// - Parameter gradients ACCUMULATE (+=) so micro-steps add up; activation gradients are
+//   OVERWRITTEN (=) except where an op says it accumulates.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention/attention.h"
+
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
+typedef enum { EPI_NONE = 0, EPI_GELU = 1 } Epilogue;  // matmul epilogue (tanh-approximate GELU)
+
+size_t dtype_size(DType t);
+const char *dtype_name(DType t);
+
+typedef struct Backend Backend;
+struct Backend {
+    const char *name;  // "cpu" or "cuda"
+    DType dtype;
+    void *ctx;         // backend-private state (streams, handles, workspaces)
+
+    void (*destroy)(Backend *be);
+
+    // ---- memory ----
+    void *(*alloc)(Backend *be, size_t bytes);  // zero-filled; exits with a message on failure
+    void (*release)(Backend *be, void *p);
+    void (*fill_zero)(Backend *be, void *p, size_t bytes);
+    void (*copy)(Backend *be, void *dst, const void *src, size_t bytes);           // within backend
+    void (*upload)(Backend *be, void *dst, const void *host, size_t bytes);        // raw bytes
+    void (*download)(Backend *be, void *host, const void *src, size_t bytes);      // raw bytes
+    void (*upload_f32)(Backend *be, void *dst, const float *host, size_t n);       // fp32 -> dtype
+    void (*download_f32)(Backend *be, float *host, const void *src, size_t n);     // dtype -> fp32
+    void (*synchronize)(Backend *be);
+
+    // ---- ops ----
+    // out (B,T,C) = wte[tokens] + wpe[pos]; pos (B,T) or NULL for pos = t.
+    void (*embed_forward)(Backend *be, void *out, const int *tokens, const int *pos, const void *wte,
+                          const void *wpe, int B, int T, int C);
+    // dwte += scatter(dout), dwpe += scatter(dout) (dwpe may be NULL when there is no table).
+    void (*embed_backward)(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
+                           const int *pos, int B, int T, int C);
+    // out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N) fp32 saved for backward.
+    void (*layernorm_forward)(Backend *be, void *out, float *mean, float *rstd, const void *inp,
+                              const void *w, const void *b, int N, int C);
+    // dinp (N,C) ACCUMULATES (it is the residual stream's gradient); dw, db (C) accumulate.
+    void (*layernorm_backward)(Backend *be, void *dinp, void *dw, void *db, const void *dout,
+                               const void *inp, const void *w, const float *mean, const float *rstd,
+                               int N, int C);
+    // out (N,OC) = epi(inp (N,C) @ w (OC,C)^T + bias (OC or NULL)). With EPI_GELU, pre (N,OC)
+    // receives the values before GELU (needed by backward); otherwise pre is NULL.
+    void (*matmul_forward)(Backend *be, void *out, void *pre, const void *inp, const void *w,
+                           const void *bias, int N, int C, int OC, Epilogue epi);
+    // dout (N,OC) is the gradient of matmul_forward's out; with EPI_GELU the GELU backward is
+    // applied first using pre. dinp (N,C) overwritten (NULL = not needed); dw, dbias accumulate.
+    // dout may be used as scratch (it is dead after this call).
+    void (*matmul_backward)(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                            const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                            Epilogue epi);
+    // out = a + b over n elements (out may alias a or b).
+    void (*add)(Backend *be, void *out, const void *a, const void *b, size_t n);
+    // Attention through the attention module; the backend fills p->dtype, stream and workspace.
+    void (*attention_forward)(Backend *be, AttnParams *p);
+    void (*attention_backward)(Backend *be, AttnParams *p);
+    // Fused softmax cross-entropy over logits (N,Vp), of which the first V columns are real.
+    // losses (N) fp32 receives -log softmax[target]; target < 0 means "ignore" (loss 0, no
+    // gradient). When dscale != 0, logits are overwritten with dlogits = dscale * (softmax -
+    // onehot) on the real columns and 0 on the padded ones (and on ignored rows).
+    void (*softmax_xent)(Backend *be, void *logits, float *losses, const int *targets, int N, int V,
+                         int Vp, float dscale);
+};
+
+Backend *backend_cpu_create(void);
+#ifdef FLASHGPT_CUDA
+Backend *backend_cuda_create(DType dtype, int device);
+#endif

@@ -1,0 +1,66 @@
+// gpt: the GPT-2 model, written once over the Backend ops (model/backend.h). Owns the flat
+// parameter and gradient buffers, the activations and the KV cache used by sampling.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "model/backend.h"
+
+typedef enum { POS_LEARNED = 0, POS_ROPE = 1, POS_ALIBI = 2 } PosEmbedding;
+
+typedef struct {
+    int V, Vp;     // vocabulary, padded to a multiple of 128
+    int maxT;      // max sequence length
+    int L, NH, NKV, C, HS;
+    PosEmbedding pos;
+    float rope_theta;
+} GPTConfig;
+
+// One named parameter tensor inside the flat parameter vector (element offsets).
+typedef struct {
+    char name[64];    // e.g. "h.3.attn.qkv.weight"
+    size_t offset, numel;
+    int ndim, shape[2];
+    int decay;        // receives weight decay
+} ParamTensor;
+
+typedef struct GPT GPT;   // opaque: see model/gpt.c
+
+GPTConfig gpt_config_from(const Config *c);
+// Builds the model on `be` for batches up to B x T. Parameters are not initialised.
+GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *run);
+void gpt_free(GPT *m);
+
+const GPTConfig *gpt_cfg(const GPT *m);
+Backend *gpt_backend(const GPT *m);
+size_t gpt_num_params(const GPT *m);                       // elements in the flat vector
+int gpt_num_tensors(const GPT *m);
+const ParamTensor *gpt_tensor(const GPT *m, int i);
+void *gpt_params(GPT *m);   // backend memory, dtype elements, (gpt_num_params)
+void *gpt_grads(GPT *m);    // backend memory, dtype elements, (gpt_num_params)
+
+// GPT-2 initialisation (normal std 0.02, residual projections 0.02/sqrt(2L), biases 0, LN 1/0,
+// padded vocabulary rows 0) into host fp32 (gpt_num_params), deterministic in seed.
+void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed);
+void gpt_set_params_f32(GPT *m, const float *host);   // host fp32 -> backend
+void gpt_get_params_f32(GPT *m, float *host);
+void gpt_get_grads_f32(GPT *m, float *host);
+
+// Forward over tokens (B,T) host int32. With targets (B,T) (entries < 0 ignored) returns the
+// mean loss over non-ignored targets and keeps what backward needs; without, returns 0.
+// Logits of the last forward are available through gpt_logits_f32.
+float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T);
+// Backward of the last forward with targets; gradients ACCUMULATE into gpt_grads, scaled by
+// grad_scale (1/grad_accum times the loss scale). Returns nothing; call gpt_zero_grad first.
+void gpt_backward(GPT *m, float grad_scale);
+void gpt_zero_grad(GPT *m);
+// Per-token losses (B*T) of the last forward with targets, fp32 host copy.
+void gpt_losses_f32(GPT *m, float *host);
+// Logits (B,T,Vp) of the last forward, converted to fp32 host (only real V columns copied into
+// a (B,T,V) host array).
+void gpt_logits_f32(GPT *m, float *host);
+
+// Incremental decoding with a KV cache (batch 1): feed token at position pos (0, 1, 2, ...),
+// receive logits (V) fp32 host for the next token. pos 0 resets the cache.
+void gpt_decode_step(GPT *m, int token, int pos, float *logits_out);

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the C test binaries given as arguments, then (without --gpu) the PyTorch oracle tests,
+# and prints the total as "N passed, N failed" on the last line.
+set -u
+cd "$(dirname "$0")/.."
+gpu=0
+if [ "${1:-}" = "--gpu" ]; then gpu=1; shift; fi
+PYTHON=${PYTHON:-/usr/bin/python3}
+passed=0; failed=0
+add_counts() {  # reads "N passed, M failed" (pytest or testlib style) from a log file
+    local p f
+    p=$(grep -Eo '[0-9]+ passed' "$1" | tail -1 | grep -Eo '[0-9]+' || true)
+    f=$(grep -Eo '[0-9]+ failed' "$1" | tail -1 | grep -Eo '[0-9]+' || true)
+    passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+    if [ -z "$p" ] && [ -z "$f" ]; then failed=$((failed + 1)); echo "FAIL $2: no test summary"; fi
+}
+log=$(mktemp)
+for t in "$@"; do
+    echo "== $t"
+    "$t" >"$log" 2>&1; rc=$?
+    cat "$log"
+    add_counts "$log" "$t"
+    if [ $rc -ne 0 ] && ! grep -Eq '[1-9][0-9]* failed' "$log"; then
+        failed=$((failed + 1)); echo "FAIL $t exited with $rc"
+    fi
+done
+if [ $gpu -eq 0 ]; then
+    echo "== pytest tests/"
+    "$PYTHON" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log"
+    add_counts "$log" pytest
+fi
+rm -f "$log"
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
