@@ -34,6 +34,9 @@ endif
 
 TEST_SRC     := $(wildcard tests/test_*.c)
 TEST_BIN     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Small programs the Python oracle tests drive (they link the same library as train_gpt).
+TOOL_SRC     := $(wildcard tests/tools/*.c)
+TOOL_BIN     := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c tests/gpu/test_*.cu)
 GPU_TEST_BIN := $(patsubst tests/gpu/%,$(BUILD)/tests/gpu/%,$(basename $(GPU_TEST_SRC)))
 
@@ -59,7 +62,15 @@ $(BUILD)/tests/%: tests/%.c tests/testlib.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
+$(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+
 $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(BUILD)/libflashgpt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+
+$(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
@@ -72,7 +83,7 @@ libattention: $(BUILD)/libattention.so
 $(BUILD)/libattention.so: $(filter $(BUILD)/attention/% $(BUILD)/common/%,$(OBJ))
 	$(CC) -shared $^ -o $@ $(LDLIBS)
 
-test: train_gpt $(TEST_BIN)
+test: train_gpt $(TEST_BIN) $(TOOL_BIN)
 	@bash tests/run_tests.sh $(TEST_BIN)
 
 test-gpu: train_gpt $(GPU_TEST_BIN)
