@@ -26,13 +26,19 @@ void adamw_free(AdamW *opt);
 // decoupled decay p -= lr * wd * p for decayed spans, then the Adam update with bias correction.
 void adamw_step_cpu(AdamW *opt, float *params, const float *grads, float lr, float grad_mult);
 
-// Learning rate at `step` (0-based) of `total`: linear warmup from lr/warmup to lr, then cosine,
-// linear or constant decay to min_lr at the last step.
+// Learning rate at `step` (0-based) of `total`. With W = optim.warmup_steps:
+//   step < W:  lr * (step + 1) / W                              (linear warmup, reaches lr)
+//   otherwise: p = (step - W) / (total - 1 - W), clamped to [0, 1] (p = 1 when total - 1 <= W)
+//     cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
+//     linear:   lr - (lr - min_lr) * p
+//     constant: lr                                               (min_lr unused)
+// so the first step after warmup uses lr and the last step (total - 1) uses min_lr.
 float lr_at(const Config *c, long long step, long long total);
 
 // Sum of squares of n fp32 values in double; +inf or NaN when any value is non-finite.
 double sumsq_cpu(const float *x, size_t n);
-// The multiplier applied to gradients: 1/loss_scale, times clip/norm when norm > clip (clip > 0).
+// The multiplier applied to gradients: 1/loss_scale, times clip/(norm + 1e-6) when that is
+// below 1 and clip > 0 (as torch.nn.utils.clip_grad_norm_).
 float grad_multiplier(double grad_norm_unscaled, float clip, float loss_scale);
 
 // Loss scaler (precision.*): dynamic scaling for fp16, a fixed scale, or scale 1. Every dtype
