@@ -1,0 +1,102 @@
+// ops_cpu: the CPU backend (fp32, OpenMP, OpenBLAS), the reference the CUDA backend is tested
+// against. This file holds its memory functions, the attention dispatch and the op table; the
+// layer ops live in ops_cpu_layers.c and ops_cpu_matmul.c.
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "model/ops_cpu.h"
+
+typedef struct {
+    void *attn_ws;          // attention scratch, grown on demand; contents never outlive a call
+    size_t attn_ws_bytes;
+} CpuCtx;
+
+// Cache-line aligned so OpenMP chunks of COL_CHUNK floats never share a line across buffers.
+#define CPU_ALIGN 64
+
+static void *cpu_alloc(Backend *be, size_t bytes) {
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;
+    if (posix_memalign(&p, CPU_ALIGN, n) != 0)
+        fatal(EXIT_RUNTIME, "cpu backend: out of memory allocating %zu bytes", bytes);
+    memset(p, 0, n);
+    return p;
+}
+
+static void cpu_release(Backend *be, void *p) { free(p); }
+static void cpu_fill_zero(Backend *be, void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_copy(Backend *be, void *dst, const void *src, size_t bytes) {
+    memmove(dst, src, bytes);
+}
+static void cpu_synchronize(Backend *be) {}
+
+static void cpu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
+    memcpy(dst, host, n * sizeof(float));
+}
+
+static void cpu_download_f32(Backend *be, float *host, const void *src, size_t n) {
+    memcpy(host, src, n * sizeof(float));
+}
+
+// Fills the execution fields the model leaves to the backend and validates the problem once.
+static void cpu_attention_prepare(Backend *be, AttnParams *p, int backward) {
+    CpuCtx *ctx = be->ctx;
+    p->dtype = ATTN_F32;
+    p->stream = NULL;
+    size_t need = attn_workspace_bytes(p, ATTN_CPU);
+    if (need > ctx->attn_ws_bytes) {
+        free(ctx->attn_ws);
+        ctx->attn_ws = cpu_alloc(be, need);
+        ctx->attn_ws_bytes = need;
+    }
+    p->workspace = ctx->attn_ws;
+    p->workspace_bytes = ctx->attn_ws_bytes;
+    char err[256];
+    if (attn_check(p, ATTN_CPU, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "attention: %s", err);
+}
+
+static void cpu_attention_forward(Backend *be, AttnParams *p) {
+    cpu_attention_prepare(be, p, 0);
+    attn_forward_cpu(p);
+}
+
+static void cpu_attention_backward(Backend *be, AttnParams *p) {
+    cpu_attention_prepare(be, p, 1);
+    attn_backward_cpu(p);
+}
+
+static void cpu_destroy(Backend *be) {
+    CpuCtx *ctx = be->ctx;
+    free(ctx->attn_ws);
+    free(ctx);
+    free(be);
+}
+
+Backend *backend_cpu_create(void) {
+    Backend *be = xcalloc(1, sizeof *be);
+    be->name = "cpu";
+    be->dtype = DTYPE_F32;
+    be->ctx = xcalloc(1, sizeof(CpuCtx));
+    be->destroy = cpu_destroy;
+    be->alloc = cpu_alloc;
+    be->release = cpu_release;
+    be->fill_zero = cpu_fill_zero;
+    be->copy = cpu_copy;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->upload_f32 = cpu_upload_f32;
+    be->download_f32 = cpu_download_f32;
+    be->synchronize = cpu_synchronize;
+    be->embed_forward = cpu_embed_forward;
+    be->embed_backward = cpu_embed_backward;
+    be->layernorm_forward = cpu_layernorm_forward;
+    be->layernorm_backward = cpu_layernorm_backward;
+    be->matmul_forward = cpu_matmul_forward;
+    be->matmul_backward = cpu_matmul_backward;
+    be->add = cpu_add;
+    be->attention_forward = cpu_attention_forward;
+    be->attention_backward = cpu_attention_backward;
+    be->softmax_xent = cpu_softmax_xent;
+    return be;
+}

@@ -1,0 +1,26 @@
+// ops_cpu: the fp32 CPU backend's ops, shared between its source files (model/ops_cpu*.c). Not a
+// public interface: the model reaches them only through the Backend table of backend_cpu_create.
+#pragma once
+#include "model/backend.h"
+
+// Channels per thread chunk of the column-parallel reductions (parameter gradients that many rows
+// add into): 16 floats = one 64-byte cache line, so two threads never write the same line.
+#define COL_CHUNK 16
+
+void cpu_embed_forward(Backend *be, void *out, const int *tokens, const int *pos, const void *wte,
+                       const void *wpe, int B, int T, int C);
+void cpu_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
+                        const int *pos, int B, int T, int C);
+void cpu_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
+                           const void *w, const void *b, int N, int C);
+void cpu_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const void *dout,
+                            const void *inp, const void *w, const float *mean, const float *rstd,
+                            int N, int C);
+void cpu_add(Backend *be, void *out, const void *a, const void *b, size_t n);
+void cpu_softmax_xent(Backend *be, void *logits, float *losses, const int *targets, int N, int V,
+                      int Vp, float dscale);
+void cpu_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
+                        const void *bias, int N, int C, int OC, Epilogue epi);
+void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                         const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                         Epilogue epi);

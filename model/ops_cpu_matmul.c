@@ -1,0 +1,65 @@
+// ops_cpu_matmul: the CPU backend's linear layer, out = epi(inp @ w^T + bias), and its backward,
+// through OpenBLAS cblas_sgemm with the bias and the tanh-approximate GELU applied by OpenMP loops.
+#include <cblas.h>
+#include <math.h>
+
+#include "model/ops_cpu.h"
+
+// GELU (tanh approximation, as GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+#define GELU_K 0.7978845608028654f  // sqrt(2 / pi)
+#define GELU_A 0.044715f
+
+static float gelu(float x) { return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x))); }
+
+static float gelu_grad(float x) {
+    float t = tanhf(GELU_K * (x + GELU_A * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+}
+
+void cpu_matmul_forward(Backend *be, void *out_, void *pre_, const void *inp, const void *w,
+                        const void *bias_, int N, int C, int OC, Epilogue epi) {
+    float *out = out_;          // (N, OC)
+    float *pre = pre_;          // (N, OC) with EPI_GELU, else NULL
+    const float *bias = bias_;  // (OC) or NULL
+    float *acc = epi == EPI_GELU ? pre : out;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, acc,
+                OC);
+    if (!bias && epi == EPI_NONE) return;
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *a = acc + (size_t)i * OC, *o = out + (size_t)i * OC;
+        if (bias)
+            for (int j = 0; j < OC; j++) a[j] += bias[j];
+        if (epi == EPI_GELU)
+            for (int j = 0; j < OC; j++) o[j] = gelu(a[j]);
+    }
+}
+
+void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias_, void *dout_,
+                         const void *pre_, const void *inp, const void *w, int N, int C, int OC,
+                         Epilogue epi) {
+    float *dout = dout_;        // (N, OC); becomes d(pre) in place with EPI_GELU
+    const float *pre = pre_;    // (N, OC) with EPI_GELU
+    float *dbias = dbias_;      // (OC) or NULL, accumulates
+    if (epi == EPI_GELU) {
+        #pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < (size_t)N * OC; i++) dout[i] *= gelu_grad(pre[i]);
+    }
+    // dinp (N, C) = dout (N, OC) @ w (OC, C)
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f,
+                    dinp, C);
+    // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw,
+                C);
+    if (!dbias) return;
+    // Column sums, split by output channel so each thread owns its dbias entries.
+    #pragma omp parallel for schedule(static)
+    for (int j0 = 0; j0 < OC; j0 += COL_CHUNK) {
+        int j1 = j0 + COL_CHUNK < OC ? j0 + COL_CHUNK : OC;
+        for (int i = 0; i < N; i++) {
+            const float *d = dout + (size_t)i * OC;
+            for (int j = j0; j < j1; j++) dbias[j] += d[j];
+        }
+    }
+}
