@@ -1,0 +1,326 @@
+#include "checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/fileio.h"
+#include "common/safetensors.h"
+
+#define CKPT_PREFIX "ckpt_"
+
+static int errorf(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int write_model(const char *dir, GPT *m, const Config *c, char *err, size_t errlen) {
+    float *host = xmalloc(gpt_num_params(m) * sizeof(float));
+    gpt_get_params_f32(m, host);
+    StFile f;
+    st_init(&f);
+    for (int i = 0; i < gpt_num_tensors(m); i++) {
+        const ParamTensor *t = gpt_tensor(m, i);
+        int64_t shape[2] = {t->shape[0], t->shape[1]};
+        st_add(&f, t->name, ST_F32, t->ndim, shape, host + t->offset);
+    }
+    char *cfg = config_to_json(c);
+    st_set_meta(&f, "format", "flashgpt");
+    st_set_meta(&f, "config", cfg);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = st_write(&f, path, err, errlen);
+    free(cfg);
+    st_free(&f);
+    free(host);
+    return rc;
+}
+
+static int write_optimizer(const char *dir, const AdamW *opt, int rank, char *err, size_t errlen) {
+    StFile f;
+    st_init(&f);
+    int64_t n = (int64_t)opt->n;
+    st_add(&f, "m", ST_F32, 1, &n, opt->m);
+    st_add(&f, "v", ST_F32, 1, &n, opt->v);
+    char t[32];
+    snprintf(t, sizeof t, "%lld", opt->t);
+    st_set_meta(&f, "t", t);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/optimizer_rank%d.safetensors", dir, rank);
+    int rc = st_write(&f, path, err, errlen);
+    st_free(&f);
+    return rc;
+}
+
+static cJSON *u64_array(const uint64_t *x, int n) {
+    // JSON numbers are doubles: 64-bit words travel as hex strings to stay exact.
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        char s[32];
+        snprintf(s, sizeof s, "%016" PRIx64, x[i]);
+        cJSON_AddItemToArray(a, cJSON_CreateString(s));
+    }
+    return a;
+}
+
+static int read_u64_array(const cJSON *a, uint64_t *x, int n) {
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n) return -1;
+    for (int i = 0; i < n; i++) {
+        const cJSON *s = cJSON_GetArrayItem(a, i);
+        if (!cJSON_IsString(s)) return -1;
+        char *end;
+        x[i] = strtoull(s->valuestring, &end, 16);
+        if (*end != '\0') return -1;
+    }
+    return 0;
+}
+
+static int write_state(const char *dir, const TrainState *st, const Config *c, char *err,
+                       size_t errlen) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "format", "flashgpt-state-1");
+    cJSON_AddNumberToObject(o, "step", (double)st->step);
+    cJSON_AddNumberToObject(o, "tokens_seen", (double)st->tokens_seen);
+    cJSON_AddNumberToObject(o, "world_size", st->world_size);
+    cJSON_AddItemToObject(o, "rng", u64_array(st->rng, 4));
+    cJSON_AddItemToObject(o, "data", u64_array(st->data, 3));
+    cJSON *sc = cJSON_AddObjectToObject(o, "loss_scaler");
+    cJSON_AddNumberToObject(sc, "scale", st->scaler.scale);
+    cJSON_AddBoolToObject(sc, "dynamic", st->scaler.dynamic);
+    cJSON_AddNumberToObject(sc, "window", st->scaler.window);
+    cJSON_AddNumberToObject(sc, "clean_steps", st->scaler.clean_steps);
+    cJSON_AddNumberToObject(sc, "skipped", (double)st->scaler.skipped);
+    char *cfg = config_to_json(c);
+    cJSON_AddItemToObject(o, "config", cJSON_Parse(cfg));
+    free(cfg);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    int rc = write_file_atomic(path, text, strlen(text), err, errlen);
+    cJSON_free(text);
+    return rc;
+}
+
+static int copy_tokenizer(const char *dir, const Config *c, char *err, size_t errlen) {
+    if (c->data.tokenizer[0] == '\0' || !path_exists(c->data.tokenizer)) return 0;
+    size_t len;
+    char *bytes = read_file_or_die(c->data.tokenizer, &len);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    int rc = write_file_atomic(path, bytes, len, err, errlen);
+    free(bytes);
+    return rc;
+}
+
+// Parses the step out of "ckpt_00001234"; -1 when the name is not a checkpoint's.
+static long long ckpt_step(const char *name) {
+    if (strncmp(name, CKPT_PREFIX, strlen(CKPT_PREFIX)) != 0) return -1;
+    char *end;
+    const char *digits = name + strlen(CKPT_PREFIX);
+    long long s = strtoll(digits, &end, 10);
+    return (*digits && *end == '\0' && s >= 0) ? s : -1;
+}
+
+// Steps of the complete checkpoints in run_dir, ascending; returns the count (malloc'ed *steps).
+static int list_checkpoints(const char *run_dir, long long **steps) {
+    *steps = NULL;
+    DIR *d = opendir(run_dir);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long long s = ckpt_step(e->d_name);
+        if (s < 0) continue;
+        if (n == cap) *steps = xrealloc(*steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof **steps);
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)  // insertion sort: a run keeps a handful of checkpoints
+        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
+            long long t = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = t;
+        }
+    return n;
+}
+
+int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainState *st,
+                    const Config *c, int keep, char *path_out, size_t path_len, char *err,
+                    size_t errlen) {
+    char tmp[4096], final[4096], old[4200];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-" CKPT_PREFIX "%08lld.%d", run_dir, st->step, (int)getpid());
+    snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%08lld", run_dir, st->step);
+    remove_tree(tmp);
+    if (mkdir_p(tmp, err, errlen) != 0) return -1;
+    if (write_model(tmp, m, c, err, errlen) != 0 || write_optimizer(tmp, opt, 0, err, errlen) != 0 ||
+        copy_tokenizer(tmp, c, err, errlen) != 0 || write_state(tmp, st, c, err, errlen) != 0) {
+        remove_tree(tmp);
+        return -1;
+    }
+    fsync_dir(tmp);
+    // A checkpoint of the same step may exist (a resumed run saving again): move it aside first,
+    // so there is always one complete copy under some name.
+    snprintf(old, sizeof old, "%s.old", tmp);
+    int had_old = is_dir(final) && rename(final, old) == 0;
+    if (rename(tmp, final) != 0) {
+        int e = errno;
+        if (had_old) rename(old, final);
+        remove_tree(tmp);
+        return errorf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
+    }
+    if (had_old) remove_tree(old);
+    fsync_dir(run_dir);
+    if (path_out) snprintf(path_out, path_len, "%s", final);
+
+    long long *steps;
+    int n = list_checkpoints(run_dir, &steps);
+    for (int i = 0; i < n - keep; i++) {
+        char victim[4096];
+        snprintf(victim, sizeof victim, "%s/" CKPT_PREFIX "%08lld", run_dir, steps[i]);
+        remove_tree(victim);
+    }
+    free(steps);
+    return 0;
+}
+
+int checkpoint_find_latest(const char *run_dir, char *path, size_t path_len) {
+    long long *steps;
+    int n = list_checkpoints(run_dir, &steps);
+    if (n > 0) snprintf(path, path_len, "%s/" CKPT_PREFIX "%08lld", run_dir, steps[n - 1]);
+    free(steps);
+    return n > 0;
+}
+
+static cJSON *read_state_json(const char *dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        errorf(err, errlen, "checkpoint '%s' has no readable state.json (%s): it is incomplete or "
+                            "damaged; remove it to resume from an older one", dir, strerror(errno));
+        return NULL;
+    }
+    fclose(f);
+    char *text = read_file_or_die(path, NULL);
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        errorf(err, errlen, "'%s' is not valid JSON: the checkpoint is damaged", path);
+        return NULL;
+    }
+    return o;
+}
+
+int checkpoint_read_config(const char *dir, Config *c, char *err, size_t errlen) {
+    cJSON *o = read_state_json(dir, err, errlen);
+    if (!o) return -1;
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(o, "config");
+    char *text = cfg ? cJSON_PrintUnformatted(cfg) : NULL;
+    cJSON_Delete(o);
+    if (!text) return errorf(err, errlen, "%s/state.json has no config", dir);
+    char origin[4096 + 32];
+    snprintf(origin, sizeof origin, "%s/state.json", dir);
+    config_defaults(c);
+    int rc = config_load_json(c, text, origin, err, errlen);
+    cJSON_free(text);
+    if (rc == 0) rc = config_validate(c, err, errlen);
+    return rc;
+}
+
+static int load_state(const char *dir, TrainState *st, char *err, size_t errlen) {
+    cJSON *o = read_state_json(dir, err, errlen);
+    if (!o) return -1;
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(o, "tokens_seen");
+    const cJSON *ws = cJSON_GetObjectItemCaseSensitive(o, "world_size");
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(o, "loss_scaler");
+    int rc = 0;
+    if (!cJSON_IsNumber(step) || !cJSON_IsNumber(tok) || !cJSON_IsNumber(ws) || !cJSON_IsObject(sc) ||
+        read_u64_array(cJSON_GetObjectItemCaseSensitive(o, "rng"), st->rng, 4) != 0 ||
+        read_u64_array(cJSON_GetObjectItemCaseSensitive(o, "data"), st->data, 3) != 0) {
+        rc = errorf(err, errlen, "%s/state.json is missing fields or has wrong types: damaged checkpoint", dir);
+    } else {
+        st->step = (long long)step->valuedouble;
+        st->tokens_seen = (long long)tok->valuedouble;
+        st->world_size = ws->valueint;
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(sc, "scale");
+        const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(sc, "dynamic");
+        const cJSON *win = cJSON_GetObjectItemCaseSensitive(sc, "window");
+        const cJSON *cl = cJSON_GetObjectItemCaseSensitive(sc, "clean_steps");
+        const cJSON *sk = cJSON_GetObjectItemCaseSensitive(sc, "skipped");
+        if (!cJSON_IsNumber(s) || !cJSON_IsBool(dyn) || !cJSON_IsNumber(win) || !cJSON_IsNumber(cl) ||
+            !cJSON_IsNumber(sk)) {
+            rc = errorf(err, errlen, "%s/state.json: loss_scaler is incomplete: damaged checkpoint", dir);
+        } else {
+            st->scaler.scale = (float)s->valuedouble;
+            st->scaler.dynamic = cJSON_IsTrue(dyn);
+            st->scaler.window = win->valueint;
+            st->scaler.clean_steps = cl->valueint;
+            st->scaler.skipped = (long long)sk->valuedouble;
+        }
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+static int load_model(const char *dir, GPT *m, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    StFile f;
+    if (st_read(&f, path, err, errlen) != 0) return -1;
+    float *host = xmalloc(gpt_num_params(m) * sizeof(float));
+    int rc = 0;
+    for (int i = 0; i < gpt_num_tensors(m) && rc == 0; i++) {
+        const ParamTensor *t = gpt_tensor(m, i);
+        const StTensor *s = st_find(&f, t->name);
+        if (!s) rc = errorf(err, errlen, "%s: tensor '%s' is missing", path, t->name);
+        else if (s->dtype != ST_F32 || s->nbytes != t->numel * sizeof(float))
+            rc = errorf(err, errlen, "%s: tensor '%s' has the wrong dtype or size (expected F32 with "
+                                     "%zu elements)", path, t->name, t->numel);
+        else memcpy(host + t->offset, s->data, s->nbytes);
+    }
+    if (rc == 0) gpt_set_params_f32(m, host);
+    free(host);
+    st_free(&f);
+    return rc;
+}
+
+static int load_optimizer(const char *dir, AdamW *opt, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/optimizer_rank0.safetensors", dir);
+    StFile f;
+    if (st_read(&f, path, err, errlen) != 0) return -1;
+    const StTensor *m = st_find(&f, "m"), *v = st_find(&f, "v");
+    const char *t = st_meta(&f, "t");
+    int rc = 0;
+    if (!m || !v || !t || m->dtype != ST_F32 || v->dtype != ST_F32 ||
+        m->nbytes != opt->n * sizeof(float) || v->nbytes != opt->n * sizeof(float)) {
+        rc = errorf(err, errlen, "%s: expected F32 tensors m and v of %zu elements and metadata t",
+                    path, opt->n);
+    } else {
+        memcpy(opt->m, m->data, m->nbytes);
+        memcpy(opt->v, v->data, v->nbytes);
+        opt->t = strtoll(t, NULL, 10);
+    }
+    st_free(&f);
+    return rc;
+}
+
+int checkpoint_load(const char *dir, GPT *m, AdamW *opt, TrainState *st, char *err, size_t errlen) {
+    if (load_model(dir, m, err, errlen) != 0) return -1;
+    if (opt && load_optimizer(dir, opt, err, errlen) != 0) return -1;
+    if (st && load_state(dir, st, err, errlen) != 0) return -1;
+    return 0;
+}

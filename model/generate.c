@@ -1,0 +1,57 @@
+#include "generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "common/check.h"
+
+int sample_token(const float *logits, int V, float temperature, int top_k, Rng *rng) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0.0f) return best;
+    // The k-th largest logit is the cut-off: everything below it gets probability 0.
+    float cutoff = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+        float *sorted = xmalloc((size_t)V * sizeof(float));
+        for (int i = 0; i < V; i++) sorted[i] = logits[i];
+        // Partial selection of the top_k largest (k is small in practice).
+        for (int k = 0; k < top_k; k++) {
+            int arg = k;
+            for (int i = k + 1; i < V; i++)
+                if (sorted[i] > sorted[arg]) arg = i;
+            float t = sorted[k];
+            sorted[k] = sorted[arg];
+            sorted[arg] = t;
+        }
+        cutoff = sorted[top_k - 1];
+        free(sorted);
+    }
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        if (logits[i] >= cutoff) sum += exp((double)(logits[i] - logits[best]) / temperature);
+    double u = (double)rng_uniform(rng) * sum, acc = 0;
+    int last = best;
+    for (int i = 0; i < V; i++) {
+        if (logits[i] < cutoff) continue;
+        acc += exp((double)(logits[i] - logits[best]) / temperature);
+        last = i;
+        if (acc > u) return i;
+    }
+    return last;
+}
+
+int gpt_generate(GPT *m, const int *prompt, int n_prompt, int n_new, float temperature, int top_k,
+                 Rng *rng, int *out) {
+    const GPTConfig *cfg = gpt_cfg(m);
+    float *logits = xmalloc((size_t)cfg->V * sizeof(float));  // (V)
+    int pos = 0;
+    for (; pos < n_prompt && pos < cfg->maxT; pos++) gpt_decode_step(m, prompt[pos], pos, logits);
+    int n = 0;
+    for (; n < n_new && pos < cfg->maxT; n++, pos++) {
+        out[n] = sample_token(logits, cfg->V, temperature, top_k, rng);
+        if (pos + 1 < cfg->maxT && n + 1 < n_new) gpt_decode_step(m, out[n], pos, logits);
+    }
+    free(logits);
+    return n;
+}

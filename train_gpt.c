@@ -1,0 +1,528 @@
+// train_gpt: subcommand dispatch and the training loop. It composes the modules below and
+// holds no kernel or model code of its own.
+#include "common/check.h"       // defines: fatal, exit codes, checked host I/O
+#include "common/config.h"      // defines: Config and the one table of config keys
+#include "common/fileio.h"      // defines: atomic writes, mkdir_p
+#include "common/metrics.h"     // defines: metrics.jsonl writer
+#include "common/rng.h"         // defines: serialisable RNG
+#include "common/timer.h"       // defines: now_seconds
+#include "data/dataset.h"       // defines: shards and synthetic tasks behind one batch interface
+#include "data/prepare.h"       // defines: the prepare subcommand
+#include "data/tokenizer.h"     // defines: llm.c tokenizer files (decode samples)
+#include "model/backend.h"      // defines: the op set, cpu (and cuda) backends
+#include "model/checkpoint.h"   // defines: checkpoint directories, resume
+#include "model/generate.h"     // defines: sampling with the KV cache
+#include "model/gpt.h"          // defines: the GPT-2 model over a backend
+#include "model/train_step.h"   // defines: one optimizer step (accumulation, clipping, AdamW)
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ERR_LEN 1024
+
+// ----------------------------------------------------------------------------------------------
+// shared helpers of the subcommands
+
+static void usage_main(FILE *f) {
+    fprintf(f,
+            "usage: train_gpt <command> [options]   (train_gpt <command> --help for details)\n"
+            "  train    train a GPT from a JSON config; resumes from the newest checkpoint\n"
+            "  eval     print the mean validation loss of a checkpoint over token shards\n"
+            "  sample   generate text from a checkpoint\n"
+            "  prepare  tokenize a text file into token shards and a tokenizer file\n"
+            "  bench    time training steps of a config\n");
+}
+
+static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
+
+// The value after option argv[*i]; exits with EXIT_USAGE when it is missing.
+static const char *opt_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) fatal(EXIT_USAGE, "option %s needs a value", argv[*i]);
+    return argv[++*i];
+}
+
+static long parse_long(const char *opt, const char *v, long lo, long hi) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || x < lo || x > hi)
+        fatal(EXIT_USAGE, "%s: expected an integer in [%ld, %ld], got '%s'", opt, lo, hi, v);
+    return x;
+}
+
+static double parse_double(const char *opt, const char *v, double lo, double hi) {
+    char *end;
+    double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || !(x >= lo && x <= hi))
+        fatal(EXIT_USAGE, "%s: expected a number in [%g, %g], got '%s'", opt, lo, hi, v);
+    return x;
+}
+
+static Backend *open_backend(const char *device) {
+    if (device && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0)
+        fatal(EXIT_USAGE, "--device: expected cpu or cuda, got '%s'", device);
+    if (device && strcmp(device, "cuda") == 0)
+        fatal(EXIT_USAGE, "--device cuda: the CUDA model backend is not available in this build "
+                          "yet; use --device cpu");
+    if (!device) fprintf(stderr, "notice: running on the CPU backend (fp32)\n");
+    return backend_cpu_create();
+}
+
+static void next_batch(void *ctx, int *inputs, int *targets) { dataset_next(ctx, inputs, targets); }
+
+// Mean loss over the non-ignored targets of n_batches batches from the start of d (all when
+// n_batches <= 0 means "one pass over the data").
+static double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches) {
+    int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
+    float *losses = xmalloc((size_t)B * T * sizeof(float));  // (B*T)
+    double sum = 0;
+    long long count = 0;
+    dataset_rewind(d);
+    for (long long b = 0; b < n_batches; b++) {
+        dataset_next(d, in, tg);
+        gpt_forward(m, in, tg, B, T);
+        gpt_losses_f32(m, losses);
+        for (int i = 0; i < B * T; i++)
+            if (tg[i] >= 0) sum += losses[i], count++;
+    }
+    free(in);
+    free(tg);
+    free(losses);
+    return count ? sum / (double)count : NAN;
+}
+
+// Decodes ids into text (malloc'ed); ids print as <id> when there is no tokenizer.
+static char *decode_text(const Tokenizer *tok, const int *ids, int n) {
+    size_t cap = 256, len = 0;
+    char *s = xmalloc(cap);
+    for (int i = 0; i < n; i++) {
+        char idbuf[24];
+        const unsigned char *bytes = NULL;
+        int blen = 0;
+        if (tok) bytes = tokenizer_decode(tok, ids[i], &blen);
+        if (!bytes) {
+            blen = snprintf(idbuf, sizeof idbuf, "<%d>", ids[i]);
+            bytes = (const unsigned char *)idbuf;
+        }
+        if (len + (size_t)blen + 1 > cap) s = xrealloc(s, cap = 2 * (len + (size_t)blen + 1));
+        memcpy(s + len, bytes, (size_t)blen);
+        len += (size_t)blen;
+    }
+    s[len] = '\0';
+    return s;
+}
+
+// The first token of an unprompted sample: end-of-text, else newline, else 0.
+static int start_token(const Tokenizer *tok) {
+    if (!tok) return 0;
+    if (tokenizer_eot(tok) >= 0) return tokenizer_eot(tok);
+    int nl;
+    return tokenizer_encode_simple(tok, "\n", &nl, 1) == 1 ? nl : 0;
+}
+
+static char *sample_text(GPT *m, const Tokenizer *tok, const int *prompt, int n_prompt, int n_new,
+                         float temperature, int top_k, Rng *rng) {
+    int *out = xmalloc((size_t)(n_new > 0 ? n_new : 1) * sizeof(int));
+    int n = gpt_generate(m, prompt, n_prompt, n_new, temperature, top_k, rng, out);
+    char *text = decode_text(tok, out, n);
+    free(out);
+    return text;
+}
+
+static Tokenizer *load_tokenizer_or_die(const char *path) {
+    char err[ERR_LEN];
+    Tokenizer *t = tokenizer_load(path, err, sizeof err);
+    if (!t) fatal(EXIT_USAGE, "%s", err);
+    return t;
+}
+
+static void format_eta(double seconds, char *buf, size_t n) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, n, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+    else snprintf(buf, n, "%ldm%02lds", s / 60, s % 60);
+}
+
+// ----------------------------------------------------------------------------------------------
+// train
+
+typedef struct {
+    Config cfg;
+    GPT *model;
+    Backend *be;
+    Trainer *trainer;
+    Dataset *train, *val;
+    Tokenizer *tok;
+    Metrics metrics;
+    Rng rng;              // sampling
+    TrainState state;
+} Run;
+
+static void usage_train(FILE *f) {
+    fprintf(f,
+            "usage: train_gpt train -c CONFIG.json [--set key=value ...] [--device cpu|cuda]\n"
+            "Trains a GPT. Resumes automatically from the newest complete checkpoint in log.dir.\n\n");
+    config_print_help(f);
+}
+
+static void parse_train_args(int argc, char **argv, Config *c, const char **device) {
+    char err[ERR_LEN];
+    const char *config_path = NULL;
+    config_defaults(c);
+    for (int i = 1; i < argc; i++)
+        if (is_help(argv[i])) usage_train(stdout), exit(EXIT_OK);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) config_path = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--set") == 0) opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--device") == 0) *device = opt_value(argc, argv, &i);
+        else fatal(EXIT_USAGE, "train: unknown argument '%s' (train_gpt train --help)", argv[i]);
+    }
+    if (!config_path) fatal(EXIT_USAGE, "train: -c CONFIG.json is required (see configs/)");
+    if (config_load_file(c, config_path, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    // --set overrides apply after the file, in order (values were checked for presence above).
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--set") == 0) {
+            if (config_set(c, argv[++i], err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+        } else if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0 ||
+                   strcmp(argv[i], "--device") == 0) {
+            i++;
+        }
+    }
+    if (config_validate(c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s: %s", config_path, err);
+}
+
+// Opens everything a run needs. All input is validated (data, tokenizer, model, a checkpoint to
+// resume from) before anything is written into log.dir.
+static void open_run(Run *r, const char *device) {
+    char err[ERR_LEN];
+    Config *c = &r->cfg;
+    const int B = c->train.batch_size, T = c->train.seq_len;
+    r->train = dataset_open(c, SPLIT_TRAIN, B, T, 0, 1, err, sizeof err);
+    if (!r->train) fatal(EXIT_USAGE, "%s", err);
+    r->val = NULL;
+    if (strcmp(c->data.synthetic, "none") != 0 || c->data.val[0]) {
+        r->val = dataset_open(c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
+        if (!r->val) fatal(EXIT_USAGE, "%s", err);
+    } else {
+        fprintf(stderr, "notice: data.val is empty: no evaluation\n");
+    }
+    r->tok = c->data.tokenizer[0] ? load_tokenizer_or_die(c->data.tokenizer) : NULL;
+
+    r->be = open_backend(device);
+    GPTConfig gc = gpt_config_from(c);
+    r->model = gpt_create(&gc, r->be, B, T, c);
+    r->trainer = trainer_create(r->model, c);
+    memset(&r->state, 0, sizeof r->state);
+    r->state.world_size = 1;
+    rng_seed(&r->rng, (uint64_t)c->train.seed ^ 0x5A4D504C45ull);
+
+    char ckpt[4096];
+    int resume = checkpoint_find_latest(c->log.dir, ckpt, sizeof ckpt);
+    if (resume) {
+        Config saved;
+        if (checkpoint_read_config(ckpt, &saved, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+        if (config_same_model(c, &saved, err, sizeof err) != 0)
+            fatal(EXIT_USAGE, "cannot resume from '%s': %s; use another log.dir or the same model", ckpt, err);
+        if (checkpoint_load(ckpt, r->model, trainer_optimizer(r->trainer), &r->state, err, sizeof err) != 0)
+            fatal(EXIT_USAGE, "%s", err);
+        if (r->state.world_size != 1)
+            fatal(EXIT_USAGE, "cannot resume from '%s': it was written by %d ranks, this run has 1", ckpt,
+                  r->state.world_size);
+        *trainer_scaler(r->trainer) = r->state.scaler;
+        memcpy(r->rng.s, r->state.rng, sizeof r->rng.s);
+        DatasetState ds = {r->state.data[0], r->state.data[1], r->state.data[2]};
+        dataset_set_state(r->train, ds);
+    } else {
+        float *host = xmalloc(gpt_num_params(r->model) * sizeof(float));
+        gpt_init_weights_host(r->model, host, (uint64_t)c->train.seed);
+        gpt_set_params_f32(r->model, host);
+        free(host);
+    }
+
+    if (mkdir_p(c->log.dir, err, sizeof err) != 0) fatal(EXIT_USAGE, "log.dir: %s", err);
+    char path[CFG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.json", c->log.dir);
+    char *json = config_to_json(c);
+    if (write_file_atomic(path, json, strlen(json), err, sizeof err) != 0) fatal(EXIT_USAGE, "log.dir: %s", err);
+    free(json);
+    if (metrics_open(&r->metrics, c->log.dir, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    if (resume) {
+        printf("resuming from %s (step %lld)\n", ckpt, r->state.step);
+        metrics_write(&r->metrics, "resume", r->state.step, "path", 's', ckpt, NULL);
+    }
+}
+
+static void close_run(Run *r) {
+    metrics_close(&r->metrics);
+    if (r->tok) tokenizer_free(r->tok);
+    if (r->val) dataset_close(r->val);
+    dataset_close(r->train);
+    trainer_free(r->trainer);
+    gpt_free(r->model);
+    r->be->destroy(r->be);
+}
+
+static void run_eval(Run *r, long long step) {
+    const Config *c = &r->cfg;
+    const int B = c->train.batch_size, T = c->train.seq_len;
+    long long n_batches = c->log.eval_tokens / ((long long)B * T);
+    if (n_batches < 1) n_batches = 1;
+    double t0 = now_seconds();
+    double loss = eval_loss(r->model, r->val, B, T, n_batches);
+    double floor = dataset_loss_floor(r->val);
+    if (floor >= 0) printf("eval step %lld | val loss %.4f (task floor %.4f) | %.1f s\n", step, loss, floor, now_seconds() - t0);
+    else printf("eval step %lld | val loss %.4f | %.1f s\n", step, loss, now_seconds() - t0);
+    metrics_write(&r->metrics, "eval", step, "val_loss", 'd', loss, "tokens", 'i',
+                  (long long)(n_batches * B * T), "tokens_seen", 'i', r->state.tokens_seen, NULL);
+}
+
+static void run_sample(Run *r, long long step) {
+    int start = start_token(r->tok);
+    char *text = sample_text(r->model, r->tok, &start, 1, r->cfg.log.sample_tokens, 1.0f, 0, &r->rng);
+    printf("---- sample at step %lld ----\n%s\n----\n", step, text);
+    metrics_write(&r->metrics, "sample", step, "text", 's', text, NULL);
+    free(text);
+}
+
+static void run_checkpoint(Run *r) {
+    char err[ERR_LEN], path[4096];
+    TrainState *st = &r->state;
+    st->scaler = *trainer_scaler(r->trainer);
+    memcpy(st->rng, r->rng.s, sizeof st->rng);
+    DatasetState ds = dataset_get_state(r->train);
+    st->data[0] = ds.a, st->data[1] = ds.b, st->data[2] = ds.c;
+    if (checkpoint_save(r->cfg.log.dir, r->model, trainer_optimizer(r->trainer), st, &r->cfg,
+                        r->cfg.log.keep_checkpoints, path, sizeof path, err, sizeof err) != 0)
+        fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)", st->step, err);
+    printf("checkpoint %s\n", path);
+    metrics_write(&r->metrics, "checkpoint", st->step, "path", 's', path, NULL);
+}
+
+static int every(int n, long long step, long long total) { return (n > 0 && step % n == 0) || step == total; }
+
+static int cmd_train(int argc, char **argv) {
+    Run r;
+    const char *device = NULL;
+    parse_train_args(argc, argv, &r.cfg, &device);
+    open_run(&r, device);
+    const Config *c = &r.cfg;
+    const long long total = c->train.steps;
+    const long long tokens_per_step = (long long)c->train.batch_size * c->train.seq_len * c->train.grad_accum;
+    printf("model: %d layers, %d heads (%d kv), width %d, vocab %d, %.2fM parameters\n", c->model.n_layer,
+           c->model.n_head, c->model.n_kv_head, c->model.n_embd, c->model.vocab_size,
+           gpt_num_params(r.model) / 1e6);
+    printf("training: %lld steps of %lld tokens (batch %d x seq %d x accum %d), log.dir %s\n", total,
+           tokens_per_step, c->train.batch_size, c->train.seq_len, c->train.grad_accum, c->log.dir);
+
+    double window_time = 0, run_time = 0;
+    long long window_steps = 0, run_steps = 0;
+    while (r.state.step < total) {
+        double t0 = now_seconds();
+        StepStats s = trainer_step(r.trainer, r.state.step, next_batch, r.train);
+        double dt = now_seconds() - t0;
+        r.state.step++;
+        r.state.tokens_seen += tokens_per_step;
+        window_time += dt, run_time += dt, window_steps++, run_steps++;
+        const long long step = r.state.step;
+        metrics_write(&r.metrics, "train", step, "loss", 'd', (double)s.loss, "lr", 'd', (double)s.lr,
+                      "grad_norm", 'd', (double)s.grad_norm, "tokens_seen", 'i', r.state.tokens_seen,
+                      "ms", 'd', dt * 1e3, "tok_per_s", 'd', tokens_per_step / dt, "skipped", 'i',
+                      (long long)s.skipped, "loss_scale", 'd', (double)s.loss_scale, NULL);
+        if (s.skipped) printf("step %lld: non-finite gradients, step skipped (loss scale now %g)\n", step,
+                              trainer_scaler(r.trainer)->scale);
+        if (every(c->log.every, step, total) || step == 1) {
+            char eta[32];
+            format_eta((double)(total - step) * run_time / run_steps, eta, sizeof eta);
+            printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | ETA %s\n", step,
+                   total, s.loss, s.lr, s.grad_norm, tokens_per_step * window_steps / window_time,
+                   1e3 * window_time / window_steps, eta);
+            fflush(stdout);
+            window_time = 0, window_steps = 0;
+        }
+        if (r.val && every(c->log.eval_every, step, total)) run_eval(&r, step);
+        if (every(c->log.sample_every, step, total)) run_sample(&r, step);
+        if (every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
+    }
+    printf("done: %lld steps, %.1f s of training\n", r.state.step, run_time);
+    close_run(&r);
+    return EXIT_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// eval and sample: a model rebuilt from a checkpoint alone
+
+static GPT *load_checkpoint_model(const char *dir, Config *c, Backend *be, int B, int T) {
+    char err[ERR_LEN];
+    if (!is_dir(dir)) fatal(EXIT_USAGE, "--checkpoint '%s' is not a directory", dir);
+    if (checkpoint_read_config(dir, c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    GPTConfig gc = gpt_config_from(c);
+    GPT *m = gpt_create(&gc, be, B, T, c);
+    if (checkpoint_load(dir, m, NULL, NULL, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    return m;
+}
+
+static int cmd_eval(int argc, char **argv) {
+    const char *ckpt = NULL, *data = NULL, *device = NULL;
+    long long tokens = 0;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            printf("usage: train_gpt eval --checkpoint DIR --data SHARD_PATTERN [--tokens N] [--device cpu|cuda]\n"
+                   "Prints val_loss: the mean token cross-entropy over the whole data (or its first N tokens),\n"
+                   "read as windows of the checkpoint's train.seq_len (a tail shorter than a window is skipped).\n");
+            return EXIT_OK;
+        }
+        if (strcmp(argv[i], "--checkpoint") == 0) ckpt = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--data") == 0) data = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--tokens") == 0) tokens = parse_long("--tokens", opt_value(argc, argv, &i), 1, 1L << 62);
+        else if (strcmp(argv[i], "--device") == 0) device = opt_value(argc, argv, &i);
+        else fatal(EXIT_USAGE, "eval: unknown argument '%s' (train_gpt eval --help)", argv[i]);
+    }
+    if (!ckpt || !data) fatal(EXIT_USAGE, "eval: --checkpoint DIR and --data SHARD_PATTERN are required");
+    Config c;
+    Backend *be = open_backend(device);
+    char err[ERR_LEN];
+    if (checkpoint_read_config(ckpt, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    const int B = c.train.batch_size, T = c.train.seq_len;
+    GPT *m = load_checkpoint_model(ckpt, &c, be, B, T);
+    snprintf(c.data.val, sizeof c.data.val, "%s", data);
+    snprintf(c.data.synthetic, sizeof c.data.synthetic, "none");
+    Dataset *d = dataset_open(&c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
+    if (!d) fatal(EXIT_USAGE, "%s", err);
+    long long avail = (long long)dataset_num_tokens(d);
+    long long use = tokens > 0 && tokens < avail ? tokens : avail;
+    long long n_batches = use / ((long long)B * T);
+    if (n_batches < 1) n_batches = 1;
+    printf("val_loss: %.6f\n", eval_loss(m, d, B, T, n_batches));
+    dataset_close(d);
+    gpt_free(m);
+    be->destroy(be);
+    return EXIT_OK;
+}
+
+static int cmd_sample(int argc, char **argv) {
+    const char *ckpt = NULL, *prompt = NULL, *device = NULL;
+    long n_new = 256, top_k = 0, seed = 1337;
+    double temperature = 1.0;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            printf("usage: train_gpt sample --checkpoint DIR [--prompt TEXT] [--tokens N] [--temperature T]\n"
+                   "                        [--top-k K] [--seed S] [--device cpu|cuda]\n"
+                   "Generates text with a KV cache (each new token costs one position). Defaults: 256 tokens,\n"
+                   "temperature 1.0 (0 = greedy), top-k off, seed 1337.\n");
+            return EXIT_OK;
+        }
+        if (strcmp(argv[i], "--checkpoint") == 0) ckpt = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--prompt") == 0) prompt = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--tokens") == 0) n_new = parse_long("--tokens", opt_value(argc, argv, &i), 0, 1L << 30);
+        else if (strcmp(argv[i], "--temperature") == 0) temperature = parse_double("--temperature", opt_value(argc, argv, &i), 0, 100);
+        else if (strcmp(argv[i], "--top-k") == 0) top_k = parse_long("--top-k", opt_value(argc, argv, &i), 0, 1L << 30);
+        else if (strcmp(argv[i], "--seed") == 0) seed = parse_long("--seed", opt_value(argc, argv, &i), 0, 1L << 62);
+        else if (strcmp(argv[i], "--device") == 0) device = opt_value(argc, argv, &i);
+        else fatal(EXIT_USAGE, "sample: unknown argument '%s' (train_gpt sample --help)", argv[i]);
+    }
+    if (!ckpt) fatal(EXIT_USAGE, "sample: --checkpoint DIR is required");
+    Config c;
+    Backend *be = open_backend(device);
+    GPT *m = load_checkpoint_model(ckpt, &c, be, 1, 1);
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.bin", ckpt);
+    Tokenizer *tok = path_exists(tok_path) ? load_tokenizer_or_die(tok_path)
+                     : c.data.tokenizer[0] ? load_tokenizer_or_die(c.data.tokenizer) : NULL;
+    int n_prompt = 1;
+    int *ids = xmalloc((prompt ? strlen(prompt) : 0) * sizeof(int) + sizeof(int));
+    ids[0] = start_token(tok);
+    if (prompt && *prompt) {
+        if (!tok) fatal(EXIT_USAGE, "sample: --prompt needs a tokenizer, and the checkpoint has none");
+        long n = tokenizer_encode_simple(tok, prompt, ids, (long)strlen(prompt));
+        if (n < 0) fatal(EXIT_USAGE, "sample: the prompt has characters outside the model's vocabulary");
+        n_prompt = (int)n;
+    }
+    Rng rng;
+    rng_seed(&rng, (uint64_t)seed);
+    char *head = decode_text(tok, ids, n_prompt);
+    char *text = sample_text(m, tok, ids, n_prompt, (int)n_new, (float)temperature, (int)top_k, &rng);
+    printf("%s%s\n", prompt ? head : "", text);
+    free(head);
+    free(text);
+    free(ids);
+    if (tok) tokenizer_free(tok);
+    gpt_free(m);
+    be->destroy(be);
+    return EXIT_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// bench: training-step throughput of a config on random tokens
+
+static void random_batch(void *ctx, int *inputs, int *targets) {
+    const int *dims = ctx;  // {B, T, V, seed}
+    Rng r;
+    rng_seed(&r, (uint64_t)dims[3]);
+    for (int i = 0; i < dims[0] * dims[1]; i++) inputs[i] = (int)rng_below(&r, (uint64_t)dims[2]);
+    for (int i = 0; i < dims[0] * dims[1]; i++) targets[i] = (int)rng_below(&r, (uint64_t)dims[2]);
+}
+
+static int cmd_bench(int argc, char **argv) {
+    Config c;
+    const char *device = NULL;
+    long steps = 5;
+    int n = 0;
+    char **rest = xmalloc((size_t)(argc + 1) * sizeof(char *));
+    rest[n++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            printf("usage: train_gpt bench -c CONFIG.json [--set key=value ...] [--steps N] [--device cpu|cuda]\n"
+                   "Times N training steps (after one warm-up step) of the config's model on random tokens\n"
+                   "and prints ms/step and tokens/s. No data, logs or checkpoints are touched.\n");
+            return EXIT_OK;
+        }
+        if (strcmp(argv[i], "--steps") == 0) steps = parse_long("--steps", opt_value(argc, argv, &i), 1, 1000000);
+        else rest[n++] = argv[i];
+    }
+    parse_train_args(n, rest, &c, &device);
+    free(rest);
+    Backend *be = open_backend(device);
+    GPTConfig gc = gpt_config_from(&c);
+    const int B = c.train.batch_size, T = c.train.seq_len;
+    GPT *m = gpt_create(&gc, be, B, T, &c);
+    float *host = xmalloc(gpt_num_params(m) * sizeof(float));
+    gpt_init_weights_host(m, host, (uint64_t)c.train.seed);
+    gpt_set_params_f32(m, host);
+    free(host);
+    Trainer *t = trainer_create(m, &c);
+    int dims[4] = {B, T, c.model.vocab_size, (int)c.train.seed};
+    trainer_step(t, 0, random_batch, dims);
+    be->synchronize(be);
+    double t0 = now_seconds();
+    for (long s = 0; s < steps; s++) trainer_step(t, s + 1, random_batch, dims);
+    be->synchronize(be);
+    double dt = (now_seconds() - t0) / (double)steps;
+    double tokens = (double)B * T * c.train.grad_accum;
+    printf("bench: %s backend, %.2fM parameters, batch %d x seq %d x accum %d: %.1f ms/step, %.0f tokens/s\n",
+           be->name, gpt_num_params(m) / 1e6, B, T, c.train.grad_accum, dt * 1e3, tokens / dt);
+    trainer_free(t);
+    gpt_free(m);
+    be->destroy(be);
+    return EXIT_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage_main(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (is_help(cmd)) {
+        usage_main(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 1, argv + 1);
+    if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 1, argv + 1);
+    if (strcmp(cmd, "prepare") == 0) return prepare_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "error: unknown command '%s'\n", cmd);
+    usage_main(stderr);
+    return EXIT_USAGE;
+}
