@@ -20,6 +20,7 @@ typedef struct {
     StTensor *tensors;
     int n, cap;
     char *meta_json;       // "__metadata__" object as JSON text (string values only) or NULL
+    void *meta;            // the same object parsed (cJSON *), behind st_meta; NULL when none
     void *file_data;       // reader: the whole file
     size_t file_size;
 } StFile;
