@@ -55,6 +55,9 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T);
 // grad_scale (1/grad_accum times the loss scale). Returns nothing; call gpt_zero_grad first.
 void gpt_backward(GPT *m, float grad_scale);
 void gpt_zero_grad(GPT *m);
+// Training mode (the default) applies attention.dropout in forwards with targets; evaluation
+// turns it off with gpt_set_training(m, 0).
+void gpt_set_training(GPT *m, int training);
 // Per-token losses (B*T) of the last forward with targets, fp32 host copy.
 void gpt_losses_f32(GPT *m, float *host);
 // Logits (B,T,Vp) of the last forward, converted to fp32 host (only real V columns copied into

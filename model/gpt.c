@@ -1,0 +1,562 @@
+// gpt: the GPT-2 model (learned or ALiBi positions, GQA) written once over the Backend ops. It
+// never touches backend memory directly: the same code drives the CPU and the CUDA backends.
+//
+// Per block (pre-LayerNorm):  x' = x + proj(attention(qkv(ln1(x))));  x'' = x' + fcproj(gelu(fc(ln2(x'))))
+// Head: logits = lnf(x_L) @ wte^T over Vp padded columns, of which the first V are real.
+#include "model/gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/rng.h"
+
+// The per-layer tensors, in the order they appear in the flat parameter vector.
+enum {
+    LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B,
+    N_LAYER_TENSORS
+};
+
+// Activations of one block for N = B*T tokens (decode uses one set with N = 1).
+typedef struct {
+    void *ln1;                    // (N, C)
+    float *ln1_mean, *ln1_rstd;   // (N)
+    void *qkv;                    // (N, (NH + 2*NKV) * HS): per token [q | k | v]
+    void *atty;                   // (N, C) attention output, heads side by side
+    float *lse;                   // (B, NH, T) attention log-sum-exp
+    void *res_attn;               // (N, C) x + attention branch
+    void *ln2;                    // (N, C)
+    float *ln2_mean, *ln2_rstd;   // (N)
+    void *fch_pre;                // (N, 4C) fc output before GELU
+    void *fch;                    // (N, 4C) after GELU
+    void *res_mlp;                // (N, C) x + both branches: the next block's input
+} BlockActs;
+
+struct GPT {
+    GPTConfig cfg;
+    Backend *be;
+    size_t ds;                    // bytes per element of be->dtype
+    int B, T;                     // largest batch the activations hold
+    int OCq;                      // (NH + 2*NKV) * HS
+
+    ParamTensor *tensors;
+    int n_tensors, wte_i, wpe_i, layer0_i, lnf_i;   // wpe_i = -1 without a learned table
+    size_t n_params;
+    void *params, *grads;         // (n_params) backend memory
+
+    // run options
+    AttnImpl impl;
+    int window, deterministic, training;
+    float dropout;
+    uint64_t dropout_seed, dropout_calls, dropout_offset;   // offset of the last forward
+    float *alibi;                 // (NH) backend fp32, or NULL
+
+    // every backend allocation, released by gpt_free
+    void **allocs;
+    int n_allocs;
+
+    // forward activations and backward scratch, sized for B x T
+    int *tokens, *targets;        // (B, T) backend int32
+    int *tokens_host, *targets_host;  // (B, T) host copies of the last forward
+    void *encoded;                // (N, C) embeddings
+    BlockActs *acts;              // (L)
+    void *lnf;                    // (N, C)
+    float *lnf_mean, *lnf_rstd;   // (N)
+    void *logits;                 // (N, Vp); becomes dlogits in backward
+    float *losses;                // (N) backend fp32
+    float *losses_host;           // (N)
+    void *scratch;                // (N, C) branch output before the residual add
+    void *dres;                   // (N, C) gradient of the residual stream
+    void *dtmp;                   // (N, C) copy of dres handed to matmul_backward as scratch
+    void *dln;                    // (N, C) gradient of a LayerNorm output
+    void *datty;                  // (N, C)
+    void *dqkv;                   // (N, OCq)
+    void *dfch;                   // (N, 4C)
+
+    // last forward
+    int last_B, last_T, n_valid, has_targets, logits_valid;
+
+    // incremental decoding (allocated on first use)
+    BlockActs dec;                // N = 1
+    void *dec_x, *dec_scratch, *dec_lnf, *dec_logits;  // (C), (C), (C), (Vp)
+    float *dec_lnf_mean, *dec_lnf_rstd;                // (1)
+    int *dec_token, *dec_pos;                          // (1) backend int32
+    void *kv;                     // (L, maxT, 2*NKV*HS): per position [k | v]
+    int kv_len;                   // positions cached
+};
+
+static void *balloc(GPT *m, size_t bytes) {
+    void *p = m->be->alloc(m->be, bytes);
+    m->allocs = xrealloc(m->allocs, (size_t)(m->n_allocs + 1) * sizeof(void *));
+    m->allocs[m->n_allocs++] = p;
+    return p;
+}
+
+static void *at(void *base, size_t elems, size_t ds) { return (char *)base + elems * ds; }
+
+// Pointer to tensor i inside the flat buffer `base` (params or grads).
+static void *tensor_ptr(const GPT *m, void *base, int i) {
+    return at(base, m->tensors[i].offset, m->ds);
+}
+
+static void *layer_ptr(const GPT *m, void *base, int l, int which) {
+    return tensor_ptr(m, base, m->layer0_i + l * N_LAYER_TENSORS + which);
+}
+
+GPTConfig gpt_config_from(const Config *c) {
+    GPTConfig g;
+    memset(&g, 0, sizeof g);
+    g.V = c->model.vocab_size;
+    g.Vp = (g.V + 127) / 128 * 128;
+    g.maxT = c->model.max_seq_len;
+    g.L = c->model.n_layer;
+    g.NH = c->model.n_head;
+    g.NKV = c->model.n_kv_head > 0 ? c->model.n_kv_head : c->model.n_head;
+    g.C = c->model.n_embd;
+    g.HS = g.NH > 0 ? g.C / g.NH : 0;
+    g.pos = strcmp(c->model.pos_embedding, "rope") == 0    ? POS_ROPE
+            : strcmp(c->model.pos_embedding, "alibi") == 0 ? POS_ALIBI
+                                                           : POS_LEARNED;
+    g.rope_theta = c->model.rope_theta;
+    return g;
+}
+
+static void check_config(const GPTConfig *g, int B, int T) {
+    if (g->L < 1 || g->NH < 1 || g->C < 1 || g->V < 2 || g->maxT < 1)
+        fatal(EXIT_USAGE, "model: n_layer, n_head, n_embd, max_seq_len must be positive and "
+                          "vocab_size at least 2");
+    if (g->C % g->NH != 0 || g->HS != g->C / g->NH)
+        fatal(EXIT_USAGE, "model.n_embd (%d) must be divisible by model.n_head (%d)", g->C, g->NH);
+    if (g->NKV < 1 || g->NH % g->NKV != 0)
+        fatal(EXIT_USAGE, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", g->NH, g->NKV);
+    if (g->Vp % 128 != 0 || g->Vp < g->V)
+        fatal(EXIT_USAGE, "model: padded vocabulary %d must be a multiple of 128 and >= %d", g->Vp, g->V);
+    if (g->pos == POS_ROPE)
+        fatal(EXIT_USAGE, "model.pos_embedding = rope is not supported yet: use learned or alibi");
+    if (B < 1 || T < 1 || T > g->maxT)
+        fatal(EXIT_USAGE, "batch %d x %d: need B >= 1 and 1 <= T <= model.max_seq_len (%d)", B, T,
+              g->maxT);
+}
+
+static void add_tensor(GPT *m, int *cap, const char *name, int d0, int d1, int decay) {
+    if (m->n_tensors == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        m->tensors = xrealloc(m->tensors, (size_t)*cap * sizeof(ParamTensor));
+    }
+    ParamTensor *t = &m->tensors[m->n_tensors++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1 > 0 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t->offset = m->n_params;
+    t->decay = decay;
+    m->n_params += t->numel;
+}
+
+static void build_tensors(GPT *m, int decay_wpe) {
+    const GPTConfig *g = &m->cfg;
+    int cap = 0, C = g->C;
+    char name[64];
+    m->wte_i = m->n_tensors;
+    add_tensor(m, &cap, "wte", g->Vp, C, 1);
+    m->wpe_i = -1;
+    if (g->pos == POS_LEARNED) {
+        m->wpe_i = m->n_tensors;
+        add_tensor(m, &cap, "wpe", g->maxT, C, decay_wpe);
+    }
+    m->layer0_i = m->n_tensors;
+    static const char *const names[N_LAYER_TENSORS] = {
+        "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+        "attn.proj.bias", "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias",
+        "mlp.proj.weight", "mlp.proj.bias"};
+    const int rows[N_LAYER_TENSORS] = {C, C, m->OCq, m->OCq, C, C, C, C, 4 * C, 4 * C, C, C};
+    const int cols[N_LAYER_TENSORS] = {0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0};
+    for (int l = 0; l < g->L; l++)
+        for (int k = 0; k < N_LAYER_TENSORS; k++) {
+            snprintf(name, sizeof name, "h.%d.%s", l, names[k]);
+            add_tensor(m, &cap, name, rows[k], cols[k], cols[k] > 0);
+        }
+    m->lnf_i = m->n_tensors;
+    add_tensor(m, &cap, "lnf.weight", C, 0, 0);
+    add_tensor(m, &cap, "lnf.bias", C, 0, 0);
+}
+
+static void alloc_block(GPT *m, BlockActs *a, int B, int T) {
+    size_t N = (size_t)B * T, C = m->cfg.C, ds = m->ds;
+    a->ln1 = balloc(m, N * C * ds);
+    a->ln1_mean = balloc(m, N * sizeof(float));
+    a->ln1_rstd = balloc(m, N * sizeof(float));
+    a->qkv = balloc(m, N * m->OCq * ds);
+    a->atty = balloc(m, N * C * ds);
+    a->lse = balloc(m, N * m->cfg.NH * sizeof(float));
+    a->res_attn = balloc(m, N * C * ds);
+    a->ln2 = balloc(m, N * C * ds);
+    a->ln2_mean = balloc(m, N * sizeof(float));
+    a->ln2_rstd = balloc(m, N * sizeof(float));
+    a->fch_pre = balloc(m, N * 4 * C * ds);
+    a->fch = balloc(m, N * 4 * C * ds);
+    a->res_mlp = balloc(m, N * C * ds);
+}
+
+static void alloc_activations(GPT *m) {
+    size_t N = (size_t)m->B * m->T, C = m->cfg.C, ds = m->ds;
+    m->tokens = balloc(m, N * sizeof(int));
+    m->targets = balloc(m, N * sizeof(int));
+    m->tokens_host = xcalloc(N, sizeof(int));
+    m->targets_host = xcalloc(N, sizeof(int));
+    m->encoded = balloc(m, N * C * ds);
+    m->acts = xcalloc((size_t)m->cfg.L, sizeof(BlockActs));
+    for (int l = 0; l < m->cfg.L; l++) alloc_block(m, &m->acts[l], m->B, m->T);
+    m->lnf = balloc(m, N * C * ds);
+    m->lnf_mean = balloc(m, N * sizeof(float));
+    m->lnf_rstd = balloc(m, N * sizeof(float));
+    m->logits = balloc(m, N * m->cfg.Vp * ds);
+    m->losses = balloc(m, N * sizeof(float));
+    m->losses_host = xcalloc(N, sizeof(float));
+    m->scratch = balloc(m, N * C * ds);
+    m->dres = balloc(m, N * C * ds);
+    m->dtmp = balloc(m, N * C * ds);
+    m->dln = balloc(m, N * C * ds);
+    m->datty = balloc(m, N * C * ds);
+    m->dqkv = balloc(m, N * m->OCq * ds);
+    m->dfch = balloc(m, N * 4 * C * ds);
+}
+
+GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *run) {
+    check_config(cfg, B, T);
+    GPT *m = xcalloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->be = be;
+    m->ds = dtype_size(be->dtype);
+    m->B = B;
+    m->T = T;
+    m->OCq = (cfg->NH + 2 * cfg->NKV) * cfg->HS;
+    m->impl = ATTN_IMPL_FLASH;
+    m->window = -1;
+    m->training = 1;
+    if (run) {
+        m->impl = strcmp(run->attention.impl, "naive") == 0 ? ATTN_IMPL_NAIVE : ATTN_IMPL_FLASH;
+        m->window = run->attention.window;
+        m->deterministic = run->attention.deterministic;
+        m->dropout = run->attention.dropout;
+        m->dropout_seed = (uint64_t)run->train.seed;
+    }
+    build_tensors(m, run ? run->optim.decay_embeddings : 0);
+    m->params = balloc(m, m->n_params * m->ds);
+    m->grads = balloc(m, m->n_params * m->ds);
+    if (cfg->pos == POS_ALIBI) {
+        // ALiBi slopes of the paper for NH heads: 2^(-8 h / NH), h = 1..NH.
+        float *slopes = xmalloc((size_t)cfg->NH * sizeof(float));
+        for (int h = 0; h < cfg->NH; h++) slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)cfg->NH);
+        m->alibi = balloc(m, (size_t)cfg->NH * sizeof(float));
+        be->upload(be, m->alibi, slopes, (size_t)cfg->NH * sizeof(float));
+        free(slopes);
+    }
+    alloc_activations(m);
+    return m;
+}
+
+void gpt_free(GPT *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_allocs; i++) m->be->release(m->be, m->allocs[i]);
+    free(m->allocs);
+    free(m->acts);
+    free(m->tokens_host);
+    free(m->targets_host);
+    free(m->losses_host);
+    free(m->tensors);
+    free(m);
+}
+
+const GPTConfig *gpt_cfg(const GPT *m) { return &m->cfg; }
+Backend *gpt_backend(const GPT *m) { return m->be; }
+size_t gpt_num_params(const GPT *m) { return m->n_params; }
+int gpt_num_tensors(const GPT *m) { return m->n_tensors; }
+const ParamTensor *gpt_tensor(const GPT *m, int i) { return &m->tensors[i]; }
+void *gpt_params(GPT *m) { return m->params; }
+void *gpt_grads(GPT *m) { return m->grads; }
+void gpt_set_training(GPT *m, int training) { m->training = training; }
+
+void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed) {
+    const GPTConfig *g = &m->cfg;
+    const float std = 0.02f, resid_std = 0.02f / sqrtf(2.0f * (float)g->L);
+    Rng rng;
+    rng_seed(&rng, seed);
+    memset(host, 0, m->n_params * sizeof(float));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ParamTensor *t = &m->tensors[i];
+        float *p = host + t->offset;
+        int k = i >= m->layer0_i && i < m->lnf_i ? (i - m->layer0_i) % N_LAYER_TENSORS : -1;
+        int is_ln_weight = k == LN1_W || k == LN2_W || i == m->lnf_i;
+        size_t n = i == m->wte_i ? (size_t)g->V * g->C : t->numel;  // padded wte rows stay 0
+        if (is_ln_weight) {
+            for (size_t j = 0; j < n; j++) p[j] = 1.0f;
+        } else if (t->ndim == 2) {
+            float s = k == PROJ_W || k == FCPROJ_W ? resid_std : std;
+            for (size_t j = 0; j < n; j++) p[j] = s * rng_normal(&rng);
+        }
+    }
+}
+
+void gpt_set_params_f32(GPT *m, const float *host) {
+    m->be->upload_f32(m->be, m->params, host, m->n_params);
+}
+void gpt_get_params_f32(GPT *m, float *host) {
+    m->be->download_f32(m->be, host, m->params, m->n_params);
+}
+void gpt_get_grads_f32(GPT *m, float *host) {
+    m->be->download_f32(m->be, host, m->grads, m->n_params);
+}
+void gpt_zero_grad(GPT *m) { m->be->fill_zero(m->be, m->grads, m->n_params * m->ds); }
+
+// Attention over the fused qkv buffer of a (B, T) batch: q, k, v are views into the per-token
+// row [q (NH*HS) | k (NKV*HS) | v (NKV*HS)], no permute copies.
+static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T) {
+    const GPTConfig *g = &m->cfg;
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    AttnStrides qkv_st = {(int64_t)T * m->OCq, m->OCq, g->HS};
+    AttnStrides y_st = {(int64_t)T * g->C, g->C, g->HS};
+    p.q = a->qkv;
+    p.k = at(a->qkv, (size_t)g->NH * g->HS, m->ds);
+    p.v = at(a->qkv, (size_t)(g->NH + g->NKV) * g->HS, m->ds);
+    p.out = a->atty;
+    p.lse = a->lse;
+    p.q_st = p.k_st = p.v_st = qkv_st;
+    p.o_st = y_st;
+    p.B = B;
+    p.T_q = p.T_k = T;
+    p.NH = g->NH;
+    p.NKV = g->NKV;
+    p.HS = g->HS;
+    p.scale = 1.0f / sqrtf((float)g->HS);
+    p.causal = 1;
+    p.window_left = m->window;
+    p.window_right = -1;   // causal already hides every later key
+    p.alibi_slopes = m->alibi;
+    p.impl = m->impl;
+    p.deterministic = m->deterministic;
+    return p;
+}
+
+// One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe
+// the attention with q/out/lse in `a`; with kv_row set (decoding), this token's k and v are
+// first copied there (p's k and v already point into the cache).
+static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x_out, void *scratch,
+                          int N, AttnParams *p, void *kv_row) {
+    Backend *be = m->be;
+    const int C = m->cfg.C;
+    void *w = m->params;
+    be->layernorm_forward(be, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, layer_ptr(m, w, l, LN1_W),
+                          layer_ptr(m, w, l, LN1_B), N, C);
+    be->matmul_forward(be, a->qkv, NULL, a->ln1, layer_ptr(m, w, l, QKV_W), layer_ptr(m, w, l, QKV_B),
+                       N, C, m->OCq, EPI_NONE);
+    if (kv_row)
+        be->copy(be, kv_row, at(a->qkv, (size_t)m->cfg.NH * m->cfg.HS, m->ds),
+                 (size_t)2 * m->cfg.NKV * m->cfg.HS * m->ds);
+    be->attention_forward(be, p);
+    be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
+                       layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
+    be->add(be, a->res_attn, x_in, scratch, (size_t)N * C);
+    be->layernorm_forward(be, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_attn,
+                          layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C);
+    be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
+                       layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
+    be->matmul_forward(be, scratch, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W),
+                       layer_ptr(m, w, l, FCPROJ_B), N, 4 * C, C, EPI_NONE);
+    be->add(be, x_out, a->res_attn, scratch, (size_t)N * C);
+}
+
+// Token ids must lie in [0, V); targets too, except negative ones, which mean "ignore".
+static void check_ids(const GPT *m, const int *ids, int B, int T, int is_target) {
+    for (int i = 0; i < B * T; i++)
+        if (ids[i] >= m->cfg.V || (ids[i] < 0 && !is_target))
+            fatal(EXIT_USAGE, "%s %d at batch row %d, position %d is outside the vocabulary "
+                              "[0, %d): the data does not match model.vocab_size",
+                  is_target ? "target" : "token", ids[i], i / T, i % T, m->cfg.V);
+}
+
+float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    if (B < 1 || T < 1 || B > m->B || T > m->T)
+        fatal(EXIT_USAGE, "gpt_forward: batch %d x %d does not fit the %d x %d the model was built "
+                          "for", B, T, m->B, m->T);
+    const int N = B * T, C = g->C;
+    check_ids(m, tokens, B, T, 0);
+    if (targets) check_ids(m, targets, B, T, 1);
+    memcpy(m->tokens_host, tokens, (size_t)N * sizeof(int));
+    be->upload(be, m->tokens, tokens, (size_t)N * sizeof(int));
+
+    int drop = targets && m->training && m->dropout > 0.0f;
+    if (drop) m->dropout_offset = m->dropout_calls++ * (uint64_t)g->L;
+    void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
+    be->embed_forward(be, m->encoded, m->tokens, NULL, tensor_ptr(m, m->params, m->wte_i), wpe, B, T, C);
+    const void *x = m->encoded;
+    for (int l = 0; l < g->L; l++) {
+        BlockActs *a = &m->acts[l];
+        AttnParams p = attn_params(m, a, B, T);
+        if (drop) {
+            p.dropout_p = m->dropout;
+            p.seed = m->dropout_seed;
+            p.offset = m->dropout_offset + (uint64_t)l;  // a fresh mask per layer and per call
+        }
+        block_forward(m, l, a, x, a->res_mlp, m->scratch, N, &p, NULL);
+        x = a->res_mlp;
+    }
+    be->layernorm_forward(be, m->lnf, m->lnf_mean, m->lnf_rstd, x, tensor_ptr(m, m->params, m->lnf_i),
+                          tensor_ptr(m, m->params, m->lnf_i + 1), N, C);
+    be->matmul_forward(be, m->logits, NULL, m->lnf, tensor_ptr(m, m->params, m->wte_i), NULL, N, C,
+                       g->Vp, EPI_NONE);
+    m->last_B = B;
+    m->last_T = T;
+    m->logits_valid = 1;
+    m->has_targets = targets != NULL;
+    if (!targets) return 0.0f;
+
+    memcpy(m->targets_host, targets, (size_t)N * sizeof(int));
+    be->upload(be, m->targets, targets, (size_t)N * sizeof(int));
+    be->softmax_xent(be, m->logits, m->losses, m->targets, N, g->V, g->Vp, 0.0f);
+    be->download(be, m->losses_host, m->losses, (size_t)N * sizeof(float));
+    double sum = 0;
+    m->n_valid = 0;
+    for (int i = 0; i < N; i++)
+        if (targets[i] >= 0) {
+            sum += m->losses_host[i];
+            m->n_valid++;
+        }
+    return m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
+}
+
+void gpt_backward(GPT *m, float grad_scale) {
+    if (!m->has_targets || !m->logits_valid)
+        fatal(EXIT_RUNTIME, "gpt_backward needs a preceding gpt_forward with targets (each forward "
+                            "allows one backward)");
+    m->logits_valid = 0;
+    if (m->n_valid == 0) return;   // every target ignored: no gradient
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    const int B = m->last_B, T = m->last_T, N = B * T, C = g->C;
+    const size_t NC = (size_t)N * C * m->ds;
+    void *w = m->params, *dw = m->grads;
+
+    // dlogits (N, Vp) = grad_scale / n_valid * (softmax - onehot), in place of the logits.
+    be->softmax_xent(be, m->logits, m->losses, m->targets, N, g->V, g->Vp,
+                     grad_scale / (float)m->n_valid);
+    be->matmul_backward(be, m->dln, tensor_ptr(m, dw, m->wte_i), NULL, m->logits, NULL, m->lnf,
+                        tensor_ptr(m, w, m->wte_i), N, C, g->Vp, EPI_NONE);
+    be->fill_zero(be, m->dres, NC);
+    const void *x_last = m->acts[g->L - 1].res_mlp;
+    be->layernorm_backward(be, m->dres, tensor_ptr(m, dw, m->lnf_i), tensor_ptr(m, dw, m->lnf_i + 1),
+                           m->dln, x_last, tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
+
+    for (int l = g->L - 1; l >= 0; l--) {
+        BlockActs *a = &m->acts[l];
+        const void *x_in = l == 0 ? m->encoded : m->acts[l - 1].res_mlp;
+        // MLP branch. matmul_backward may use its dout as scratch, and dres is still needed for
+        // the residual path, so it gets a copy.
+        be->copy(be, m->dtmp, m->dres, NC);
+        be->matmul_backward(be, m->dfch, layer_ptr(m, dw, l, FCPROJ_W), layer_ptr(m, dw, l, FCPROJ_B),
+                            m->dtmp, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W), N, 4 * C, C, EPI_NONE);
+        be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, FC_W), layer_ptr(m, dw, l, FC_B), m->dfch,
+                            a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W), N, C, 4 * C, EPI_GELU);
+        be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN2_W), layer_ptr(m, dw, l, LN2_B),
+                               m->dln, a->res_attn, layer_ptr(m, w, l, LN2_W), a->ln2_mean,
+                               a->ln2_rstd, N, C);
+        // Attention branch.
+        be->copy(be, m->dtmp, m->dres, NC);
+        be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
+                            m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
+        AttnParams p = attn_params(m, a, B, T);
+        if (m->training && m->dropout > 0.0f) {
+            p.dropout_p = m->dropout;
+            p.seed = m->dropout_seed;
+            p.offset = m->dropout_offset + (uint64_t)l;
+        }
+        p.dout = m->datty;
+        p.do_st = p.o_st;
+        p.dq = m->dqkv;
+        p.dk = at(m->dqkv, (size_t)g->NH * g->HS, m->ds);
+        p.dv = at(m->dqkv, (size_t)(g->NH + g->NKV) * g->HS, m->ds);
+        p.dq_st = p.dk_st = p.dv_st = p.q_st;
+        be->attention_backward(be, &p);
+        be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
+                            NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);
+        be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN1_W), layer_ptr(m, dw, l, LN1_B),
+                               m->dln, x_in, layer_ptr(m, w, l, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);
+    }
+    void *dwpe = m->wpe_i >= 0 ? tensor_ptr(m, dw, m->wpe_i) : NULL;
+    be->embed_backward(be, tensor_ptr(m, dw, m->wte_i), dwpe, m->dres, m->tokens, NULL, B, T, C);
+}
+
+void gpt_losses_f32(GPT *m, float *host) {
+    if (!m->has_targets) fatal(EXIT_RUNTIME, "gpt_losses_f32: the last forward had no targets");
+    memcpy(host, m->losses_host, (size_t)m->last_B * m->last_T * sizeof(float));
+}
+
+void gpt_logits_f32(GPT *m, float *host) {
+    if (!m->logits_valid)
+        fatal(EXIT_RUNTIME, "gpt_logits_f32: no logits (no forward yet, or backward consumed them)");
+    const int N = m->last_B * m->last_T, V = m->cfg.V, Vp = m->cfg.Vp;
+    float *all = xmalloc((size_t)N * Vp * sizeof(float));   // (N, Vp)
+    m->be->download_f32(m->be, all, m->logits, (size_t)N * Vp);
+    for (int i = 0; i < N; i++) memcpy(host + (size_t)i * V, all + (size_t)i * Vp, (size_t)V * sizeof(float));
+    free(all);
+}
+
+static void alloc_decode(GPT *m) {
+    const GPTConfig *g = &m->cfg;
+    size_t C = g->C, ds = m->ds;
+    alloc_block(m, &m->dec, 1, 1);
+    m->dec_x = balloc(m, C * ds);
+    m->dec_scratch = balloc(m, C * ds);
+    m->dec_lnf = balloc(m, C * ds);
+    m->dec_logits = balloc(m, (size_t)g->Vp * ds);
+    m->dec_lnf_mean = balloc(m, sizeof(float));
+    m->dec_lnf_rstd = balloc(m, sizeof(float));
+    m->dec_token = balloc(m, sizeof(int));
+    m->dec_pos = balloc(m, sizeof(int));
+    m->kv = balloc(m, (size_t)g->L * g->maxT * 2 * g->NKV * g->HS * ds);
+}
+
+void gpt_decode_step(GPT *m, int token, int pos, float *logits_out) {
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    const int C = g->C;
+    const size_t kv_row = (size_t)2 * g->NKV * g->HS;   // elements per cached position
+    if (token < 0 || token >= g->V)
+        fatal(EXIT_USAGE, "decode: token %d is outside the vocabulary [0, %d)", token, g->V);
+    if (pos < 0 || pos >= g->maxT)
+        fatal(EXIT_USAGE, "decode: position %d is beyond model.max_seq_len (%d)", pos, g->maxT);
+    if (pos > m->kv_len)
+        fatal(EXIT_RUNTIME, "decode: position %d follows %d cached positions; feed positions "
+                            "0, 1, 2, ... in order", pos, m->kv_len);
+    if (!m->kv) alloc_decode(m);
+    be->upload(be, m->dec_token, &token, sizeof(int));
+    be->upload(be, m->dec_pos, &pos, sizeof(int));
+    void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
+    be->embed_forward(be, m->dec_x, m->dec_token, m->dec_pos, tensor_ptr(m, m->params, m->wte_i), wpe,
+                      1, 1, C);
+    for (int l = 0; l < g->L; l++) {
+        void *cache = at(m->kv, (size_t)l * g->maxT * kv_row, m->ds);   // (maxT, 2*NKV*HS)
+        AttnParams p = attn_params(m, &m->dec, 1, 1);
+        // One query against the pos+1 cached positions (bottom-right aligned: the query is the
+        // last position, so causal masking hides nothing here but a window still applies).
+        p.T_k = pos + 1;
+        p.k = cache;
+        p.v = at(cache, (size_t)g->NKV * g->HS, m->ds);
+        p.k_st = p.v_st = (AttnStrides){(int64_t)g->maxT * kv_row, (int64_t)kv_row, g->HS};
+        block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, 1, &p,
+                      at(cache, (size_t)pos * kv_row, m->ds));
+    }
+    be->layernorm_forward(be, m->dec_lnf, m->dec_lnf_mean, m->dec_lnf_rstd, m->dec_x,
+                          tensor_ptr(m, m->params, m->lnf_i), tensor_ptr(m, m->params, m->lnf_i + 1),
+                          1, C);
+    be->matmul_forward(be, m->dec_logits, NULL, m->dec_lnf, tensor_ptr(m, m->params, m->wte_i), NULL,
+                       1, C, g->Vp, EPI_NONE);
+    be->download_f32(be, logits_out, m->dec_logits, (size_t)g->V);
+    m->kv_len = pos + 1;
+}
