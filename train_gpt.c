@@ -160,7 +160,8 @@ typedef struct {
 static void usage_train(FILE *f) {
     fprintf(f,
             "usage: train_gpt train -c CONFIG.json [--set key=value ...] [--device cpu|cuda]\n"
-            "Trains a GPT. Resumes automatically from the newest complete checkpoint in log.dir.\n\n");
+            "Trains a GPT. Resumes automatically from the newest complete checkpoint in log.dir.\n");
+    fprintf(f, "cpu backend: available; cuda backend: %s\n\n", "not available in this build");
     config_print_help(f);
 }
 
