@@ -1,0 +1,287 @@
+// attention_cpu_flash: the FlashAttention-2 algorithm in fp32 on the CPU, the reference the CUDA
+// flash kernels are checked against.
+//
+// Forward: per (b, h, query tile) a loop over the key tiles the tile's mask ranges touch, with an
+// online softmax (running max m and sum l per row); the output is written once, with
+// lse = m + log(l). Backward: per (b, kv head) a loop over key tiles, recomputing P = exp(S - lse)
+// per (query tile, key tile) from the saved lse; the thread owns dK/dV of its kv head and dQ of
+// the query heads sharing it, so there are no races and the summation order is fixed
+// (deterministic). No T x T matrix: extra memory is O(tile * (T + HS)) per thread.
+//
+// Every inner product runs over the same contiguous tile copies in a fixed order, so the result
+// does not depend on the tensors' strides (bitwise).
+#include <math.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "attention/attention_cpu.h"
+#include "attention/mask.h"
+#include "common/check.h"
+
+// Tile shape: 64 x 64 fp32 scores are 16 KiB and a (64, HS <= 128) K^T tile 32 KiB, so one tile
+// of each stays in L2 while the query rows stream past.
+#define FLASH_BR 64  // query rows per tile
+#define FLASH_BC 64  // keys per tile
+
+typedef struct {
+    float *kt;   // (HS, BC) K^T of the current key tile
+    float *vt;   // (HS, BC) V^T (backward)
+    float *s;    // (BR, BC) scores, then probabilities
+    float *dp;   // (BR, BC) dP, then dS (backward)
+    float *acc;  // (BR, HS) forward output accumulator; (BC, HS) dK accumulator in backward
+    float *dv;   // (BC, HS) dV accumulator (backward)
+    float *m, *l;  // (BR) running max and sum (forward)
+} FlashScratch;
+
+static FlashScratch scratch_alloc(int HS) {
+    FlashScratch w;
+    w.kt = xmalloc(sizeof(float) * HS * FLASH_BC);
+    w.vt = xmalloc(sizeof(float) * HS * FLASH_BC);
+    w.s = xmalloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w.dp = xmalloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w.acc = xmalloc(sizeof(float) * (FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC) * HS);
+    w.dv = xmalloc(sizeof(float) * FLASH_BC * HS);
+    w.m = xmalloc(sizeof(float) * FLASH_BR);
+    w.l = xmalloc(sizeof(float) * FLASH_BR);
+    return w;
+}
+
+static void scratch_free(FlashScratch *w) {
+    free(w->kt); free(w->vt); free(w->s); free(w->dp); free(w->acc); free(w->dv);
+    free(w->m); free(w->l);
+}
+
+static int min_i(int a, int b) { return a < b ? a : b; }
+static int max_i(int a, int b) { return a > b ? a : b; }
+
+// xt (HS, BC) = rows j0 .. j0+bc-1 of head g of x, transposed.
+static void gather_transposed(float *xt, const void *x, AttnStrides st, int b, int g, int j0, int bc,
+                              int HS) {
+    for (int c = 0; c < bc; c++) {
+        const float *row = attn_cpu_row(x, st, b, j0 + c, g);
+        for (int d = 0; d < HS; d++) xt[d * FLASH_BC + c] = row[d];
+    }
+}
+
+// out (br, BC) = A (br rows of a tensor, head h, from row i0) . Xt (HS, BC): s[r][c] = a_r . x_c.
+// The j loop is innermost (vectorised, no horizontal sums); d runs in order for every element.
+static void tile_matmul_t(float *out, const void *a, AttnStrides st, int b, int h, int i0, int br,
+                          const float *xt, int bc, int HS) {
+    for (int r = 0; r < br; r++) {
+        const float *ar = attn_cpu_row(a, st, b, i0 + r, h);
+        float *o = out + r * FLASH_BC;
+        for (int c = 0; c < bc; c++) o[c] = 0.0f;
+        for (int d = 0; d < HS; d++) {
+            const float ad = ar[d];
+            const float *x = xt + d * FLASH_BC;
+#pragma omp simd
+            for (int c = 0; c < bc; c++) o[c] += ad * x[c];
+        }
+    }
+}
+
+// y[0..n) += a * x[0..n)
+static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
+#pragma omp simd
+    for (int d = 0; d < n; d++) y[d] += a * x[d];
+}
+
+// Scaled, biased and masked scores s (br, BC) of query rows i0.. against key tile j0.. (K^T in
+// w->kt). rng[r] is the key range of query i0 + r. Forward and backward share this so the
+// backward recomputes exactly the forward's scores.
+static void tile_scores(const AttnParams *p, float *s, const float *kt, int b, int h, int i0, int br,
+                        int j0, int bc, const AttnKeyRange *rng) {
+    tile_matmul_t(s, p->q, p->q_st, b, h, i0, br, kt, bc, p->HS);
+    const int shift = p->T_k - p->T_q;
+    const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
+    int full = 1;  // every (r, c) visible: the bulk of the tiles skips the per-element mask
+    for (int r = 0; r < br; r++) full &= rng[r].lo <= j0 && rng[r].hi >= j0 + bc;
+    for (int r = 0; r < br; r++) {
+        float *sr = s + r * FLASH_BC;
+        for (int c = 0; c < bc; c++) sr[c] *= p->scale;
+        if (p->alibi_slopes)
+            for (int c = 0; c < bc; c++) sr[c] += attn_alibi_bias(slope, i0 + r + shift, j0 + c);
+        if (!full)
+            for (int c = 0; c < bc; c++)
+                if (j0 + c < rng[r].lo || j0 + c >= rng[r].hi) sr[c] = -INFINITY;
+    }
+}
+
+// Smallest lo and largest hi over the non-empty ranges (an empty union gives lo >= hi).
+static AttnKeyRange ranges_union(const AttnKeyRange *rng, int n, int T_k) {
+    AttnKeyRange u = {T_k, 0};
+    for (int r = 0; r < n; r++)
+        if (rng[r].lo < rng[r].hi) {
+            u.lo = min_i(u.lo, rng[r].lo);
+            u.hi = max_i(u.hi, rng[r].hi);
+        }
+    return u;
+}
+
+static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int i0) {
+    const int HS = p->HS, br = min_i(FLASH_BR, p->T_q - i0), g = h / (p->NH / p->NKV);
+    const float keep_scale = attn_cpu_keep_scale(p);
+    AttnKeyRange rng[FLASH_BR];
+    for (int r = 0; r < br; r++) rng[r] = attn_key_range(p, b, i0 + r);
+    AttnKeyRange u = ranges_union(rng, br, p->T_k);
+    float *acc = w->acc;  // (br, HS)
+    for (int r = 0; r < br; r++) {
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.0f;
+        memset(acc + r * HS, 0, sizeof(float) * HS);
+    }
+    // Key tiles outside [u.lo, u.hi) are masked for every row of this query tile: skipped.
+    for (int j0 = u.lo - u.lo % FLASH_BC; j0 < u.hi; j0 += FLASH_BC) {
+        const int bc = min_i(FLASH_BC, p->T_k - j0);
+        gather_transposed(w->kt, p->k, p->k_st, b, g, j0, bc, HS);
+        tile_scores(p, w->s, w->kt, b, h, i0, br, j0, bc, rng);
+        for (int r = 0; r < br; r++) {
+            float *sr = w->s + r * FLASH_BC;
+            float mx = -INFINITY;
+            for (int c = 0; c < bc; c++) mx = fmaxf(mx, sr[c]);
+            const float m_new = fmaxf(w->m[r], mx);
+            // A row masked so far has m = -inf: use 0 so exp(-inf - 0) = 0, never exp(NaN).
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = expf(w->m[r] - m_use);
+            float sum = 0.0f;
+            float *ar = acc + r * HS;
+            for (int d = 0; d < HS; d++) ar[d] *= alpha;
+            for (int c = 0; c < bc; c++) {
+                float pc = expf(sr[c] - m_use);
+                sum += pc;
+                if (p->dropout_p > 0.0f)
+                    pc = attn_dropout_keep(p, b, h, i0 + r, j0 + c) ? pc * keep_scale : 0.0f;
+                if (pc != 0.0f) axpy(ar, pc, attn_cpu_row(p->v, p->v_st, b, j0 + c, g), HS);
+            }
+            w->l[r] = w->l[r] * alpha + sum;
+            w->m[r] = m_new;
+        }
+    }
+    for (int r = 0; r < br; r++) {
+        float *o = attn_cpu_row_mut(p->out, p->o_st, b, i0 + r, h);
+        float *lse = p->lse + ((int64_t)b * p->NH + h) * p->T_q + i0 + r;
+        const float *ar = acc + r * HS;
+        if (w->l[r] > 0.0f) {
+            const float inv = 1.0f / w->l[r];
+            for (int d = 0; d < HS; d++) o[d] = ar[d] * inv;
+            *lse = w->m[r] + logf(w->l[r]);
+        } else {  // fully masked row
+            for (int d = 0; d < HS; d++) o[d] = 0.0f;
+            *lse = INFINITY;
+        }
+    }
+}
+
+void attn_cpu_flash_forward(const AttnParams *p) {
+    const int n_qt = (p->T_q + FLASH_BR - 1) / FLASH_BR;
+#pragma omp parallel
+    {
+        FlashScratch w = scratch_alloc(p->HS);
+#pragma omp for collapse(3) schedule(dynamic)
+        for (int b = 0; b < p->B; b++)
+            for (int h = 0; h < p->NH; h++)
+                for (int t = 0; t < n_qt; t++) forward_tile(p, &w, b, h, t * FLASH_BR);
+        scratch_free(&w);
+    }
+}
+
+// Per (b, kv head g): per-row state shared by every key tile.
+typedef struct {
+    AttnKeyRange *rng;     // (T_q) key range of each query row
+    AttnKeyRange *tiles;   // (n_qt) union of the ranges of each query tile
+    float *D;              // (group, T_q) rowsum(dO * O) of each query head of the group
+} BackwardRows;
+
+// dV_acc += P_d^T dO, dS = P * (dP - D), dK_acc += dS^T Q, dQ += scale * dS K for one
+// (query tile, key tile) pair; w->s holds the scores on entry.
+static void backward_pair(const AttnParams *p, FlashScratch *w, const float *D, int b, int h, int g,
+                          int i0, int br, int j0, int bc) {
+    const int HS = p->HS;
+    const float keep_scale = attn_cpu_keep_scale(p);
+    const float *lse = p->lse + ((int64_t)b * p->NH + h) * p->T_q;
+    tile_matmul_t(w->dp, p->dout, p->do_st, b, h, i0, br, w->vt, bc, HS);  // dO V^T (br, bc)
+    for (int r = 0; r < br; r++) {
+        const int i = i0 + r;
+        float *sr = w->s + r * FLASH_BC, *dpr = w->dp + r * FLASH_BC;
+        // lse = +inf (fully masked row) and s = -inf (masked element) both give P = 0.
+        for (int c = 0; c < bc; c++) {
+            float pc = expf(sr[c] - lse[i]), pd = pc, dpc = dpr[c];
+            if (p->dropout_p > 0.0f) {
+                int keep = attn_dropout_keep(p, b, h, i, j0 + c);
+                pd = keep ? pc * keep_scale : 0.0f;
+                dpc = keep ? dpc * keep_scale : 0.0f;
+            }
+            sr[c] = pd;                    // dropped probability: what multiplied V
+            dpr[c] = pc * (dpc - D[i]);    // dS
+        }
+        const float *q = attn_cpu_row(p->q, p->q_st, b, i, h);
+        const float *dout = attn_cpu_row(p->dout, p->do_st, b, i, h);
+        float *dq = attn_cpu_row_mut(p->dq, p->dq_st, b, i, h);
+        for (int c = 0; c < bc; c++) {
+            if (sr[c] != 0.0f) axpy(w->dv + c * HS, sr[c], dout, HS);
+            if (dpr[c] != 0.0f) {
+                axpy(w->acc + c * HS, dpr[c], q, HS);
+                axpy(dq, p->scale * dpr[c], attn_cpu_row(p->k, p->k_st, b, j0 + c, g), HS);
+            }
+        }
+    }
+}
+
+static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows *rows, int b, int g) {
+    const int HS = p->HS, group = p->NH / p->NKV, n_qt = (p->T_q + FLASH_BR - 1) / FLASH_BR;
+    for (int i = 0; i < p->T_q; i++) rows->rng[i] = attn_key_range(p, b, i);
+    for (int t = 0; t < n_qt; t++)
+        rows->tiles[t] = ranges_union(rows->rng + t * FLASH_BR, min_i(FLASH_BR, p->T_q - t * FLASH_BR),
+                                      p->T_k);
+    for (int hh = 0; hh < group; hh++) {
+        const int h = g * group + hh;
+        for (int i = 0; i < p->T_q; i++) {
+            const float *o = attn_cpu_row(p->out, p->o_st, b, i, h);
+            const float *dout = attn_cpu_row(p->dout, p->do_st, b, i, h);
+            double dsum = 0.0;
+            for (int d = 0; d < HS; d++) dsum += (double)dout[d] * o[d];
+            rows->D[(int64_t)hh * p->T_q + i] = (float)dsum;
+            memset(attn_cpu_row_mut(p->dq, p->dq_st, b, i, h), 0, sizeof(float) * HS);
+        }
+    }
+    for (int j0 = 0; j0 < p->T_k; j0 += FLASH_BC) {
+        const int bc = min_i(FLASH_BC, p->T_k - j0);
+        gather_transposed(w->kt, p->k, p->k_st, b, g, j0, bc, HS);
+        gather_transposed(w->vt, p->v, p->v_st, b, g, j0, bc, HS);
+        memset(w->acc, 0, sizeof(float) * bc * HS);  // dK (bc, HS), unscaled
+        memset(w->dv, 0, sizeof(float) * bc * HS);   // dV (bc, HS)
+        for (int hh = 0; hh < group; hh++) {
+            const int h = g * group + hh;
+            for (int t = 0; t < n_qt; t++) {
+                AttnKeyRange u = rows->tiles[t];
+                if (u.lo >= u.hi || u.hi <= j0 || u.lo >= j0 + bc) continue;  // fully masked pair
+                const int i0 = t * FLASH_BR, br = min_i(FLASH_BR, p->T_q - i0);
+                tile_scores(p, w->s, w->kt, b, h, i0, br, j0, bc, rows->rng + i0);
+                backward_pair(p, w, rows->D + (int64_t)hh * p->T_q, b, h, g, i0, br, j0, bc);
+            }
+        }
+        for (int c = 0; c < bc; c++) {
+            float *dk = attn_cpu_row_mut(p->dk, p->dk_st, b, j0 + c, g);
+            float *dv = attn_cpu_row_mut(p->dv, p->dv_st, b, j0 + c, g);
+            for (int d = 0; d < HS; d++) {
+                dk[d] = p->scale * w->acc[c * HS + d];
+                dv[d] = w->dv[c * HS + d];
+            }
+        }
+    }
+}
+
+void attn_cpu_flash_backward(const AttnParams *p) {
+    const int group = p->NH / p->NKV, n_qt = (p->T_q + FLASH_BR - 1) / FLASH_BR;
+#pragma omp parallel
+    {
+        FlashScratch w = scratch_alloc(p->HS);
+        BackwardRows rows = {xmalloc(sizeof(AttnKeyRange) * p->T_q), xmalloc(sizeof(AttnKeyRange) * n_qt),
+                             xmalloc(sizeof(float) * (size_t)group * p->T_q)};
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < p->B; b++)
+            for (int g = 0; g < p->NKV; g++) backward_kv_head(p, &w, &rows, b, g);
+        free(rows.rng); free(rows.tiles); free(rows.D);
+        scratch_free(&w);
+    }
+}

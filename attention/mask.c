@@ -1,0 +1,225 @@
+// mask: validation of AttnParams at the module boundary, workspace sizes, and the public wrappers
+// around the shared mask and dropout rules of attention/mask.h.
+#include "attention/mask.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "attention/attention.h"
+
+// Largest head size of the CPU reference: its per-thread tiles are (tile, HS) floats, so any size
+// works; the cap only rejects garbage (an uninitialised field) with a clear message.
+#define ATTN_CPU_MAX_HS 1024
+// Alignment the CUDA kernels' vector loads need for every base pointer and stride (bytes).
+#define ATTN_CUDA_ALIGN 16
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *dtype_name(AttnDtype t) {
+    switch (t) {
+    case ATTN_F32: return "fp32";
+    case ATTN_BF16: return "bf16";
+    case ATTN_F16: return "fp16";
+    }
+    return "unknown";
+}
+
+static size_t dtype_bytes(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
+
+static int hs_supported(AttnDevice dev, int HS) {
+    if (dev == ATTN_CPU) return HS >= 1 && HS <= ATTN_CPU_MAX_HS;
+    return HS == 32 || HS == 64 || HS == 96 || HS == 128 || HS == 256;
+}
+
+// Whether distinct (b, t, h, d) elements of a tensor with these strides land on distinct
+// addresses: sort the three outer dimensions by stride; each must step over the whole extent of
+// the smaller ones (the contiguous head dimension being the smallest). Dimensions of size 1 never
+// step, so their stride does not matter.
+static int strides_disjoint(AttnStrides st, int B, int T, int H, int HS) {
+    int64_t s[3] = {st.batch, st.row, st.head};
+    int64_t n[3] = {B, T, H};
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++)
+            if (s[b] < s[a]) {
+                int64_t ts = s[a], tn = n[a];
+                s[a] = s[b]; n[a] = n[b];
+                s[b] = ts; n[b] = tn;
+            }
+    int64_t extent = HS;  // elements spanned by the dimensions below the current one
+    for (int a = 0; a < 3; a++) {
+        if (n[a] <= 1) continue;
+        if (s[a] < extent) return 0;
+        extent = s[a] * (n[a] - 1) + extent;
+    }
+    return 1;
+}
+
+typedef struct {
+    const char *name;
+    const void *ptr;
+    AttnStrides st;
+    int T, H;
+    int written;  // an output: its elements must not overlap
+} TensorDesc;
+
+static int check_tensor(const TensorDesc *t, const AttnParams *p, AttnDevice dev, char *err,
+                        size_t errlen) {
+    if (!t->ptr) return fail(err, errlen, "attention: tensor '%s' is NULL", t->name);
+    if (t->st.batch < 0 || t->st.row < 0 || t->st.head < 0)
+        return fail(err, errlen,
+                    "attention: tensor '%s' has a negative stride (batch %lld, row %lld, head %lld)",
+                    t->name, (long long)t->st.batch, (long long)t->st.row, (long long)t->st.head);
+    if (t->written && !strides_disjoint(t->st, p->B, t->T, t->H, p->HS))
+        return fail(err, errlen,
+                    "attention: output '%s' strides (batch %lld, row %lld, head %lld) make elements "
+                    "overlap for B=%d, T=%d, heads=%d, HS=%d",
+                    t->name, (long long)t->st.batch, (long long)t->st.row, (long long)t->st.head,
+                    p->B, t->T, t->H, p->HS);
+    if (dev == ATTN_CUDA) {
+        size_t eb = dtype_bytes(p->dtype);
+        int64_t all[3] = {t->st.batch, t->st.row, t->st.head};
+        if ((uintptr_t)t->ptr % ATTN_CUDA_ALIGN != 0)
+            return fail(err, errlen, "attention: tensor '%s' is not %d-byte aligned", t->name,
+                        ATTN_CUDA_ALIGN);
+        for (int i = 0; i < 3; i++)
+            if ((all[i] * (int64_t)eb) % ATTN_CUDA_ALIGN != 0)
+                return fail(err, errlen,
+                            "attention: tensor '%s' stride %lld is not a multiple of %d bytes "
+                            "(CUDA kernels load 16-byte vectors)",
+                            t->name, (long long)all[i], ATTN_CUDA_ALIGN);
+    }
+    return 0;
+}
+
+// Host-side checks of the document list (CPU only: for CUDA it lives in device memory).
+static int check_docs(const AttnParams *p, char *err, size_t errlen) {
+    const int *cu = p->cu_seqlens;
+    int64_t total = (int64_t)p->B * p->T_q;
+    if (cu[0] != 0)
+        return fail(err, errlen, "attention: cu_seqlens[0] is %d, must be 0", cu[0]);
+    if (cu[p->n_docs] != total)
+        return fail(err, errlen, "attention: cu_seqlens[%d] (the last) is %d, must be B*T = %lld",
+                    p->n_docs, cu[p->n_docs], (long long)total);
+    int next_row = 1;  // the next batch-row start (in rows) that must appear in the list
+    for (int d = 1; d <= p->n_docs; d++) {
+        if (cu[d] < cu[d - 1])
+            return fail(err, errlen, "attention: cu_seqlens decreases at index %d (%d after %d)", d,
+                        cu[d], cu[d - 1]);
+        while (next_row < p->B && (int64_t)next_row * p->T_q < cu[d]) {
+            if ((int64_t)next_row * p->T_q != cu[d - 1])
+                return fail(err, errlen,
+                            "attention: a document (cu_seqlens[%d..%d] = %d..%d) crosses the start "
+                            "of batch row %d (token %lld): split it there",
+                            d - 1, d, cu[d - 1], cu[d], next_row, (long long)next_row * p->T_q);
+            next_row++;
+        }
+    }
+    return 0;
+}
+
+int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, size_t errlen) {
+    if (!p) return fail(err, errlen, "attention: params are NULL");
+    const char *devname = dev == ATTN_CPU ? "cpu" : "cuda";
+    if (dev != ATTN_CPU && dev != ATTN_CUDA)
+        return fail(err, errlen, "attention: unknown device %d", (int)dev);
+    if (p->B < 1 || p->T_q < 1 || p->T_k < 1)
+        return fail(err, errlen, "attention: sizes must be positive, got B=%d, T_q=%d, T_k=%d", p->B,
+                    p->T_q, p->T_k);
+    if (p->NH < 1 || p->NKV < 1)
+        return fail(err, errlen, "attention: head counts must be positive, got NH=%d, NKV=%d", p->NH,
+                    p->NKV);
+    if (p->NH % p->NKV != 0)
+        return fail(err, errlen,
+                    "attention: the %d query heads cannot be shared evenly by %d key/value heads: "
+                    "n_kv_head must divide n_head",
+                    p->NH, p->NKV);
+    if (!hs_supported(dev, p->HS)) {
+        if (dev == ATTN_CPU)
+            return fail(err, errlen, "attention: head size %d is not supported on cpu: use 1..%d",
+                        p->HS, ATTN_CPU_MAX_HS);
+        return fail(err, errlen,
+                    "attention: head size %d is not supported on cuda: use 32, 64, 96, 128 or 256 "
+                    "(n_embd / n_head)",
+                    p->HS);
+    }
+    if (!isfinite(p->scale))
+        return fail(err, errlen, "attention: scale %g is not finite", p->scale);
+    if (p->impl != ATTN_IMPL_FLASH && p->impl != ATTN_IMPL_NAIVE)
+        return fail(err, errlen, "attention: unknown implementation %d: use flash or naive", (int)p->impl);
+    if (p->dtype != ATTN_F32 && p->dtype != ATTN_BF16 && p->dtype != ATTN_F16)
+        return fail(err, errlen, "attention: unknown dtype %d", (int)p->dtype);
+    if (dev == ATTN_CPU && p->dtype != ATTN_F32)
+        return fail(err, errlen, "attention: the cpu implementation is fp32 only, got %s: use "
+                                 "precision.dtype = fp32 with --device cpu",
+                    dtype_name(p->dtype));
+    if (p->causal && p->T_q > p->T_k)
+        return fail(err, errlen,
+                    "attention: causal attention needs T_q <= T_k (queries align to the last keys), "
+                    "got T_q=%d, T_k=%d",
+                    p->T_q, p->T_k);
+    if (p->window_left < -1 || p->window_right < -1)
+        return fail(err, errlen,
+                    "attention: window (left %d, right %d) must be -1 (unbounded) or >= 0",
+                    p->window_left, p->window_right);
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
+        return fail(err, errlen, "attention: dropout %g must be in [0, 1)", p->dropout_p);
+    if (p->cu_seqlens) {
+        if (p->T_q != p->T_k)
+            return fail(err, errlen, "attention: documents (cu_seqlens) need T_q == T_k, got %d and %d",
+                        p->T_q, p->T_k);
+        if (p->n_docs < 1)
+            return fail(err, errlen, "attention: cu_seqlens is set but n_docs is %d", p->n_docs);
+        if (dev == ATTN_CPU && check_docs(p, err, errlen) != 0) return -1;
+    }
+    if (!p->lse) return fail(err, errlen, "attention: lse (B, NH, T_q) fp32 buffer is NULL");
+
+    TensorDesc t[8] = {
+        {"q", p->q, p->q_st, p->T_q, p->NH, 0},
+        {"k", p->k, p->k_st, p->T_k, p->NKV, 0},
+        {"v", p->v, p->v_st, p->T_k, p->NKV, 0},
+        {"out", p->out, p->o_st, p->T_q, p->NH, !backward},
+        {"dout", p->dout, p->do_st, p->T_q, p->NH, 0},
+        {"dq", p->dq, p->dq_st, p->T_q, p->NH, 1},
+        {"dk", p->dk, p->dk_st, p->T_k, p->NKV, 1},
+        {"dv", p->dv, p->dv_st, p->T_k, p->NKV, 1},
+    };
+    int n = backward ? 8 : 4;
+    for (int i = 0; i < n; i++)
+        if (check_tensor(&t[i], p, dev, err, errlen) != 0) return -1;
+
+    size_t need = attn_workspace_bytes(p, dev);
+    if (need > 0 && (!p->workspace || p->workspace_bytes < need))
+        return fail(err, errlen, "attention: %s needs a workspace of %zu bytes, got %zu", devname, need,
+                    p->workspace ? p->workspace_bytes : (size_t)0);
+    return 0;
+}
+
+// CPU: 0, each thread allocates its O(tile * (T + HS)) scratch itself. CUDA backward: an fp32 dQ
+// accumulator (B, NH, T_q, HS) and D = rowsum(dO * O) (B, NH, T_q); with GQA fp32 per-query-head
+// dK and dV (B, NH, T_k, HS) before the sum over the group; the naive kernels add the scores and
+// probabilities (B, NH, T_q, T_k) x 2.
+size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev) {
+    if (dev == ATTN_CPU) return 0;
+    size_t rows_q = (size_t)p->B * p->NH * p->T_q, rows_k = (size_t)p->B * p->NH * p->T_k;
+    size_t floats = rows_q * ((size_t)p->HS + 1);
+    if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
+    if (p->impl == ATTN_IMPL_NAIVE) floats += 2 * rows_q * (size_t)p->T_k;
+    return floats * sizeof(float);
+}
+
+int attn_visible(const AttnParams *p, int b, int i, int j) {
+    AttnKeyRange r = attn_key_range(p, b, i);
+    return j >= r.lo && j < r.hi;
+}
+
+int attn_dropout_keep(const AttnParams *p, int b, int h, int i, int j) {
+    return attn_dropout_keep_elem(p, attn_dropout_elem(p, b, h, i, j));
+}

@@ -1,0 +1,69 @@
+// mask: the visibility, ALiBi and dropout rules of attention/attention.h as small inline functions
+// (ATTN_HD: host and device), so the CPU reference and the CUDA kernels use the very same rules.
+//
+// Every rule (causal, sliding window, documents) keeps a contiguous run of keys per query, so the
+// whole mask of query i is one half-open key range [lo, hi). Kernels use it to skip tiles that are
+// entirely masked and to run the unmasked bulk without per-element checks.
+#pragma once
+#include "attention/attention.h"
+#include "attention/philox.h"
+
+typedef struct {
+    int lo, hi;  // visible keys j satisfy lo <= j < hi; empty (fully masked row) when lo >= hi
+} AttnKeyRange;
+
+// Key position that query i is aligned to: bottom-right alignment (i + T_k - T_q).
+ATTN_HD int attn_aligned_pos(int T_q, int T_k, int i) { return i + (T_k - T_q); }
+
+// The document [*start, *end) of flattened token index g (b*T + t): cu_seqlens[0..n_docs] are
+// non-decreasing cumulative offsets from 0 to B*T, so the document is the last d with
+// cu_seqlens[d] <= g (binary search, O(log n_docs)).
+ATTN_HD void attn_doc_bounds(const int *cu_seqlens, int n_docs, int64_t g, int64_t *start,
+                             int64_t *end) {
+    int lo = 0, hi = n_docs - 1;  // invariant: the answer d lies in [lo, hi]
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (cu_seqlens[mid] <= g) lo = mid;
+        else hi = mid - 1;
+    }
+    *start = cu_seqlens[lo];
+    *end = cu_seqlens[lo + 1];
+}
+
+// The visible key range of query i in batch row b. 64-bit intermediates: window_right may be
+// large enough that p + window_right + 1 overflows an int.
+ATTN_HD AttnKeyRange attn_key_range(const AttnParams *p, int b, int i) {
+    int64_t pos = attn_aligned_pos(p->T_q, p->T_k, i);
+    int64_t lo = 0, hi = p->T_k;
+    if (p->causal && pos + 1 < hi) hi = pos + 1;
+    if (p->window_left >= 0 && pos - p->window_left > lo) lo = pos - p->window_left;
+    if (p->window_right >= 0 && pos + p->window_right + 1 < hi) hi = pos + p->window_right + 1;
+    if (p->cu_seqlens) {  // T_q == T_k here (attn_check), so row b starts at b * T_k
+        int64_t row0 = (int64_t)b * p->T_k, start, end;
+        attn_doc_bounds(p->cu_seqlens, p->n_docs, row0 + i, &start, &end);
+        if (start - row0 > lo) lo = start - row0;
+        if (end - row0 < hi) hi = end - row0;
+    }
+    if (hi < lo) hi = lo;
+    AttnKeyRange r = {(int)lo, (int)hi};
+    return r;
+}
+
+// ALiBi bias of key j for aligned query position pos (added to the already scaled score).
+ATTN_HD float attn_alibi_bias(float slope, int pos, int j) {
+    int dist = pos > j ? pos - j : j - pos;
+    return -slope * (float)dist;
+}
+
+// Index of element (b, h, i, j) of the (B, NH, T_q, T_k) probability tensor: the Philox counter
+// of its dropout draw.
+ATTN_HD uint64_t attn_dropout_elem(const AttnParams *p, int b, int h, int i, int j) {
+    return (((uint64_t)b * (uint64_t)p->NH + (uint64_t)h) * (uint64_t)p->T_q + (uint64_t)i) *
+               (uint64_t)p->T_k +
+           (uint64_t)j;
+}
+
+// 1 when element e survives dropout (its probability is then scaled by 1 / (1 - dropout_p)).
+ATTN_HD int attn_dropout_keep_elem(const AttnParams *p, uint64_t e) {
+    return attn_philox_keep(p->seed, p->offset, e, p->dropout_p);
+}
