@@ -78,6 +78,7 @@ static double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches) {
     double sum = 0;
     long long count = 0;
     dataset_rewind(d);
+    gpt_set_training(m, 0);
     for (long long b = 0; b < n_batches; b++) {
         dataset_next(d, in, tg);
         gpt_forward(m, in, tg, B, T);
@@ -85,6 +86,7 @@ static double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches) {
         for (int i = 0; i < B * T; i++)
             if (tg[i] >= 0) sum += losses[i], count++;
     }
+    gpt_set_training(m, 1);
     free(in);
     free(tg);
     free(losses);
