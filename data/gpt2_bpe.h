@@ -12,8 +12,19 @@ typedef struct Gpt2Bpe Gpt2Bpe;   // opaque
 Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);
 void gpt2_bpe_free(Gpt2Bpe *t);
 int gpt2_bpe_vocab_size(const Gpt2Bpe *t);   // 50257
+// The id of <|endoftext|>: the last one, 50256 for GPT-2's files.
+int gpt2_bpe_eot(const Gpt2Bpe *t);
 // Encodes len bytes of text (special tokens are NOT recognised in the text); appends ids to
 // *ids (capacity *cap, grown with realloc) at *n. Returns 0.
+// Invalid UTF-8 is read as Python's bytes.decode('utf-8', errors='replace') reads it: each
+// maximal invalid subsequence becomes U+FFFD (bytes EF BF BD), so the ids equal tiktoken's
+// encode_ordinary(data.decode('utf-8', 'replace')) for ANY bytes, and decoding them gives the
+// replaced text, not the original bytes. Valid UTF-8 round-trips exactly.
 int gpt2_bpe_encode(const Gpt2Bpe *t, const char *text, size_t len, int **ids, size_t *n, size_t *cap);
+// The same ids as gpt2_bpe_encode, computed by n_threads OpenMP threads (<= 0: all of them) on
+// chunks cut just after newlines where the pre-tokenizer always splits; small inputs run on one
+// thread.
+int gpt2_bpe_encode_parallel(const Gpt2Bpe *t, const char *text, size_t len, int n_threads,
+                             int **ids, size_t *n, size_t *cap);
 // The bytes of token id, *len set; NULL for an out-of-range id.
 const unsigned char *gpt2_bpe_token_bytes(const Gpt2Bpe *t, int id, int *len);
