@@ -1,0 +1,100 @@
+// Config table: defaults, JSON parsing, --set overrides, validation and the error messages that
+// name the key, file and line.
+#include <string.h>
+
+#include "common/config.h"
+#include "tests/testlib.h"
+
+static int load(Config *c, const char *json, char *err) {
+    config_defaults(c);
+    return config_load_json(c, json, "test.json", err, 512);
+}
+
+int main(void) {
+    char err[512];
+    Config c;
+
+    TEST_CASE("defaults are GPT-2 small and valid", {
+        config_defaults(&c);
+        EXPECT(c.model.n_layer == 12 && c.model.n_embd == 768 && c.model.vocab_size == 50257, "defaults");
+        EXPECT(strcmp(c.precision.loss_scale, "dynamic") == 0, "loss scale %s", c.precision.loss_scale);
+        EXPECT(c.attention.window == -1 && c.train.seed == 1337, "window/seed");
+        EXPECT(config_set(&c, "data.synthetic=copy", err, sizeof err) == 0, "%s", err);
+        EXPECT(config_validate(&c, err, sizeof err) == 0, "%s", err);
+        EXPECT(c.model.n_kv_head == 12, "n_kv_head resolved to n_head, got %d", c.model.n_kv_head);
+    });
+
+    TEST_CASE("json sections and types", {
+        const char *j = "{\"model\": {\"n_layer\": 4, \"pos_embedding\": \"alibi\", \"rope_theta\": 5e5},\n"
+                        " \"precision\": {\"loss_scale\": 1024},\n \"data\": {\"shuffle\": true}}";
+        EXPECT(load(&c, j, err) == 0, "%s", err);
+        EXPECT(c.model.n_layer == 4 && strcmp(c.model.pos_embedding, "alibi") == 0, "model");
+        EXPECT(c.model.rope_theta == 5e5f && c.data.shuffle == 1, "float/bool");
+        EXPECT(strcmp(c.precision.loss_scale, "1024") == 0, "numeric loss scale '%s'", c.precision.loss_scale);
+    });
+
+    TEST_CASE("errors name the key, file and line", {
+        EXPECT(load(&c, "{\"model\": {\n \"n_layr\": 4}}", err) != 0 && strstr(err, "model.n_layr") &&
+                   strstr(err, "test.json:2"), "unknown key: %s", err);
+        EXPECT(load(&c, "{\"modle\": {}}", err) != 0 && strstr(err, "modle"), "unknown section: %s", err);
+        EXPECT(load(&c, "{\"model\": {\"n_layer\": \"4\"}}", err) != 0 && strstr(err, "model.n_layer") &&
+                   strstr(err, "integer"), "wrong type: %s", err);
+        EXPECT(load(&c, "{\"model\": {\"n_layer\": 2.5}}", err) != 0 && strstr(err, "integer"), "fraction: %s", err);
+        EXPECT(load(&c, "{\"model\": {\"n_layer\": 0}}", err) != 0 && strstr(err, "out of range"), "range: %s", err);
+        EXPECT(load(&c, "{\"optim\": {\"schedule\": \"cosin\"}}", err) != 0 && strstr(err, "cosine|linear|constant"),
+               "enum: %s", err);
+        EXPECT(load(&c, "{\"model\": {\n\"n_layer\": 4,,}}", err) != 0 && strstr(err, "malformed JSON") &&
+                   strstr(err, "test.json:2"), "malformed: %s", err);
+        EXPECT(load(&c, "[1, 2]", err) != 0 && strstr(err, "object"), "not an object: %s", err);
+        EXPECT(load(&c, "{\"precision\": {\"loss_scale\": \"dynamc\"}}", err) != 0 && strstr(err, "dynamic"),
+               "loss scale: %s", err);
+        EXPECT(load(&c, "{\"precision\": {\"loss_scale\": -4}}", err) != 0, "negative scale accepted");
+    });
+
+    TEST_CASE("--set overrides", {
+        config_defaults(&c);
+        EXPECT(config_set(&c, "train.steps=77", err, sizeof err) == 0 && c.train.steps == 77, "%s", err);
+        EXPECT(config_set(&c, "optim.lr=0.01", err, sizeof err) == 0 && c.optim.lr == 0.01f, "%s", err);
+        EXPECT(config_set(&c, "log.dir=runs/x", err, sizeof err) == 0 && strcmp(c.log.dir, "runs/x") == 0, "%s", err);
+        EXPECT(config_set(&c, "train.steps", err, sizeof err) != 0 && strstr(err, "key=value"), "no '=': %s", err);
+        EXPECT(config_set(&c, "train.stepz=1", err, sizeof err) != 0 && strstr(err, "train.stepz"), "unknown: %s", err);
+        EXPECT(config_set(&c, "train.steps=ten", err, sizeof err) != 0 && strstr(err, "integer"), "type: %s", err);
+        EXPECT(config_set(&c, "attention.deterministic=yes", err, sizeof err) != 0, "bool accepted 'yes'");
+    });
+
+    TEST_CASE("cross-key rules", {
+        config_defaults(&c);
+        config_set(&c, "data.synthetic=copy", err, sizeof err);
+        config_set(&c, "model.n_head=5", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "divisible"), "C %% NH: %s", err);
+        config_set(&c, "model.n_head=12", err, sizeof err);
+        config_set(&c, "model.n_kv_head=5", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "n_kv_head"), "NH %% NKV: %s", err);
+        config_set(&c, "model.n_kv_head=4", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) == 0, "%s", err);
+        config_set(&c, "train.seq_len=2048", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "max_seq_len"), "seq_len: %s", err);
+        config_set(&c, "train.seq_len=1024", err, sizeof err);
+        config_set(&c, "optim.min_lr=0.1", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "min_lr"), "min_lr: %s", err);
+        config_set(&c, "optim.min_lr=0", err, sizeof err);
+        config_set(&c, "data.synthetic=none", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "data.train"), "no data: %s", err);
+    });
+
+    TEST_CASE("to_json round trip", {
+        config_defaults(&c);
+        config_set(&c, "model.n_layer=3", err, sizeof err);
+        config_set(&c, "precision.loss_scale=512", err, sizeof err);
+        config_set(&c, "train.seed=123456789", err, sizeof err);
+        char *j = config_to_json(&c);
+        Config d;
+        EXPECT(load(&d, j, err) == 0, "%s", err);
+        EXPECT(memcmp(&c, &d, sizeof c) == 0, "round trip differs");
+        EXPECT(config_same_model(&c, &d, err, sizeof err) == 0, "%s", err);
+        config_set(&d, "model.n_layer=4", err, sizeof err);
+        EXPECT(config_same_model(&c, &d, err, sizeof err) != 0 && strstr(err, "model.n_layer"), "%s", err);
+        free(j);
+    });
+    return TEST_SUMMARY();
+}
