@@ -192,7 +192,7 @@ static int encode_simple(const Tokenizer *t, const char *text, size_t len, Token
 // that ended it.
 static void encode_gpt2(const Gpt2Bpe *bpe, const char *text, size_t len, const char *sep, Tokens *out) {
     if (!sep) {
-        gpt2_bpe_encode(bpe, text, len, &out->ids, &out->n, &out->cap);
+        gpt2_bpe_encode_parallel(bpe, text, len, 0, &out->ids, &out->n, &out->cap);
         return;
     }
     size_t sl = strlen(sep), start = 0;
@@ -200,8 +200,8 @@ static void encode_gpt2(const Gpt2Bpe *bpe, const char *text, size_t len, const 
         const char *hit = memmem(text + start, len - start, sep, sl);
         size_t end = hit ? (size_t)(hit - text) + sl : len;
         if (out->n == out->cap) out->ids = xrealloc(out->ids, sizeof(int) * (out->cap = 2 * out->cap + 16));
-        out->ids[out->n++] = GPT2_EOT;
-        gpt2_bpe_encode(bpe, text + start, end - start, &out->ids, &out->n, &out->cap);
+        out->ids[out->n++] = gpt2_bpe_eot(bpe);
+        gpt2_bpe_encode_parallel(bpe, text + start, end - start, 0, &out->ids, &out->n, &out->cap);
         if (!hit) break;
         start = end;
     }
@@ -231,7 +231,7 @@ static Tokenizer *gpt2_table(const Gpt2Bpe *bpe) {
     int *lens = xmalloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++) bytes[i] = gpt2_bpe_token_bytes(bpe, i, &lens[i]);
     char err[512];
-    Tokenizer *t = tokenizer_build_table(n, bytes, lens, GPT2_EOT, err, sizeof err);
+    Tokenizer *t = tokenizer_build_table(n, bytes, lens, gpt2_bpe_eot(bpe), err, sizeof err);
     if (!t) fprintf(stderr, "error: prepare: GPT-2 vocabulary: %s\n", err);
     free(bytes);
     free(lens);
