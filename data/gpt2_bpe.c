@@ -229,8 +229,8 @@ static void line_col(const char *text, size_t pos, int *line) {
 }
 
 // Fills tok_off/tok_bytes/vocab from encoder.json. n_expect is 256 + merges + 1 (from vocab.bpe).
-static int load_encoder(Gpt2Bpe *t, const char *path, const int byte_of_cp[324], char *err,
-                        size_t errlen) {
+static int load_encoder(Gpt2Bpe *t, const char *path, const char *vocab_path,
+                        const int byte_of_cp[324], char *err, size_t errlen) {
     size_t len;
     char *text = read_whole(path, &len, err, errlen);
     if (!text) return -1;
@@ -250,9 +250,9 @@ static int load_encoder(Gpt2Bpe *t, const char *path, const int byte_of_cp[324],
     }
     int n = cJSON_GetArraySize(root);
     if (n != t->n_vocab) {
-        set_err(err, errlen, "%s: has %d tokens but vocab.bpe's %d merges need %d (256 bytes + "
+        set_err(err, errlen, "%s: has %d tokens but the %d merges of %s need %d (256 bytes + "
                 "merges + <|endoftext|>): the two files do not belong together",
-                path, n, t->n_vocab - 257, t->n_vocab);
+                path, n, t->n_vocab - 257, vocab_path, t->n_vocab);
         goto done;
     }
     // First pass: sizes, so that the arena is one allocation.
@@ -448,7 +448,7 @@ Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *er
     if (n_merges < 0) goto fail;
     t->n_vocab = 256 + n_merges + 1;
     t->eot = t->n_vocab - 1;
-    if (load_encoder(t, encoder_json, byte_of_cp, err, errlen) != 0) goto fail;
+    if (load_encoder(t, encoder_json, vocab_bpe, byte_of_cp, err, errlen) != 0) goto fail;
     if (check_merges(t, vocab_bpe, merges, len, byte_of_cp, rank_byte, err, errlen) != 0)
         goto fail;
     if (compile_pattern(t, err, errlen) != 0) goto fail;

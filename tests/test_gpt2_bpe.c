@@ -1,0 +1,290 @@
+// gpt2_bpe: loading small hand-made vocabularies, the merge order, the linear and heap merge paths,
+// decoding, the parallel encoder, and every kind of bad encoder.json / vocab.bpe (NULL with a
+// message naming the file and the problem). tests/test_gpt2_bpe.py checks the real GPT-2 files
+// against tiktoken.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data/gpt2_bpe.h"
+#include "tests/testlib.h"
+
+// A small vocabulary: the 256 bytes, then these merges (GPT-2 alphabet, so 'Ġ' is a space).
+static const char *MERGES[] = {"a a", "aa aa", "a b", "Ġ a", "ab c", "x y"};
+#define N_MERGES 6
+
+typedef struct {
+    char dir[64], enc[128], voc[128];
+} Files;
+
+// Writes the GPT-2 alphabet spelling of byte b (one character, UTF-8) into out; returns its
+// length. Printable bytes stand for themselves, the rest are U+0100.. in byte order.
+static int alphabet_char(int b, char *out) {
+    int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b != 0xAD), cp = b;
+    if (!printable) {
+        cp = 256;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x != 0xAD))) cp++;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    out[0] = (char)(0xC0 | cp >> 6);
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    fputs(text, f);
+    fclose(f);
+}
+
+// encoder.json for the 256 bytes (in GPT-2's rank order), the merges' tokens and <|endoftext|>,
+// with `extra` spliced in before the closing brace (to break it).
+static char *make_encoder_json(const char **merges, int n_merges, const char *extra) {
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)sprintf(s + n, "{");
+    int id = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int b = 0; b < 256; b++) {
+            int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b != 0xAD);
+            if (printable != (pass == 0)) continue;
+            char c[2];
+            int k = alphabet_char(b, c);
+            const char *esc = (b == '"' || b == '\\') ? "\\" : "";
+            n += (size_t)sprintf(s + n, "\"%s%.*s\": %d, ", esc, k, c, id++);
+        }
+    for (int m = 0; m < n_merges; m++) {
+        char tok[64];
+        int k = 0;
+        for (const char *p = merges[m]; *p; p++)
+            if (*p != ' ') tok[k++] = *p;
+        tok[k] = '\0';
+        n += (size_t)sprintf(s + n, "\"%s\": %d, ", tok, id++);
+    }
+    sprintf(s + n, "%s\"<|endoftext|>\": %d}", extra, id);
+    return s;
+}
+
+static char *make_vocab_bpe(const char **merges, int n_merges) {
+    char *s = malloc(4096);
+    size_t n = (size_t)sprintf(s, "#version: 0.2\n");
+    for (int m = 0; m < n_merges; m++) n += (size_t)sprintf(s + n, "%s\n", merges[m]);
+    return s;
+}
+
+static void files_write(Files *f, const char *encoder, const char *vocab) {
+    write_file(f->enc, encoder);
+    write_file(f->voc, vocab);
+}
+
+static void files_write_good(Files *f) {
+    char *e = make_encoder_json(MERGES, N_MERGES, ""), *v = make_vocab_bpe(MERGES, N_MERGES);
+    files_write(f, e, v);
+    free(e);
+    free(v);
+}
+
+// Loads f, expects NULL and an error containing both `file` and `needle`.
+static void expect_load_error(const Files *f, const char *file, const char *needle) {
+    char err[512] = "";
+    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
+    EXPECT(t == NULL, "expected failure for '%s'", needle);
+    EXPECT(strstr(err, file) != NULL, "error does not name %s: %s", file, err);
+    EXPECT(strstr(err, needle) != NULL, "error does not say '%s': %s", needle, err);
+    gpt2_bpe_free(t);
+}
+
+static int encode_str(const Gpt2Bpe *t, const char *s, int *out, int max) {
+    int *ids = NULL;
+    size_t n = 0, cap = 0;
+    gpt2_bpe_encode(t, s, strlen(s), &ids, &n, &cap);
+    for (size_t i = 0; i < n && (int)i < max; i++) out[i] = ids[i];
+    free(ids);
+    return (int)n;
+}
+
+static int id_of(const Gpt2Bpe *t, const char *bytes) {
+    for (int id = 0; id < gpt2_bpe_vocab_size(t); id++) {
+        int len;
+        const unsigned char *p = gpt2_bpe_token_bytes(t, id, &len);
+        if ((size_t)len == strlen(bytes) && memcmp(p, bytes, (size_t)len) == 0) return id;
+    }
+    return -1;
+}
+
+static void test_small_vocab(Files *f) {
+    files_write_good(f);
+    char err[512] = "";
+    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
+    EXPECT(t != NULL, "load failed: %s", err);
+    if (!t) return;
+    EXPECT(gpt2_bpe_vocab_size(t) == 256 + N_MERGES + 1, "vocab %d", gpt2_bpe_vocab_size(t));
+    EXPECT(gpt2_bpe_eot(t) == 256 + N_MERGES, "eot %d", gpt2_bpe_eot(t));
+    int len;
+    const unsigned char *p = gpt2_bpe_token_bytes(t, gpt2_bpe_eot(t), &len);
+    EXPECT(p && len == 13 && memcmp(p, "<|endoftext|>", 13) == 0, "eot bytes");
+    EXPECT(gpt2_bpe_token_bytes(t, -1, &len) == NULL, "id -1");
+    EXPECT(gpt2_bpe_token_bytes(t, gpt2_bpe_vocab_size(t), &len) == NULL, "id past the end");
+    int aa = id_of(t, "aa"), aaaa = id_of(t, "aaaa"), ab = id_of(t, "ab"), abc = id_of(t, "abc");
+    int sp_a = id_of(t, " a"), a = id_of(t, "a");
+    EXPECT(aa == 256 && aaaa == 257 && ab == 258 && sp_a == 259 && abc == 260, "merge ids");
+    int ids[1024], n;
+    // "aaab": a+a (rank 256) wins over a+b (258) at the left, then aa+ab is no token.
+    n = encode_str(t, "aaab", ids, 1024);
+    EXPECT(n == 2 && ids[0] == aa && ids[1] == ab, "aaab -> aa ab (n=%d)", n);
+    n = encode_str(t, "abc", ids, 1024);   // one pre-token that is one token
+    EXPECT(n == 1 && ids[0] == abc, "abc");
+    n = encode_str(t, "aaaaa", ids, 1024);   // leftmost first among equal ranks
+    EXPECT(n == 2 && ids[0] == aaaa && ids[1] == a, "aaaaa -> aaaa a");
+    // ' abc' is no token: 'ab' (258) beats ' a' (259), then 'abc'; ' a' is one token.
+    n = encode_str(t, " abc a", ids, 1024);
+    EXPECT(n == 3 && ids[0] == id_of(t, " ") && ids[1] == abc && ids[2] == sp_a, " abc a (n=%d)", n);
+    n = encode_str(t, "<|endoftext|>", ids, 1024);   // special tokens are plain text
+    EXPECT(n == 13 && ids[0] == id_of(t, "<"), "<|endoftext|> is not recognised (n=%d)", n);
+    // Long pre-tokens take the heap path; both paths must agree: a run of 4k + r letters 'a' is
+    // k tokens 'aaaa' and then 'aa' and/or 'a'.
+    for (int len_a = 1; len_a <= 600; len_a += 37) {
+        char *s = malloc((size_t)len_a + 1);
+        memset(s, 'a', (size_t)len_a);
+        s[len_a] = '\0';
+        int *out = malloc(sizeof(int) * 1024);
+        n = encode_str(t, s, out, 1024);
+        int want = len_a / 4 + (len_a % 4 >= 2) + (len_a % 2);
+        int ok = n == want;
+        for (int i = 0; ok && i < len_a / 4; i++) ok = out[i] == aaaa;
+        EXPECT(ok, "run of %d a: %d tokens, want %d", len_a, n, want);
+        free(out);
+        free(s);
+    }
+    // "ab" * 100 (200 bytes, heap path) is 100 x 'ab'; with 'c' after each, 'abc'.
+    char s[400];
+    for (int i = 0; i < 100; i++) memcpy(s + 2 * i, "ab", 2);
+    s[200] = '\0';
+    n = encode_str(t, s, ids, 1024);
+    EXPECT(n == 100 && ids[0] == ab && ids[99] == ab, "ab*100 (n=%d)", n);
+    for (int i = 0; i < 100; i++) memcpy(s + 3 * i, "abc", 3);
+    s[300] = '\0';
+    n = encode_str(t, s, ids, 1024);
+    EXPECT(n == 100 && ids[0] == abc && ids[99] == abc, "abc*100 (n=%d)", n);
+    // invalid UTF-8: one U+FFFD (EF BF BD) per maximal invalid subsequence
+    n = encode_str(t, "\xe2\x82", ids, 1024);
+    EXPECT(n == 3 && ids[0] == id_of(t, "\xef") && ids[1] == id_of(t, "\xbf") &&
+               ids[2] == id_of(t, "\xbd"), "truncated sequence -> U+FFFD (n=%d)", n);
+    n = encode_str(t, "\xc0\x80", ids, 1024);
+    EXPECT(n == 6, "C0 80 -> two U+FFFD (n=%d)", n);
+    gpt2_bpe_free(t);
+}
+
+static void test_parallel(Files *f) {
+    files_write_good(f);
+    char err[512] = "";
+    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
+    EXPECT(t != NULL, "load failed: %s", err);
+    if (!t) return;
+    // 2 MB of lines that end in every way the pre-tokenizer cares about
+    static const char *pieces[] = {"aab c\n", "x y\n\n", " a\n", "ab\n ", "\n\n a", "aa\t\n",
+                                   "c'\nb", "1\n2", "\xff\n", "\xe4\xb8\xad\na", " \n"};
+    size_t len = 0, cap = 2u << 20;
+    char *text = malloc(cap + 64);
+    for (unsigned i = 0; len < cap; i = i * 1103515245u + 12345u)
+        len += (size_t)sprintf(text + len, "%s", pieces[(i >> 16) % 11]);
+    int *one = NULL, *par = NULL;
+    size_t n1 = 0, c1 = 0, n2 = 0, c2 = 0;
+    gpt2_bpe_encode(t, text, len, &one, &n1, &c1);
+    gpt2_bpe_encode_parallel(t, text, len, 3, &par, &n2, &c2);
+    EXPECT(n1 == n2 && memcmp(one, par, n1 * sizeof(int)) == 0, "parallel differs (%zu vs %zu)",
+           n1, n2);
+    free(one);
+    free(par);
+    free(text);
+    gpt2_bpe_free(t);
+}
+
+static void test_bad_files(Files *f) {
+    // missing files
+    files_write_good(f);
+    unlink(f->enc);
+    expect_load_error(f, f->enc, "cannot open");
+    files_write_good(f);
+    unlink(f->voc);
+    expect_load_error(f, f->voc, "cannot open");
+
+    char *v = make_vocab_bpe(MERGES, N_MERGES), *e = make_encoder_json(MERGES, N_MERGES, "");
+    // malformed JSON
+    files_write(f, "{\"a\": 0,\n \"b\": }", v);
+    expect_load_error(f, f->enc, "malformed JSON at line 2");
+    files_write(f, "[1, 2]", v);
+    expect_load_error(f, f->enc, "JSON object");
+    // wrong counts, ids and tokens
+    char *more = make_encoder_json(MERGES, N_MERGES, "\"zz\": 263, ");
+    files_write(f, more, v);
+    expect_load_error(f, f->enc, "do not belong together");
+    free(more);
+    char *s = strdup(e);
+    char *p = strstr(s, "\"xy\": 261");
+    memcpy(p, "\"xy\": 2.5", 9);
+    files_write(f, s, v);
+    expect_load_error(f, f->enc, "ids must be integers");
+    memcpy(p, "\"xy\": 999", 9);
+    files_write(f, s, v);
+    expect_load_error(f, f->enc, "ids must be integers");
+    memcpy(p, "\"xy\": 260", 9);
+    files_write(f, s, v);
+    expect_load_error(f, f->enc, "id 260 is given to both");
+    memcpy(p, "\"xy\": 261", 9);
+    p = strstr(s, "\"<|endoftext|>\"");
+    memcpy(p, "\"<|endoftext|?\"", 15);
+    files_write(f, s, v);
+    expect_load_error(f, f->enc, "must be \"<|endoftext|>\"");
+    free(s);
+    const char *bad_alpha[] = {"a a", "aa aa", "a b", "Ġ a", "ab c", "x \xe4\xb8\xad"};
+    char *e2 = make_encoder_json(bad_alpha, N_MERGES, "");
+    files_write(f, e2, v);
+    expect_load_error(f, f->enc, "not in GPT-2's byte alphabet");
+    free(e2);
+    // vocab.bpe problems
+    files_write(f, e, "a a\naa aa\n");
+    expect_load_error(f, f->voc, "#version");
+    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nxy\n");
+    expect_load_error(f, f->voc, ":7: expected two tokens");
+    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx y z\n");
+    expect_load_error(f, f->voc, ":7: expected two tokens");
+    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx yy\n");
+    expect_load_error(f, f->voc, "is not a token of encoder.json");
+    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx a\n");
+    expect_load_error(f, f->voc, "does not have");
+    files_write(f, e, "#version: 0.2\naa aa\na a\na b\nĠ a\nab c\nx y\n");
+    expect_load_error(f, f->voc, "disagree");   // swapped ranks
+    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\n");
+    expect_load_error(f, f->voc, "do not belong together");   // one merge short
+    free(v);
+    free(e);
+}
+
+int main(void) {
+    Files f;
+    snprintf(f.dir, sizeof f.dir, "/tmp/test_gpt2_bpe_XXXXXX");
+    if (!mkdtemp(f.dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(f.enc, sizeof f.enc, "%s/encoder.json", f.dir);
+    snprintf(f.voc, sizeof f.voc, "%s/vocab.bpe", f.dir);
+    TEST_CASE("small vocabulary: merge order, heap path, U+FFFD", test_small_vocab(&f));
+    TEST_CASE("parallel encode equals single-threaded", test_parallel(&f));
+    TEST_CASE("bad encoder.json / vocab.bpe name the file and the problem", test_bad_files(&f));
+    unlink(f.enc);
+    unlink(f.voc);
+    rmdir(f.dir);
+    return TEST_SUMMARY();
+}
