@@ -64,26 +64,61 @@ static void gather_transposed(float *xt, const void *x, AttnStrides st, int b, i
 }
 
 // out (br, BC) = A (br rows of a tensor, head h, from row i0) . Xt (HS, BC): s[r][c] = a_r . x_c.
-// The j loop is innermost (vectorised, no horizontal sums); d runs in order for every element.
+// The c loop is innermost (vectorised, no horizontal sums) and d is unrolled by 4 so each output
+// row is loaded and stored a quarter as often; C evaluates o + a0 x0 + a1 x1 + ... left to right,
+// so every element still sums over d in order.
 static void tile_matmul_t(float *out, const void *a, AttnStrides st, int b, int h, int i0, int br,
                           const float *xt, int bc, int HS) {
     for (int r = 0; r < br; r++) {
         const float *ar = attn_cpu_row(a, st, b, i0 + r, h);
-        float *o = out + r * FLASH_BC;
+        float *restrict o = out + r * FLASH_BC;
         for (int c = 0; c < bc; c++) o[c] = 0.0f;
-        for (int d = 0; d < HS; d++) {
-            const float ad = ar[d];
-            const float *x = xt + d * FLASH_BC;
+        int d = 0;
+        for (; d + 4 <= HS; d += 4) {
+            const float a0 = ar[d], a1 = ar[d + 1], a2 = ar[d + 2], a3 = ar[d + 3];
+            const float *x0 = xt + d * FLASH_BC, *x1 = x0 + FLASH_BC, *x2 = x1 + FLASH_BC,
+                        *x3 = x2 + FLASH_BC;
+#pragma omp simd
+            for (int c = 0; c < bc; c++) o[c] = o[c] + a0 * x0[c] + a1 * x1[c] + a2 * x2[c] + a3 * x3[c];
+        }
+        for (; d < HS; d++) {
+            const float ad = ar[d], *x = xt + d * FLASH_BC;
 #pragma omp simd
             for (int c = 0; c < bc; c++) o[c] += ad * x[c];
         }
     }
 }
 
-// y[0..n) += a * x[0..n)
-static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
+// y (n) += sum over t of coef[t] * x[t] (n), skipping zero coefficients (masked or dropped
+// probabilities: their rows are never read, so garbage there cannot leak in as 0 * inf). Terms
+// are added in order t = 0, 1, ..., four at a time to load and store y a quarter as often.
+static void axpy_rows(float *restrict y, const float *coef, const float *const *x, int m, int n) {
+    float a[FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC];
+    const float *xs[FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC];
+    int k = 0;
+    for (int t = 0; t < m; t++)
+        if (coef[t] != 0.0f) {
+            a[k] = coef[t];
+            xs[k++] = x[t];
+        }
+    int t = 0;
+    for (; t + 4 <= k; t += 4) {
+        const float a0 = a[t], a1 = a[t + 1], a2 = a[t + 2], a3 = a[t + 3];
+        const float *restrict x0 = xs[t], *restrict x1 = xs[t + 1], *restrict x2 = xs[t + 2],
+                              *restrict x3 = xs[t + 3];
 #pragma omp simd
-    for (int d = 0; d < n; d++) y[d] += a * x[d];
+        for (int d = 0; d < n; d++) y[d] = y[d] + a0 * x0[d] + a1 * x1[d] + a2 * x2[d] + a3 * x3[d];
+    }
+    for (; t < k; t++) {
+        const float a0 = a[t], *restrict x0 = xs[t];
+#pragma omp simd
+        for (int d = 0; d < n; d++) y[d] += a0 * x0[d];
+    }
+}
+
+// Row pointers (b, t0 + t, h) for t < n of a strided tensor.
+static void row_pointers(const float **rows, const void *x, AttnStrides st, int b, int t0, int n, int h) {
+    for (int t = 0; t < n; t++) rows[t] = attn_cpu_row(x, st, b, t0 + t, h);
 }
 
 // Scaled, biased and masked scores s (br, BC) of query rows i0.. against key tile j0.. (K^T in
@@ -135,6 +170,8 @@ static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int
         const int bc = min_i(FLASH_BC, p->T_k - j0);
         gather_transposed(w->kt, p->k, p->k_st, b, g, j0, bc, HS);
         tile_scores(p, w->s, w->kt, b, h, i0, br, j0, bc, rng);
+        const float *vrows[FLASH_BC];
+        row_pointers(vrows, p->v, p->v_st, b, j0, bc, g);
         for (int r = 0; r < br; r++) {
             float *sr = w->s + r * FLASH_BC;
             float mx = -INFINITY;
@@ -151,8 +188,9 @@ static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int
                 sum += pc;
                 if (p->dropout_p > 0.0f)
                     pc = attn_dropout_keep(p, b, h, i0 + r, j0 + c) ? pc * keep_scale : 0.0f;
-                if (pc != 0.0f) axpy(ar, pc, attn_cpu_row(p->v, p->v_st, b, j0 + c, g), HS);
+                sr[c] = pc;
             }
+            axpy_rows(ar, sr, vrows, bc, HS);
             w->l[r] = w->l[r] * alpha + sum;
             w->m[r] = m_new;
         }
@@ -214,16 +252,21 @@ static void backward_pair(const AttnParams *p, FlashScratch *w, const float *D, 
             sr[c] = pd;                    // dropped probability: what multiplied V
             dpr[c] = pc * (dpc - D[i]);    // dS
         }
-        const float *q = attn_cpu_row(p->q, p->q_st, b, i, h);
-        const float *dout = attn_cpu_row(p->dout, p->do_st, b, i, h);
-        float *dq = attn_cpu_row_mut(p->dq, p->dq_st, b, i, h);
-        for (int c = 0; c < bc; c++) {
-            if (sr[c] != 0.0f) axpy(w->dv + c * HS, sr[c], dout, HS);
-            if (dpr[c] != 0.0f) {
-                axpy(w->acc + c * HS, dpr[c], q, HS);
-                axpy(dq, p->scale * dpr[c], attn_cpu_row(p->k, p->k_st, b, j0 + c, g), HS);
-            }
-        }
+    }
+    const float *qrows[FLASH_BR], *dorows[FLASH_BR], *krows[FLASH_BC];
+    row_pointers(qrows, p->q, p->q_st, b, i0, br, h);
+    row_pointers(dorows, p->dout, p->do_st, b, i0, br, h);
+    row_pointers(krows, p->k, p->k_st, b, j0, bc, g);
+    float coef[FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC];
+    for (int r = 0; r < br; r++) {  // dQ (br, HS) += scale * dS K
+        for (int c = 0; c < bc; c++) coef[c] = p->scale * w->dp[r * FLASH_BC + c];
+        axpy_rows(attn_cpu_row_mut(p->dq, p->dq_st, b, i0 + r, h), coef, krows, bc, HS);
+    }
+    for (int c = 0; c < bc; c++) {  // dV (bc, HS) += P_d^T dO, dK (bc, HS) += dS^T Q (unscaled)
+        for (int r = 0; r < br; r++) coef[r] = w->s[r * FLASH_BC + c];
+        axpy_rows(w->dv + c * HS, coef, dorows, br, HS);
+        for (int r = 0; r < br; r++) coef[r] = w->dp[r * FLASH_BC + c];
+        axpy_rows(w->acc + c * HS, coef, qrows, br, HS);
     }
 }
 

@@ -8,8 +8,6 @@
 
 #include "attention/attention.h"
 
-// Largest head size of the CPU reference: its per-thread tiles are (tile, HS) floats, so any size
-// works; the cap only rejects garbage (an uninitialised field) with a clear message.
 #define ATTN_CPU_MAX_HS 1024
 // Alignment the CUDA kernels' vector loads need for every base pointer and stride (bytes).
 #define ATTN_CUDA_ALIGN 16
@@ -34,9 +32,12 @@ static const char *dtype_name(AttnDtype t) {
 
 static size_t dtype_bytes(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
 
+// What the kernels are built for. CPU: any head size (its per-thread tiles are (tile, HS) floats;
+// the cap only turns garbage such as an uninitialised field into a clear message). CUDA: the flash
+// kernels are instantiated for HS 64 and 128 in bf16 and fp16 (attention/flash_tiles.cuh).
 static int hs_supported(AttnDevice dev, int HS) {
     if (dev == ATTN_CPU) return HS >= 1 && HS <= ATTN_CPU_MAX_HS;
-    return HS == 32 || HS == 64 || HS == 96 || HS == 128 || HS == 256;
+    return HS == 64 || HS == 128;
 }
 
 // Whether distinct (b, t, h, d) elements of a tensor with these strides land on distinct
@@ -146,7 +147,7 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
             return fail(err, errlen, "attention: head size %d is not supported on cpu: use 1..%d",
                         p->HS, ATTN_CPU_MAX_HS);
         return fail(err, errlen,
-                    "attention: head size %d is not supported on cuda: use 32, 64, 96, 128 or 256 "
+                    "attention: head size %d is not supported on cuda: use 64 or 128 "
                     "(n_embd / n_head)",
                     p->HS);
     }
@@ -160,6 +161,9 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
         return fail(err, errlen, "attention: the cpu implementation is fp32 only, got %s: use "
                                  "precision.dtype = fp32 with --device cpu",
                     dtype_name(p->dtype));
+    if (dev == ATTN_CUDA && p->impl == ATTN_IMPL_FLASH && p->dtype == ATTN_F32)
+        return fail(err, errlen, "attention: the cuda flash kernels run in bf16 or fp16: use "
+                                 "precision.dtype = bf16 or fp16, or attention.impl = naive for fp32");
     if (p->causal && p->T_q > p->T_k)
         return fail(err, errlen,
                     "attention: causal attention needs T_q <= T_k (queries align to the last keys), "
@@ -204,14 +208,14 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
 
 // CPU: 0, each thread allocates its O(tile * (T + HS)) scratch itself. CUDA backward: an fp32 dQ
 // accumulator (B, NH, T_q, HS) and D = rowsum(dO * O) (B, NH, T_q); with GQA fp32 per-query-head
-// dK and dV (B, NH, T_k, HS) before the sum over the group; the naive kernels add the scores and
-// probabilities (B, NH, T_q, T_k) x 2.
+// dK and dV (B, NH, T_k, HS) before the sum over the group; the naive kernels add fp32 scores,
+// probabilities and dP (B, NH, T_q, T_k) x 3.
 size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev) {
     if (dev == ATTN_CPU) return 0;
     size_t rows_q = (size_t)p->B * p->NH * p->T_q, rows_k = (size_t)p->B * p->NH * p->T_k;
     size_t floats = rows_q * ((size_t)p->HS + 1);
     if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
-    if (p->impl == ATTN_IMPL_NAIVE) floats += 2 * rows_q * (size_t)p->T_k;
+    if (p->impl == ATTN_IMPL_NAIVE) floats += 3 * rows_q * (size_t)p->T_k;
     return floats * sizeof(float);
 }
 

@@ -619,6 +619,23 @@ static void test_check_bad_inputs(void) {
     expect_rejected(&p, ATTN_CPU, 0, "head size 0", "HS 0");
     p = good; p.HS = 48; p.cu_seqlens = NULL;
     expect_rejected(&p, ATTN_CUDA, 0, "head size 48 is not supported on cuda", "HS 48 on cuda");
+    // CUDA paths (only the params are inspected; no device memory is touched).
+    AttnParams cuda = good;
+    cuda.cu_seqlens = NULL;
+    cuda.dtype = ATTN_BF16;
+    static char ws[1 << 16] __attribute__((aligned(16)));
+    cuda.workspace = ws;
+    cuda.workspace_bytes = sizeof ws;
+    EXPECT(attn_check(&cuda, ATTN_CUDA, 1, err, sizeof err) == 0, "valid cuda problem rejected: %s", err);
+    p = cuda; p.dtype = ATTN_F32;
+    expect_rejected(&p, ATTN_CUDA, 0, "bf16 or fp16", "fp32 flash on cuda");
+    p = cuda; p.workspace_bytes = 16;
+    expect_rejected(&p, ATTN_CUDA, 1, "needs a workspace", "cuda workspace too small");
+    p = cuda; p.q_st.row += 1;
+    expect_rejected(&p, ATTN_CUDA, 0, "not a multiple of 16 bytes", "misaligned cuda stride");
+    p = cuda; p.k = (const char *)p.k + 2;
+    expect_rejected(&p, ATTN_CUDA, 0, "aligned", "misaligned cuda pointer");
+
     p = good; p.NH = 6; p.NKV = 4;
     expect_rejected(&p, ATTN_CPU, 0, "n_kv_head must divide n_head", "NKV not dividing NH");
     p = good; p.NKV = 0;
