@@ -14,6 +14,7 @@
 #include "common/fileio.h"
 
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * sizeof(int32_t))
+#define SHARD_CHECK_CHUNK_BYTES (64u << 20)   // validation window: bounds the resident set
 
 static int errorf(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
@@ -58,21 +59,27 @@ static int check_header(const char *path, const int32_t *h, ShardVersion *v, cha
     return 0;
 }
 
-// One pass over the mapped tokens; reports the first id >= vocab_size.
+// One pass over the mapped tokens, in chunks split over OpenMP threads; reports the first id >=
+// vocab_size. Each chunk's pages are dropped from this process after the check (they stay in the
+// page cache), so validating a shard far larger than RAM keeps the resident set at one chunk.
 static int check_tokens(const Shard *s, int vocab_size, char *err, size_t errlen) {
-    madvise(s->map, s->map_len, MADV_SEQUENTIAL);
-    for (uint64_t i = 0; i < s->n_tokens; i++) {
-        uint32_t t = token_at(s, i);
-        if (t >= (uint32_t)vocab_size)
-            return errorf(err, errlen,
-                          "shard '%s': token %u at token offset %llu (byte offset %llu) is not below "
-                          "model.vocab_size %d",
-                          s->path, t, (unsigned long long)i,
-                          (unsigned long long)(SHARD_HEADER_BYTES + i * token_bytes(s->version)),
-                          vocab_size);
+    const uint64_t chunk = SHARD_CHECK_CHUNK_BYTES / token_bytes(s->version);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint64_t first_bad = UINT64_MAX;
+    for (uint64_t lo = 0; lo < s->n_tokens && first_bad == UINT64_MAX; lo += chunk) {
+        uint64_t hi = lo + chunk < s->n_tokens ? lo + chunk : s->n_tokens;
+#pragma omp parallel for schedule(static) reduction(min : first_bad)
+        for (uint64_t i = lo; i < hi; i++)
+            if (token_at(s, i) >= (uint32_t)vocab_size && i < first_bad) first_bad = i;
+        size_t done = (SHARD_HEADER_BYTES + hi * token_bytes(s->version)) / page * page;
+        madvise(s->map, done, MADV_DONTNEED);   // read-only file pages: re-read on the next access
     }
-    madvise(s->map, s->map_len, MADV_NORMAL);
-    return 0;
+    if (first_bad == UINT64_MAX) return 0;
+    return errorf(err, errlen,
+                  "shard '%s': token %u at token offset %llu (byte offset %llu) is not below "
+                  "model.vocab_size %d",
+                  s->path, token_at(s, first_bad), (unsigned long long)first_bad,
+                  (unsigned long long)(SHARD_HEADER_BYTES + first_bad * token_bytes(s->version)), vocab_size);
 }
 
 static int open_mapped(Shard *s, const char *path, char *err, size_t errlen) {
