@@ -623,9 +623,8 @@ static void test_check_bad_inputs(void) {
     AttnParams cuda = good;
     cuda.cu_seqlens = NULL;
     cuda.dtype = ATTN_BF16;
-    static char ws[1 << 16] __attribute__((aligned(16)));
-    cuda.workspace = ws;
-    cuda.workspace_bytes = sizeof ws;
+    cuda.workspace_bytes = attn_workspace_bytes(&cuda, ATTN_CUDA);
+    cuda.workspace = aligned_alloc(16, cuda.workspace_bytes);
     EXPECT(attn_check(&cuda, ATTN_CUDA, 1, err, sizeof err) == 0, "valid cuda problem rejected: %s", err);
     p = cuda; p.dtype = ATTN_F32;
     expect_rejected(&p, ATTN_CUDA, 0, "bf16 or fp16", "fp32 flash on cuda");
@@ -691,6 +690,8 @@ static void test_check_bad_inputs(void) {
     p = good; p.v_st.batch = -1;
     expect_rejected(&p, ATTN_CPU, 0, "negative stride", "negative stride");
     EXPECT(attn_check(NULL, ATTN_CPU, 0, err, sizeof err) == -1, "NULL params accepted");
+
+    free(cuda.workspace);
 
     outputs_free(&o);
     inputs_free(&in);
