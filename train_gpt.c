@@ -13,6 +13,7 @@
 #include "model/checkpoint.h"   // defines: checkpoint directories, resume
 #include "model/generate.h"     // defines: sampling with the KV cache
 #include "model/gpt.h"          // defines: the GPT-2 model over a backend
+#include "model/interop.h"      // defines: export to Hugging Face, import from llm.c and Hugging Face
 #include "model/train_step.h"   // defines: one optimizer step (accumulation, clipping, AdamW)
 
 #include <math.h>
@@ -31,7 +32,9 @@ static void usage_main(FILE *f) {
             "  eval     print the mean validation loss of a checkpoint over token shards\n"
             "  sample   generate text from a checkpoint\n"
             "  prepare  tokenize a text file into token shards and a tokenizer file\n"
-            "  bench    time training steps of a config\n");
+            "  bench    time training steps of a config\n"
+            "  export   write a checkpoint as a Hugging Face GPT-2 directory\n"
+            "  import   turn llm.c or Hugging Face GPT-2 weights into a checkpoint\n");
 }
 
 static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
@@ -525,6 +528,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 1, argv + 1);
     if (strcmp(cmd, "prepare") == 0) return prepare_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "export") == 0) return export_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "import") == 0) return import_main(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;

@@ -1,0 +1,307 @@
+// interop: the parts the llm.c and Hugging Face converters share: the `import` subcommand, the
+// config of an imported model, a model held on the CPU with a host copy of its weights, dtype
+// conversion, and output directories that appear only when complete.
+#include "model/interop.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/fileio.h"
+#include "common/rng.h"
+#include "model/checkpoint.h"
+#include "optim/optim.h"
+
+#define ERR_LEN 1024
+#define TOKENIZER_MAGIC 20240328   // llm.c's tokenizer file (header of 256 int32)
+
+static int errorf(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+// ----------------------------------------------------------------------------------------------
+// the imported model's config and the host model
+
+static int set_key(Config *c, const char *key, long long value, const char *source, char *err,
+                   size_t errlen) {
+    char kv[128], why[512];
+    snprintf(kv, sizeof kv, "%s=%lld", key, value);
+    if (config_set(c, kv, why, sizeof why) == 0) return 0;
+    return errorf(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
+}
+
+int interop_import_config(Config *c, const GPTConfig *g, const char *source, char *err, size_t errlen) {
+    config_defaults(c);
+    if (set_key(c, "model.n_layer", g->L, source, err, errlen) != 0 ||
+        set_key(c, "model.n_head", g->NH, source, err, errlen) != 0 ||
+        set_key(c, "model.n_kv_head", g->NH, source, err, errlen) != 0 ||
+        set_key(c, "model.n_embd", g->C, source, err, errlen) != 0 ||
+        set_key(c, "model.vocab_size", g->V, source, err, errlen) != 0 ||
+        set_key(c, "model.max_seq_len", g->maxT, source, err, errlen) != 0 ||
+        set_key(c, "train.batch_size", 1, source, err, errlen) != 0 ||
+        set_key(c, "train.seq_len", g->maxT < 1024 ? g->maxT : 1024, source, err, errlen) != 0)
+        return -1;
+    snprintf(c->model.pos_embedding, sizeof c->model.pos_embedding, "learned");
+    // An imported model comes without training data; the config must still name some, and a run
+    // that resumes from this checkpoint uses its own config's data anyway.
+    snprintf(c->data.train, sizeof c->data.train, "(imported model: set data.train)");
+    char why[512];
+    if (config_validate(c, why, sizeof why) != 0)
+        return errorf(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
+    return 0;
+}
+
+void interop_model_create(HostModel *hm, const Config *c) {
+    hm->cfg = *c;
+    hm->be = backend_cpu_create();
+    GPTConfig g = gpt_config_from(c);
+    hm->model = gpt_create(&g, hm->be, 1, 1, c);
+    hm->params = xcalloc(gpt_num_params(hm->model), sizeof(float));
+}
+
+int interop_model_load(HostModel *hm, const char *ckpt_dir, char *err, size_t errlen) {
+    if (!is_dir(ckpt_dir)) return errorf(err, errlen, "--checkpoint '%s' is not a directory", ckpt_dir);
+    Config c;
+    if (checkpoint_read_config(ckpt_dir, &c, err, errlen) != 0) return -1;
+    interop_model_create(hm, &c);
+    if (checkpoint_load(ckpt_dir, hm->model, NULL, NULL, err, errlen) != 0) {
+        interop_model_free(hm);
+        return -1;
+    }
+    gpt_get_params_f32(hm->model, hm->params);
+    return 0;
+}
+
+float *interop_param(HostModel *hm, const char *name, const ParamTensor **t) {
+    for (int i = 0; i < gpt_num_tensors(hm->model); i++) {
+        const ParamTensor *p = gpt_tensor(hm->model, i);
+        if (strcmp(p->name, name) != 0) continue;
+        if (t) *t = p;
+        return hm->params + p->offset;
+    }
+    fatal(EXIT_RUNTIME, "interop: the model has no parameter '%s' (a bug in the name mapping)", name);
+}
+
+void interop_model_free(HostModel *hm) {
+    gpt_free(hm->model);
+    hm->be->destroy(hm->be);
+    free(hm->params);
+    memset(hm, 0, sizeof *hm);
+}
+
+// ----------------------------------------------------------------------------------------------
+// dtype conversion
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);   // inf, NaN
+    else if (exp != 0) bits = sign | ((exp + 112u) << 23) | (man << 13);   // rebias 15 -> 127
+    else {
+        float x = ldexpf((float)man, -24);   // zero and subnormals: man * 2^-24, exact in fp32
+        return sign ? -x : x;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+int interop_to_f32(float *dst, const void *src, StDtype dt, size_t n) {
+    const uint16_t *h = src;
+    switch (dt) {
+    case ST_F32: memcpy(dst, src, n * sizeof(float)); return 0;
+    case ST_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)h[i] << 16;   // bf16 is the top half of an fp32: exact
+            memcpy(&dst[i], &bits, sizeof bits);
+        }
+        return 0;
+    case ST_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(h[i]);
+        return 0;
+    default: return -1;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// output directories
+
+// Splits path (trailing slashes ignored) into its parent directory and last component.
+static void split_path(const char *path, char *parent, size_t plen, char *base, size_t blen) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (!slash) {
+        snprintf(parent, plen, ".");
+        snprintf(base, blen, "%s", buf);
+    } else {
+        snprintf(base, blen, "%s", slash + 1);
+        if (slash == buf) snprintf(parent, plen, "/");
+        else snprintf(parent, plen, "%.*s", (int)(slash - buf), buf);
+    }
+}
+
+int interop_check_out(const char *out, char *err, size_t errlen) {
+    if (!out || !*out) return errorf(err, errlen, "--out DIR is required");
+    char parent[4096], base[1024];
+    split_path(out, parent, sizeof parent, base, sizeof base);
+    if (!*base || strcmp(base, ".") == 0 || strcmp(base, "..") == 0 || strcmp(base, "/") == 0)
+        return errorf(err, errlen, "--out '%s': name a new directory", out);
+    struct stat st;
+    if (lstat(out, &st) == 0)
+        return errorf(err, errlen, "--out '%s' already exists: remove it or choose a new directory", out);
+    if (path_exists(parent) && !is_dir(parent))
+        return errorf(err, errlen, "--out '%s': '%s' is not a directory", out, parent);
+    return 0;
+}
+
+int interop_make_tmp(const char *out, const char *what, char *tmp, size_t tmp_len, char *err,
+                     size_t errlen) {
+    char parent[4096], base[1024];
+    split_path(out, parent, sizeof parent, base, sizeof base);
+    if (mkdir_p(parent, err, errlen) != 0) return -1;
+    snprintf(tmp, tmp_len, "%s/.%s-%s.%d", parent, what, base, (int)getpid());
+    remove_tree(tmp);
+    return mkdir_p(tmp, err, errlen);
+}
+
+int interop_publish(const char *tmp, const char *out, char *err, size_t errlen) {
+    fsync_dir(tmp);
+    if (rename(tmp, out) != 0) {
+        int e = errno;
+        remove_tree(tmp);
+        return errorf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, out, strerror(e));
+    }
+    char parent[4096], base[1024];
+    split_path(out, parent, sizeof parent, base, sizeof base);
+    fsync_dir(parent);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------------------------
+// import
+
+static void usage_import(FILE *f) {
+    fprintf(f,
+            "usage: train_gpt import --from llmc FILE.bin --out DIR [--tokenizer FILE]\n"
+            "       train_gpt import --from hf DIR --out DIR [--tokenizer FILE]\n"
+            "Turns a model into a flashgpt checkpoint directory DIR (step 0, zero optimizer moments),\n"
+            "which eval, sample and export read directly.\n"
+            "  --from llmc FILE.bin  llm.c's model file (magic 20240326; version 3 fp32 or 5 bf16)\n"
+            "  --from hf DIR         a Hugging Face GPT2LMHeadModel directory: config.json and\n"
+            "                        model.safetensors (F32, BF16 or F16; names with or without the\n"
+            "                        'transformer.' prefix)\n"
+            "  --out DIR             the new checkpoint directory (must not exist)\n"
+            "  --tokenizer FILE      an llm.c tokenizer file to store in the checkpoint, so sample\n"
+            "                        prints text (e.g. llm.c's gpt2_tokenizer.bin)\n"
+            "To fine-tune, import to RUN_DIR/ckpt_00000000 and train with log.dir = RUN_DIR and the\n"
+            "same model.* keys: the run resumes from the imported weights.\n");
+}
+
+// The tokenizer file must be llm.c's (magic, version 1 or 2) and cover the model's vocabulary.
+static int check_tokenizer(const char *path, int V, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return errorf(err, errlen, "--tokenizer '%s': cannot open: %s", path, strerror(errno));
+    int32_t h[256];
+    size_t got = fread(h, sizeof(int32_t), 256, f);
+    fclose(f);
+    if (got != 256 || h[0] != TOKENIZER_MAGIC || (h[1] != 1 && h[1] != 2))
+        return errorf(err, errlen, "--tokenizer '%s': not an llm.c tokenizer file (expected magic %d, "
+                                   "version 1 or 2)", path, TOKENIZER_MAGIC);
+    if (h[2] != V)
+        return errorf(err, errlen, "--tokenizer '%s' has %d tokens but the model's vocabulary has %d",
+                      path, h[2], V);
+    return 0;
+}
+
+static int save_imported(HostModel *hm, const char *out, char *err, size_t errlen) {
+    char tmp[4096], ckpt[4096];
+    if (interop_make_tmp(out, "import", tmp, sizeof tmp, err, errlen) != 0) return -1;
+    GPT *m = hm->model;
+    gpt_set_params_f32(m, hm->params);
+    const int n = gpt_num_tensors(m);
+    OptimSpan *spans = xmalloc((size_t)n * sizeof(OptimSpan));
+    for (int i = 0; i < n; i++) {
+        const ParamTensor *p = gpt_tensor(m, i);
+        spans[i] = (OptimSpan){.offset = p->offset, .n = p->numel, .decay = p->decay};
+    }
+    AdamW opt;
+    adamw_init(&opt, gpt_num_params(m), spans, n, &hm->cfg);
+    free(spans);
+    TrainState st;
+    memset(&st, 0, sizeof st);
+    st.world_size = 1;
+    Rng rng;
+    rng_seed(&rng, (uint64_t)hm->cfg.train.seed);
+    memcpy(st.rng, rng.s, sizeof st.rng);
+    scaler_init(&st.scaler, &hm->cfg, 0);
+    int rc = checkpoint_save(tmp, m, &opt, &st, &hm->cfg, 1, ckpt, sizeof ckpt, err, errlen);
+    adamw_free(&opt);
+    if (rc == 0) rc = interop_publish(ckpt, out, err, errlen);
+    remove_tree(tmp);
+    return rc;
+}
+
+int import_main(int argc, char **argv) {
+    const char *from = NULL, *src = NULL, *out = NULL, *tokenizer = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage_import(stdout);
+            return EXIT_OK;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int is_from = strcmp(a, "--from") == 0;
+        if (!is_from && strcmp(a, "--out") != 0 && strcmp(a, "--tokenizer") != 0)
+            fatal(EXIT_USAGE, "import: unknown argument '%s' (train_gpt import --help)", a);
+        if (i + 1 >= argc || (is_from && i + 2 >= argc))
+            fatal(EXIT_USAGE, "import: %s needs %s", a, is_from ? "a kind and a path: --from llmc FILE.bin "
+                                                                   "or --from hf DIR" : "a value");
+        if (is_from) from = argv[++i], src = argv[++i];
+        else if (strcmp(a, "--out") == 0) out = argv[++i];
+        else tokenizer = argv[++i];
+    }
+    if (!from) fatal(EXIT_USAGE, "import: --from llmc FILE.bin or --from hf DIR is required");
+    if (strcmp(from, "llmc") != 0 && strcmp(from, "hf") != 0)
+        fatal(EXIT_USAGE, "import: --from '%s': expected llmc or hf", from);
+    char err[ERR_LEN];
+    if (interop_check_out(out, err, sizeof err) != 0) fatal(EXIT_USAGE, "import: %s", err);
+    HostModel hm;
+    int rc = strcmp(from, "llmc") == 0 ? interop_read_llmc(src, &hm, err, sizeof err)
+                                       : interop_read_hf(src, &hm, err, sizeof err);
+    if (rc != 0) fatal(EXIT_USAGE, "import: %s", err);
+    if (tokenizer) {
+        if (strlen(tokenizer) >= sizeof hm.cfg.data.tokenizer)
+            snprintf(err, sizeof err, "--tokenizer: the path is longer than %d bytes", CFG_PATH_MAX - 1);
+        if (strlen(tokenizer) >= sizeof hm.cfg.data.tokenizer ||
+            check_tokenizer(tokenizer, hm.cfg.model.vocab_size, err, sizeof err) != 0) {
+            interop_model_free(&hm);
+            fatal(EXIT_USAGE, "import: %s", err);
+        }
+        snprintf(hm.cfg.data.tokenizer, sizeof hm.cfg.data.tokenizer, "%s", tokenizer);
+    }
+    const Config *c = &hm.cfg;
+    const double n_params = (double)gpt_num_params(hm.model);
+    if (save_imported(&hm, out, err, sizeof err) != 0) {
+        interop_model_free(&hm);
+        fatal(EXIT_RUNTIME, "import: writing '%s' failed: %s (no partial output was kept)", out, err);
+    }
+    printf("imported %s (%d layers, %d heads, width %d, vocab %d, max_seq_len %d, %.2fM parameters) "
+           "into %s\n", src, c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.vocab_size,
+           c->model.max_seq_len, n_params / 1e6, out);
+    interop_model_free(&hm);
+    return EXIT_OK;
+}
