@@ -341,6 +341,10 @@ static void test_copy_task(void) {
     dataset_next(v, in_v, tg_v);
     dataset_next(r1, in_r, tg_r);
     EXPECT(memcmp(in, in_v, sizeof in) != 0, "train and val streams differ");
+    dataset_next(v, in_r, tg_r);
+    dataset_rewind(v);
+    dataset_next(v, in_r, tg_r);
+    EXPECT(memcmp(in_v, in_r, sizeof in_v) == 0, "rewound val gives the same first batch (same eval set)");
     EXPECT(memcmp(in, in_r, sizeof in) != 0, "ranks get different sequences");
     dataset_close(d);
     dataset_close(v);
