@@ -624,7 +624,7 @@ static void test_check_bad_inputs(void) {
     cuda.cu_seqlens = NULL;
     cuda.dtype = ATTN_BF16;
     cuda.workspace_bytes = attn_workspace_bytes(&cuda, ATTN_CUDA);
-    cuda.workspace = aligned_alloc(16, cuda.workspace_bytes);
+    cuda.workspace = aligned_alloc(16, (cuda.workspace_bytes + 15) / 16 * 16);  // C11: a multiple of 16
     EXPECT(attn_check(&cuda, ATTN_CUDA, 1, err, sizeof err) == 0, "valid cuda problem rejected: %s", err);
     p = cuda; p.dtype = ATTN_F32;
     expect_rejected(&p, ATTN_CUDA, 0, "bf16 or fp16", "fp32 flash on cuda");

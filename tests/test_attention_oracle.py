@@ -1,0 +1,228 @@
+"""The CPU attention reference (attention/attention.h, both impls) against PyTorch autograd in
+float64: out, lse and dq/dk/dv over causal, sliding-window, GQA/MQA, ALiBi, document and dropout
+problems, T_q < T_k included. The masks are rebuilt here from the rules written in attention.h, and
+the dropout keep-mask from a numpy Philox-4x32-10 written from its paper, so neither shares code
+with the C side.
+
+The attention module and common/ are built as build/libattention.so with the project's Makefile
+(NO_CUDA=1, into a temporary build directory) and driven through ctypes.
+
+Tolerances (norm-wise relative, u = 2^-24 the fp32 unit roundoff): the forward's fp32 sums over
+T_k keys and HS dimensions are recursive sums with random-walk error ~sqrt(T_k) u (4x margin, plus
+a floor of 8 u for single roundings); gradients carry a few u of error magnified by the
+cancellation in P * (dP - D), ~10x, so 64 u (measured: at most 9 u here).
+"""
+import ctypes
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+U = 2.0 ** -24
+GRAD_TOL = 64 * U
+
+
+def fwd_tol(T_k):
+    return 4 * np.sqrt(T_k) * U + 8 * U
+
+
+class Strides(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("row", ctypes.c_int64), ("head", ctypes.c_int64)]
+
+
+class AttnParams(ctypes.Structure):  # mirrors AttnParams in attention/attention.h, field by field
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("q_st", Strides), ("k_st", Strides), ("v_st", Strides), ("o_st", Strides),
+        ("dout", ctypes.c_void_p), ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p), ("dv", ctypes.c_void_p),
+        ("do_st", Strides), ("dq_st", Strides), ("dk_st", Strides), ("dv_st", Strides),
+        ("B", ctypes.c_int), ("T_q", ctypes.c_int), ("T_k", ctypes.c_int),
+        ("NH", ctypes.c_int), ("NKV", ctypes.c_int), ("HS", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("causal", ctypes.c_int), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
+        ("alibi_slopes", ctypes.c_void_p), ("cu_seqlens", ctypes.c_void_p), ("n_docs", ctypes.c_int),
+        ("dropout_p", ctypes.c_float), ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64),
+        ("dtype", ctypes.c_int), ("impl", ctypes.c_int), ("deterministic", ctypes.c_int),
+        ("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+IMPL_FLASH, IMPL_NAIVE = 0, 1
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    build = tmp_path_factory.mktemp("build")
+    so = build / "libattention.so"
+    r = subprocess.run(["make", "-s", "NO_CUDA=1", f"BUILD={build}", str(so)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, f"building libattention.so failed:\n{r.stdout}\n{r.stderr}"
+    lib = ctypes.CDLL(str(so))
+    lib.attn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                               ctypes.c_size_t]
+    lib.attn_check.restype = ctypes.c_int
+    lib.attn_forward_cpu.argtypes = [ctypes.POINTER(AttnParams)]
+    lib.attn_backward_cpu.argtypes = [ctypes.POINTER(AttnParams)]
+    return lib
+
+
+# ------------------------------------------------------------------------------------------------
+# Independent rules: the mask of attention.h and Philox-4x32-10 (Salmon et al., SC'11).
+
+def explicit_mask(B, T_q, T_k, causal, wl, wr, cu):
+    """(B, T_q, T_k) bool: key j visible to query i of row b."""
+    i = np.arange(T_q)[:, None]
+    j = np.arange(T_k)[None, :]
+    pos = i + (T_k - T_q)
+    m = np.ones((T_q, T_k), bool)
+    if causal:
+        m &= j <= pos
+    if wl >= 0:
+        m &= j >= pos - wl
+    if wr >= 0:
+        m &= j <= pos + wr
+    m = np.broadcast_to(m, (B, T_q, T_k)).copy()
+    if cu is not None:
+        doc = np.searchsorted(cu, np.arange(B * T_q), side="right").reshape(B, T_q)
+        m &= doc[:, :, None] == doc[:, None, :]
+    return m
+
+
+def philox_keep_mask(seed, offset, B, NH, T_q, T_k, p):
+    """(B, NH, T_q, T_k) bool: element e = ((b*NH + h)*T_q + i)*T_k + j is kept when its 32-bit
+    draw (word e % 4 of the Philox block with counter (e / 4, offset), key seed) is >= p * 2^32."""
+    M32 = np.uint64(0xFFFFFFFF)
+    e = np.arange(B * NH * T_q * T_k, dtype=np.uint64)
+    blk = e >> np.uint64(2)
+    c = [blk & M32, blk >> np.uint64(32), np.full_like(e, offset & 0xFFFFFFFF),
+         np.full_like(e, offset >> 32)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c[0]
+        p1 = np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & M32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & M32]
+        k0 = (k0 + np.uint64(0x9E3779B9)) & M32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & M32
+    words = np.stack(c)[(e & np.uint64(3)).astype(np.int64), np.arange(e.size)]
+    thresh = min(float(np.float32(p)) * 2.0 ** 32, 4294967295.0)
+    return (words >= np.uint64(int(thresh))).reshape(B, NH, T_q, T_k)
+
+
+def torch_reference(q, k, v, dout, scale, slopes, mask, keep, dropout):
+    """float64 out (B, T_q, NH, HS), lse (B, NH, T_q) and dq, dk, dv by autograd."""
+    q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
+    NH, NKV = q.shape[2], k.shape[2]
+    kk = k.repeat_interleave(NH // NKV, dim=2)
+    vv = v.repeat_interleave(NH // NKV, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, kk) * float(scale)
+    T_q, T_k = q.shape[1], k.shape[1]
+    if slopes is not None:
+        pos = torch.arange(T_q)[:, None] + (T_k - T_q)
+        dist = (pos - torch.arange(T_k)[None, :]).abs().double()
+        s = s - torch.tensor(slopes, dtype=torch.float64)[None, :, None, None] * dist
+    s = s.masked_fill(~torch.tensor(mask)[:, None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1)
+    if keep is not None:
+        p = p * torch.tensor(keep, dtype=torch.float64) / (1.0 - float(np.float32(dropout)))
+    out = torch.einsum("bhij,bjhd->bihd", p, vv)
+    (out * torch.tensor(dout, dtype=torch.float64)).sum().backward()
+    return out.detach().numpy(), lse.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
+
+
+def rel_err(a, ref):
+    return float(np.linalg.norm(a.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+def random_docs(rng, B, T):
+    cu = [0]
+    for b in range(B):
+        t = 0
+        while t < T:
+            t = min(T, t + int(rng.integers(1, T // 3 + 2)))
+            cu.append(b * T + t)
+    return np.array(cu, dtype=np.int32)
+
+
+# (B, T_q, T_k, NH, NKV, HS, causal, window_left, window_right, alibi, docs, dropout)
+CASES = [
+    (2, 256, 256, 4, 2, 32, 1, -1, -1, 0, 0, 0.0),
+    (1, 97, 256, 4, 1, 16, 0, 30, 10, 0, 0, 0.0),
+    (3, 128, 128, 2, 2, 32, 1, -1, -1, 1, 1, 0.0),
+    (1, 300, 300, 2, 1, 64, 1, 50, -1, 0, 0, 0.0),
+    (2, 97, 97, 2, 1, 16, 1, -1, -1, 0, 0, 0.25),
+    (2, 1, 500, 4, 2, 32, 1, -1, -1, 1, 0, 0.0),
+    (1, 70, 70, 3, 3, 8, 0, 5, 5, 1, 1, 0.5),
+]
+
+
+@pytest.mark.parametrize("impl", [IMPL_FLASH, IMPL_NAIVE], ids=["flash", "naive"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B%d_Tq%d_Tk%d_NH%d_NKV%d_HS%d_c%d_w%d,%d_a%d_d%d_p%g" % c)
+def test_against_torch(lib, case, impl):
+    B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, dropout = case
+    rng = np.random.default_rng(sum(case[:6]))
+    q = rng.standard_normal((B, T_q, NH, HS)).astype(np.float32)
+    k = rng.standard_normal((B, T_k, NKV, HS)).astype(np.float32)
+    v = rng.standard_normal((B, T_k, NKV, HS)).astype(np.float32)
+    dout = rng.standard_normal((B, T_q, NH, HS)).astype(np.float32)
+    slopes = (2.0 ** (-8.0 * np.arange(1, NH + 1) / NH)).astype(np.float32) if alibi else None
+    cu = random_docs(rng, B, T_q) if docs else None
+    seed, offset = 0x123456789ABC, 42
+
+    out = np.full((B, T_q, NH, HS), np.nan, np.float32)
+    lse = np.full((B, NH, T_q), np.nan, np.float32)
+    dq, dk, dv = np.full_like(q, np.nan), np.full_like(k, np.nan), np.full_like(v, np.nan)
+
+    def st(x):
+        s = [n // 4 for n in x.strides]
+        return Strides(s[0], s[1], s[2])
+
+    p = AttnParams()
+    p.q, p.k, p.v, p.out, p.lse = (x.ctypes.data for x in (q, k, v, out, lse))
+    p.dout, p.dq, p.dk, p.dv = (x.ctypes.data for x in (dout, dq, dk, dv))
+    p.q_st, p.k_st, p.v_st, p.o_st = st(q), st(k), st(v), st(out)
+    p.do_st, p.dq_st, p.dk_st, p.dv_st = st(dout), st(dq), st(dk), st(dv)
+    p.B, p.T_q, p.T_k, p.NH, p.NKV, p.HS = B, T_q, T_k, NH, NKV, HS
+    p.scale = 1.0 / np.sqrt(HS)
+    p.causal, p.window_left, p.window_right = causal, wl, wr
+    p.alibi_slopes = slopes.ctypes.data if alibi else None
+    p.cu_seqlens = cu.ctypes.data if docs else None
+    p.n_docs = len(cu) - 1 if docs else 0
+    p.dropout_p, p.seed, p.offset = dropout, seed, offset
+    p.impl = impl
+    err = ctypes.create_string_buffer(256)
+    assert lib.attn_check(ctypes.byref(p), 0, 1, err, 256) == 0, err.value.decode()
+    lib.attn_forward_cpu(ctypes.byref(p))
+    lib.attn_backward_cpu(ctypes.byref(p))
+
+    mask = explicit_mask(B, T_q, T_k, causal, wl, wr, cu)
+    keep = philox_keep_mask(seed, offset, B, NH, T_q, T_k, dropout) if dropout > 0 else None
+    r_out, r_lse, r_dq, r_dk, r_dv = torch_reference(q, k, v, dout, np.float32(p.scale), slopes, mask, keep,
+                                                     dropout)
+    tol = fwd_tol(T_k)
+    assert rel_err(out, r_out) <= tol, f"out error {rel_err(out, r_out):.3g} > {tol:.3g}"
+    assert rel_err(lse, r_lse) <= tol, f"lse error {rel_err(lse, r_lse):.3g} > {tol:.3g}"
+    for name, a, ref in (("dq", dq, r_dq), ("dk", dk, r_dk), ("dv", dv, r_dv)):
+        assert rel_err(a, ref) <= GRAD_TOL, f"{name} error {rel_err(a, ref):.3g} > {GRAD_TOL:.3g}"
+
+
+def test_params_layout_matches_header(lib):
+    """The ctypes mirror of AttnParams is laid out like the C struct: attn_check reads fields at
+    the ends of the struct back as this test set them."""
+    p = AttnParams()
+    p.B, p.T_q, p.T_k, p.NH, p.NKV, p.HS, p.scale = 1, 4, 4, 6, 4, 8, 0.5
+    err = ctypes.create_string_buffer(256)
+    assert lib.attn_check(ctypes.byref(p), 0, 0, err, 256) == -1
+    assert "6 query heads" in err.value.decode() and "4 key/value heads" in err.value.decode()
+    p.NKV = 2
+    p.dropout_p = 1.5
+    assert lib.attn_check(ctypes.byref(p), 0, 0, err, 256) == -1
+    assert "dropout 1.5" in err.value.decode()
+    p.dropout_p = 0.0
+    p.dtype = 1
+    assert lib.attn_check(ctypes.byref(p), 0, 0, err, 256) == -1
+    assert "bf16" in err.value.decode()
