@@ -26,5 +26,11 @@ int gpt2_bpe_encode(const Gpt2Bpe *t, const char *text, size_t len, int **ids, s
 // thread.
 int gpt2_bpe_encode_parallel(const Gpt2Bpe *t, const char *text, size_t len, int n_threads,
                              int **ids, size_t *n, size_t *cap);
+// llm.c's document convention, in parallel: text is split after every occurrence of sep (which
+// stays at the end of the document it closes; like Python's text.split(sep), a text that ends
+// with sep ends with an empty document), and each document is encoded on its own after one
+// <|endoftext|>. Threads share out whole documents, and cut long ones as above.
+int gpt2_bpe_encode_documents(const Gpt2Bpe *t, const char *text, size_t len, const char *sep,
+                              int n_threads, int **ids, size_t *n, size_t *cap);
 // The bytes of token id, *len set; NULL for an out-of-range id.
 const unsigned char *gpt2_bpe_token_bytes(const Gpt2Bpe *t, int id, int *len);

@@ -2,6 +2,7 @@
 // decoding, the parallel encoder, and every kind of bad encoder.json / vocab.bpe (NULL with a
 // message naming the file and the problem). tests/test_gpt2_bpe.py checks the real GPT-2 files
 // against tiktoken.
+#define _GNU_SOURCE   // memmem
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,6 +211,56 @@ static void test_parallel(Files *f) {
     gpt2_bpe_free(t);
 }
 
+// gpt2_bpe_encode_documents equals <|endoftext|> + gpt2_bpe_encode of each document in turn.
+static void test_documents(Files *f) {
+    files_write_good(f);
+    char err[512] = "";
+    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
+    EXPECT(t != NULL, "load failed: %s", err);
+    if (!t) return;
+    static const char *pieces[] = {"aab c ", "x y", "\n", " a\n", "ab", "\n\n", "aa\t",
+                                   "c'\nb", "1 2", "\xff", "\xe4\xb8\xad"};
+    const char *sep = "\n\n";
+    size_t len = 0, cap = 3u << 20;
+    char *text = malloc(cap + 64);
+    for (unsigned i = 7; len < cap; i = i * 1103515245u + 12345u)
+        len += (size_t)sprintf(text + len, "%s", pieces[(i >> 16) % 11]);
+    for (int with_tail = 0; with_tail < 2; with_tail++) {
+        size_t n_text = with_tail ? len : len - 2;
+        if (with_tail) memcpy(text + len - 2, sep, 2);   // ends with sep: a last, empty document
+        int *want = NULL, *got = NULL;
+        size_t nw = 0, cw = 0, ng = 0, cg = 0, start = 0, docs = 0;
+        for (;;) {
+            const char *hit = memmem(text + start, n_text - start, sep, 2);
+            size_t end = hit ? (size_t)(hit - text) + 2 : n_text;
+            int eot = gpt2_bpe_eot(t);
+            if (nw == cw) want = realloc(want, (cw = 2 * cw + 1024) * sizeof(int));
+            want[nw++] = eot;
+            gpt2_bpe_encode(t, text + start, end - start, &want, &nw, &cw);
+            docs++;
+            if (!hit) break;
+            start = end;
+        }
+        gpt2_bpe_encode_documents(t, text, n_text, sep, 2, &got, &ng, &cg);
+        EXPECT(docs > 1000 && ng == nw && memcmp(want, got, nw * sizeof(int)) == 0,
+               "documents differ (%zu docs, %zu vs %zu ids)", docs, ng, nw);
+        free(want);
+        free(got);
+    }
+    // one document, no separator in the text: long enough to be cut inside
+    memset(text, 'a', 64);
+    int *one = NULL, *got = NULL;
+    size_t n1 = 0, c1 = 0, ng = 0, cg = 0;
+    gpt2_bpe_encode(t, text, len - 2, &one, &n1, &c1);
+    gpt2_bpe_encode_documents(t, text, len - 2, "<|endoftext|>", 2, &got, &ng, &cg);
+    EXPECT(ng == n1 + 1 && got[0] == gpt2_bpe_eot(t) && memcmp(one, got + 1, n1 * sizeof(int)) == 0,
+           "single long document");
+    free(one);
+    free(got);
+    free(text);
+    gpt2_bpe_free(t);
+}
+
 static void test_bad_files(Files *f) {
     // missing files
     files_write_good(f);
@@ -282,6 +333,7 @@ int main(void) {
     snprintf(f.voc, sizeof f.voc, "%s/vocab.bpe", f.dir);
     TEST_CASE("small vocabulary: merge order, heap path, U+FFFD", test_small_vocab(&f));
     TEST_CASE("parallel encode equals single-threaded", test_parallel(&f));
+    TEST_CASE("documents equal eot + encode of each", test_documents(&f));
     TEST_CASE("bad encoder.json / vocab.bpe name the file and the problem", test_bad_files(&f));
     unlink(f.enc);
     unlink(f.voc);

@@ -1,0 +1,500 @@
+// gpt2_bpe_encode: text -> ids. Invalid UTF-8 becomes U+FFFD, PCRE2 cuts the text into
+// pre-tokens, and each pre-token is one token when the vocabulary has it, else merged the way
+// tiktoken's CoreBPE merges (by the rank of the concatenated bytes, leftmost lowest first).
+#define _GNU_SOURCE   // memmem
+#include <limits.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "data/gpt2_bpe_impl.h"
+
+// Pre-tokens up to this many bytes merge with a linear scan per merge (tiktoken's loop, fastest
+// for words) and are cached; longer ones use a heap so that a 1 MB run of digits or letters
+// stays O(n log n), and are not cached (they rarely repeat).
+#define BPE_LINEAR_MAX 128
+// The cache is dropped when it passes these sizes, which bounds memory on inputs with endless
+// distinct pre-tokens (numbers, hashes).
+#define CACHE_MAX_ENTRIES (1u << 20)
+#define CACHE_MAX_BYTES (64u << 20)
+// Parallel work items hold at least this many bytes: smaller ones cost more in scheduling than
+// they gain.
+#define PAR_MIN_CHUNK (256u << 10)
+
+// ----------------------------------------------------------------------------------------------
+// invalid UTF-8 -> U+FFFD, exactly as Python's bytes.decode('utf-8', errors='replace')
+
+// Length of the valid sequence at p (1-4), or 0 when invalid; *bad is then the number of bytes
+// that one U+FFFD replaces (the maximal subpart: the lead byte and the continuation bytes that
+// were still acceptable).
+static int utf8_seq(const unsigned char *p, size_t n, int *bad) {
+    unsigned c = p[0];
+    if (c < 0x80) return 1;
+    int need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) need = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;   // no UTF-16 surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;   // nothing above U+10FFFF
+    } else {
+        *bad = 1;
+        return 0;
+    }
+    for (int k = 1; k <= need; k++) {
+        if ((size_t)k >= n || p[k] < lo || p[k] > hi) {
+            *bad = k;
+            return 0;
+        }
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    return need + 1;
+}
+
+// Returns text itself when it is valid UTF-8, else a malloc'd copy with replacements.
+static const char *utf8_sanitize(const char *text, size_t len, size_t *out_len) {
+    const unsigned char *p = (const unsigned char *)text;
+    size_t i = 0;
+    int bad;
+    while (i < len) {
+        if (p[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int k = utf8_seq(p + i, len - i, &bad);
+        if (!k) break;
+        i += (size_t)k;
+    }
+    *out_len = len;
+    if (i == len) return text;
+    char *out = xmalloc(i + 3 * (len - i) + 1);   // each bad byte grows to at most 3
+    memcpy(out, text, i);
+    size_t o = i;
+    while (i < len) {
+        int k = utf8_seq(p + i, len - i, &bad);
+        if (k) {
+            memcpy(out + o, p + i, (size_t)k);
+            o += (size_t)k;
+            i += (size_t)k;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i += (size_t)bad;
+        }
+    }
+    *out_len = o;
+    return out;
+}
+
+// ----------------------------------------------------------------------------------------------
+// merging one pre-token
+
+typedef struct {
+    int **ids;
+    size_t *n, *cap;
+} IdSink;
+
+static void sink_push(IdSink *s, const int *v, size_t k) {
+    if (*s->n + k > *s->cap) {
+        size_t c = *s->cap ? *s->cap : 1024;
+        while (c < *s->n + k) c *= 2;
+        *s->ids = xrealloc(*s->ids, c * sizeof(int));
+        *s->cap = c;
+    }
+    memcpy(*s->ids + *s->n, v, k * sizeof(int));
+    *s->n += k;
+}
+
+// tiktoken's loop: start from bytes, repeatedly merge the leftmost adjacent pair of lowest rank.
+// ids: (n) scratch in, merged ids out; rank: (n) scratch. Returns the number of ids.
+static int merge_linear(const Gpt2Bpe *t, const unsigned char *p, int n, int *ids, int *rank) {
+    for (int i = 0; i < n; i++) ids[i] = t->byte_token[p[i]];
+    for (int i = 0; i + 1 < n; i++) {
+        int r = pair_find(&t->pairs, ids[i], ids[i + 1]);
+        rank[i] = r < 0 ? INT_MAX : r;
+    }
+    while (n > 1) {
+        int best = 0;
+        for (int i = 1; i + 1 < n; i++)
+            if (rank[i] < rank[best]) best = i;
+        if (rank[best] == INT_MAX) break;
+        ids[best] = rank[best];
+        memmove(ids + best + 1, ids + best + 2, (size_t)(n - best - 2) * sizeof(int));
+        memmove(rank + best + 1, rank + best + 2, (size_t)(n - best - 2) * sizeof(int));
+        n--;
+        if (best + 1 < n) {
+            int r = pair_find(&t->pairs, ids[best], ids[best + 1]);
+            rank[best] = r < 0 ? INT_MAX : r;
+        } else {
+            rank[best] = INT_MAX;
+        }
+        if (best > 0) {
+            int r = pair_find(&t->pairs, ids[best - 1], ids[best]);
+            rank[best - 1] = r < 0 ? INT_MAX : r;
+        }
+    }
+    return n;
+}
+
+// A candidate merge of node `left` with the node after it; stale once either node changed.
+typedef struct {
+    int rank, left, right;
+    unsigned ver_left, ver_right;
+} HeapItem;
+
+static int heap_less(const HeapItem *a, const HeapItem *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+}
+
+static void heap_push(HeapItem *h, int *n, HeapItem x) {
+    int i = (*n)++;
+    while (i > 0 && heap_less(&x, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = x;
+}
+
+static HeapItem heap_pop(HeapItem *h, int *n) {
+    HeapItem top = h[0], x = h[--(*n)];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
+        if (!heap_less(&h[c], &x)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0) h[i] = x;
+    return top;
+}
+
+typedef struct {
+    int *id, *next, *prev;
+    unsigned *ver;
+    HeapItem *heap;
+} HeapScratch;
+
+static void heap_offer(const Gpt2Bpe *t, HeapScratch *s, int *hn, int left, int right) {
+    int r = pair_find(&t->pairs, s->id[left], s->id[right]);
+    if (r >= 0) heap_push(s->heap, hn, (HeapItem){r, left, right, s->ver[left], s->ver[right]});
+}
+
+// The same merges as merge_linear in O(n log n): nodes are byte positions in a linked list,
+// candidates sit in a heap ordered by (rank, position), which is the linear scan's choice.
+static int merge_heap(const Gpt2Bpe *t, const unsigned char *p, int n, int *out) {
+    HeapScratch s = {xmalloc((size_t)n * sizeof(int)), xmalloc((size_t)n * sizeof(int)),
+                     xmalloc((size_t)n * sizeof(int)), xcalloc((size_t)n, sizeof(unsigned)),
+                     xmalloc((size_t)n * 2 * sizeof(HeapItem))};
+    int hn = 0;
+    for (int i = 0; i < n; i++) {
+        s.id[i] = t->byte_token[p[i]];
+        s.next[i] = i + 1 < n ? i + 1 : -1;
+        s.prev[i] = i - 1;
+    }
+    for (int i = 0; i + 1 < n; i++) heap_offer(t, &s, &hn, i, i + 1);
+    while (hn > 0) {
+        HeapItem c = heap_pop(s.heap, &hn);
+        if (s.ver[c.left] != c.ver_left || s.next[c.left] != c.right || s.ver[c.right] != c.ver_right)
+            continue;
+        int l = c.left, r = c.right;
+        s.id[l] = c.rank;
+        s.ver[l]++;
+        s.ver[r]++;   // r is gone: every candidate naming it is now stale
+        s.next[l] = s.next[r];
+        if (s.next[l] >= 0) {
+            s.prev[s.next[l]] = l;
+            heap_offer(t, &s, &hn, l, s.next[l]);
+        }
+        if (s.prev[l] >= 0) heap_offer(t, &s, &hn, s.prev[l], l);
+    }
+    int k = 0;
+    for (int i = 0; i >= 0; i = s.next[i]) out[k++] = s.id[i];
+    free(s.id);
+    free(s.next);
+    free(s.prev);
+    free(s.ver);
+    free(s.heap);
+    return k;
+}
+
+// ----------------------------------------------------------------------------------------------
+// cache: pre-token bytes -> merged ids, for short pre-tokens that are not one token; one per
+// thread and call
+
+typedef struct {
+    uint64_t hash;
+    uint32_t key_off, key_len, ids_off, ids_len;
+} CacheEntry;
+
+typedef struct {
+    CacheEntry *slot;   // hash 0 = empty
+    size_t mask, count;
+    unsigned char *keys;
+    size_t keys_len, keys_cap;
+    int *ids;
+    size_t ids_len, ids_cap;
+} Cache;
+
+static void cache_free(Cache *c) {
+    free(c->slot);
+    free(c->keys);
+    free(c->ids);
+    memset(c, 0, sizeof *c);
+}
+
+static const CacheEntry *cache_find(const Cache *c, uint64_t h, const unsigned char *p, size_t n) {
+    if (!c->slot) return NULL;
+    for (size_t i = h & c->mask;; i = (i + 1) & c->mask) {
+        const CacheEntry *e = &c->slot[i];
+        if (e->hash == 0) return NULL;
+        if (e->hash == h && e->key_len == n && memcmp(c->keys + e->key_off, p, n) == 0) return e;
+    }
+}
+
+static void cache_put_slot(Cache *c, CacheEntry e) {
+    size_t i = e.hash & c->mask;
+    while (c->slot[i].hash != 0) i = (i + 1) & c->mask;
+    c->slot[i] = e;
+}
+
+static void cache_insert(Cache *c, uint64_t h, const unsigned char *p, size_t n, const int *ids,
+                         int k) {
+    if (c->count >= CACHE_MAX_ENTRIES || c->keys_len + n > CACHE_MAX_BYTES) cache_free(c);
+    if (!c->slot || 2 * (c->count + 1) > c->mask + 1) {
+        size_t old = c->slot ? c->mask + 1 : 0;
+        CacheEntry *prev = c->slot;
+        c->mask = (old ? 2 * old : 256) - 1;
+        c->slot = xcalloc(c->mask + 1, sizeof(CacheEntry));
+        for (size_t i = 0; i < old; i++)
+            if (prev[i].hash) cache_put_slot(c, prev[i]);
+        free(prev);
+    }
+    if (c->keys_len + n > c->keys_cap) {
+        c->keys_cap = 2 * (c->keys_len + n) + 4096;
+        c->keys = xrealloc(c->keys, c->keys_cap);
+    }
+    if (c->ids_len + (size_t)k > c->ids_cap) {
+        c->ids_cap = 2 * (c->ids_len + (size_t)k) + 1024;
+        c->ids = xrealloc(c->ids, c->ids_cap * sizeof(int));
+    }
+    memcpy(c->keys + c->keys_len, p, n);
+    memcpy(c->ids + c->ids_len, ids, (size_t)k * sizeof(int));
+    cache_put_slot(c, (CacheEntry){h, (uint32_t)c->keys_len, (uint32_t)n, (uint32_t)c->ids_len,
+                                   (uint32_t)k});
+    c->keys_len += n;
+    c->ids_len += (size_t)k;
+    c->count++;
+}
+
+// ----------------------------------------------------------------------------------------------
+// encoding
+
+typedef struct {
+    Cache cache;
+    int ids[BPE_LINEAR_MAX], rank[BPE_LINEAR_MAX];   // (n) of one short pre-token
+    pcre2_match_data *md;
+} EncodeState;
+
+static void state_init(const Gpt2Bpe *t, EncodeState *st) {
+    memset(st, 0, sizeof *st);
+    st->md = pcre2_match_data_create_from_pattern(t->re, NULL);
+    if (!st->md) fatal(EXIT_RUNTIME, "gpt2_bpe: out of memory for PCRE2 match data");
+}
+
+static void state_free(EncodeState *st) {
+    pcre2_match_data_free(st->md);
+    cache_free(&st->cache);
+}
+
+static void encode_piece(const Gpt2Bpe *t, EncodeState *st, const unsigned char *p, size_t n,
+                         IdSink *out) {
+    int id = vocab_find(t, p, n);
+    if (id >= 0) {
+        sink_push(out, &id, 1);
+        return;
+    }
+    if (n > BPE_LINEAR_MAX) {
+        CHECK(n < INT_MAX);
+        int *ids = xmalloc(n * sizeof(int));
+        int k = merge_heap(t, p, (int)n, ids);
+        sink_push(out, ids, (size_t)k);
+        free(ids);
+        return;
+    }
+    uint64_t h = hash_bytes(p, n) | 1;   // never 0, the empty-slot mark
+    const CacheEntry *e = cache_find(&st->cache, h, p, n);
+    if (e) {
+        sink_push(out, st->cache.ids + e->ids_off, e->ids_len);
+        return;
+    }
+    int k = merge_linear(t, p, (int)n, st->ids, st->rank);
+    sink_push(out, st->ids, (size_t)k);
+    cache_insert(&st->cache, h, p, n, st->ids, k);
+}
+
+// Encodes any bytes: invalid UTF-8 is replaced first, then every pre-token is encoded.
+static void encode_text(const Gpt2Bpe *t, EncodeState *st, const char *text, size_t len,
+                        IdSink *out) {
+    size_t clean_len;
+    const char *clean = utf8_sanitize(text, len, &clean_len);
+    const unsigned char *s = (const unsigned char *)clean;
+    PCRE2_SIZE pos = 0;
+    while (pos < clean_len) {
+        int rc = t->jit ? pcre2_jit_match(t->re, s, clean_len, pos, PCRE2_NO_UTF_CHECK, st->md, NULL)
+                        : pcre2_match(t->re, s, clean_len, pos, PCRE2_NO_UTF_CHECK, st->md, NULL);
+        // Every character is a letter, a number, whitespace or none of these, so some branch
+        // matches at pos: a failure here is a PCRE2 resource error, not a property of the text.
+        if (rc < 0)
+            fatal(EXIT_RUNTIME, "gpt2_bpe: PCRE2 match failed at byte %zu (code %d)", (size_t)pos, rc);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);
+        CHECK(ov[0] == pos && ov[1] > pos);
+        encode_piece(t, st, s + ov[0], ov[1] - ov[0], out);
+        pos = ov[1];
+    }
+    if (clean != text) free((char *)clean);
+}
+
+int gpt2_bpe_encode(const Gpt2Bpe *t, const char *text, size_t len, int **ids, size_t *n,
+                    size_t *cap) {
+    EncodeState st;
+    state_init(t, &st);
+    IdSink out = {ids, n, cap};
+    encode_text(t, &st, text, len, &out);
+    state_free(&st);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------------------------
+// parallel encoding: documents, and long stretches of text cut where the pre-tokenizer always
+// splits, are encoded by OpenMP threads and the ids joined in order
+
+// A place to cut where the pre-tokenizer always ends a match, whatever surrounds the cut: just
+// after a '\n' that has a non-space ASCII character on both sides. The '\n' is then a match of
+// its own (\s+(?!\S) fails, \s+ takes one character) and nothing on either side can reach over
+// it; invalid UTF-8 cannot span it either, so replacing per piece is the same as for the whole.
+static int is_cut_ascii(unsigned char c) { return c > 0x20 && c < 0x7F; }
+
+static size_t next_cut(const char *text, size_t len, size_t from) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = from < 1 ? 1 : from; i + 1 < len; i++) {
+        const unsigned char *nl = memchr(s + i, '\n', len - 1 - i);
+        if (!nl) break;
+        i = (size_t)(nl - s);
+        if (is_cut_ascii(s[i - 1]) && is_cut_ascii(s[i + 1])) return i + 1;
+    }
+    return len;
+}
+
+// A stretch of text encoded on its own, after an <|endoftext|> when it starts a document.
+typedef struct {
+    size_t start, end;
+    int eot_first;
+} Segment;
+
+typedef struct {
+    Segment *seg;
+    size_t n, cap;
+} Segments;
+
+static void segments_push(Segments *s, size_t start, size_t end, int eot_first) {
+    if (s->n == s->cap) s->seg = xrealloc(s->seg, (s->cap = 2 * s->cap + 64) * sizeof(Segment));
+    s->seg[s->n++] = (Segment){start, end, eot_first};
+}
+
+// One document [start, end) as segments of about `target` bytes.
+static void segments_add_document(Segments *s, const char *text, size_t start, size_t end,
+                                  size_t target, int eot_first) {
+    size_t pos = start;
+    do {
+        size_t cut = end - pos > 2 * target ? pos + next_cut(text + pos, end - pos, target) : end;
+        segments_push(s, pos, cut, eot_first && pos == start);
+        pos = cut;
+    } while (pos < end);
+}
+
+static void encode_segments(const Gpt2Bpe *t, const char *text, const Segments *segs,
+                            size_t target, int n_threads, IdSink *out) {
+    // Work items: runs of whole segments of about target bytes; item w is segs [first[w], first[w+1]).
+    size_t *first = xmalloc((segs->n + 1) * sizeof(size_t)), n_items = 0;
+    for (size_t i = 0, bytes = target; i < segs->n; i++) {
+        if (bytes >= target) {
+            first[n_items++] = i;
+            bytes = 0;
+        }
+        bytes += segs->seg[i].end - segs->seg[i].start;
+    }
+    first[n_items] = segs->n;
+    int **part = xcalloc(n_items, sizeof(int *));
+    size_t *part_n = xcalloc(n_items, sizeof(size_t)), *part_cap = xcalloc(n_items, sizeof(size_t));
+    if (n_threads <= 0) n_threads = omp_get_max_threads();
+    if ((size_t)n_threads > n_items) n_threads = (int)(n_items ? n_items : 1);
+#pragma omp parallel num_threads(n_threads)
+    {
+        EncodeState st;   // per thread: its cache stays warm across the thread's items
+        state_init(t, &st);
+#pragma omp for schedule(dynamic, 1)
+        for (size_t w = 0; w < n_items; w++) {
+            IdSink sink = {&part[w], &part_n[w], &part_cap[w]};
+            for (size_t i = first[w]; i < first[w + 1]; i++) {
+                const Segment *g = &segs->seg[i];
+                if (g->eot_first) sink_push(&sink, &t->eot, 1);
+                encode_text(t, &st, text + g->start, g->end - g->start, &sink);
+            }
+        }
+        state_free(&st);
+    }
+    for (size_t w = 0; w < n_items; w++) {
+        sink_push(out, part[w], part_n[w]);
+        free(part[w]);
+    }
+    free(part);
+    free(part_n);
+    free(part_cap);
+    free(first);
+}
+
+static size_t chunk_target(size_t len, int n_threads) {
+    size_t threads = (size_t)(n_threads > 0 ? n_threads : omp_get_max_threads());
+    size_t target = len / (threads * 4);   // a few items per thread evens out the load
+    return target < PAR_MIN_CHUNK ? PAR_MIN_CHUNK : target;
+}
+
+int gpt2_bpe_encode_parallel(const Gpt2Bpe *t, const char *text, size_t len, int n_threads,
+                             int **ids, size_t *n, size_t *cap) {
+    size_t target = chunk_target(len, n_threads);
+    if (n_threads == 1 || len <= target) return gpt2_bpe_encode(t, text, len, ids, n, cap);
+    Segments segs = {0};
+    segments_add_document(&segs, text, 0, len, target, 0);
+    IdSink out = {ids, n, cap};
+    encode_segments(t, text, &segs, target, n_threads, &out);
+    free(segs.seg);
+    return 0;
+}
+
+int gpt2_bpe_encode_documents(const Gpt2Bpe *t, const char *text, size_t len, const char *sep,
+                              int n_threads, int **ids, size_t *n, size_t *cap) {
+    size_t target = chunk_target(len, n_threads), sl = strlen(sep), start = 0;
+    CHECK(sl > 0);
+    Segments segs = {0};
+    for (;;) {
+        const char *hit = memmem(text + start, len - start, sep, sl);
+        size_t end = hit ? (size_t)(hit - text) + sl : len;
+        segments_add_document(&segs, text, start, end, target, 1);
+        if (!hit) break;
+        start = end;
+    }
+    IdSink out = {ids, n, cap};
+    encode_segments(t, text, &segs, target, n_threads, &out);
+    free(segs.seg);
+    return 0;
+}
