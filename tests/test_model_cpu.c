@@ -1,0 +1,763 @@
+// test_model_cpu: the fp32 CPU backend op by op against double-precision references written
+// here, and the whole GPT (model/gpt.c over that backend): gradients against finite differences
+// of its loss, padded vocabulary, KV-cache decoding, gradient accumulation, smaller batches.
+#include <math.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/rng.h"
+#include "model/backend.h"
+#include "model/gpt.h"
+#include "testlib.h"
+
+// fp32 against a double reference. A dot product of K terms accumulated in fp32 has a typical
+// relative error of about sqrt(K) * 2^-24 (random rounding) and the worst sizes here have
+// K <= 128, so ~7e-7; 1e-5 leaves a factor ~15 for the tanh/exp/sqrt of the element-wise parts
+// (each correct to a few ulp) while a real bug (wrong index, missing term) gives O(1e-1).
+#define OP_TOL 1e-5
+
+static void fill_normal(Rng *r, float *x, size_t n, float std) {
+    for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(r);
+}
+
+static double max_abs_diff(const float *a, const double *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+// Relative error ||a - b|| / ||b|| of fp32 results against a double reference.
+static double rel_err_d(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return den == 0 ? sqrt(num) : sqrt(num / den);
+}
+
+static double gelu_d(double x) {
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_grad_d(double x) {
+    double k = sqrt(2.0 / M_PI), t = tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ops
+
+static void test_embed(Backend *be, Rng *r) {
+    const int B = 3, T = 7, C = 13, V = 11, maxT = 9;
+    int tokens[B * T], pos[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (int)rng_below(r, 4);   // few distinct ids: the scatter must add repeats
+        pos[i] = (int)rng_below(r, maxT);
+    }
+    float wte[V * C], wpe[maxT * C], out[B * T * C], dout[B * T * C];
+    float dwte[V * C], dwpe[maxT * C];
+    double ref[B * T * C], dwte_ref[V * C], dwpe_ref[maxT * C];
+    fill_normal(r, wte, V * C, 1.0f);
+    fill_normal(r, wpe, maxT * C, 1.0f);
+    fill_normal(r, dout, B * T * C, 1.0f);
+    fill_normal(r, dwte, V * C, 1.0f);   // gradients accumulate onto what is there
+    fill_normal(r, dwpe, maxT * C, 1.0f);
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        const int *pp = with_pos ? pos : NULL;
+        for (int i = 0; i < B * T; i++)
+            for (int c = 0; c < C; c++)
+                ref[i * C + c] = wte[tokens[i] * C + c] + wpe[(pp ? pp[i] : i % T) * C + c];  // one fp32 rounding
+        be->embed_forward(be, out, tokens, pp, wte, wpe, B, T, C);
+        EXPECT(max_abs_diff(out, ref, B * T * C) == 0, "embed forward (pos %d) differs", with_pos);
+
+        for (int i = 0; i < V * C; i++) dwte_ref[i] = dwte[i];
+        for (int i = 0; i < maxT * C; i++) dwpe_ref[i] = dwpe[i];
+        for (int i = 0; i < B * T; i++)
+            for (int c = 0; c < C; c++) {
+                dwte_ref[tokens[i] * C + c] += dout[i * C + c];
+                dwpe_ref[(pp ? pp[i] : i % T) * C + c] += dout[i * C + c];
+            }
+        be->embed_backward(be, dwte, dwpe, dout, tokens, pp, B, T, C);
+        EXPECT(rel_err_d(dwte, dwte_ref, V * C) < OP_TOL, "dwte rel err %g",
+               rel_err_d(dwte, dwte_ref, V * C));
+        EXPECT(rel_err_d(dwpe, dwpe_ref, maxT * C) < OP_TOL, "dwpe rel err %g",
+               rel_err_d(dwpe, dwpe_ref, maxT * C));
+    }
+    // No position table (ALiBi): the token embedding alone.
+    be->embed_forward(be, out, tokens, NULL, wte, NULL, B, T, C);
+    int same = 1;
+    for (int i = 0; i < B * T; i++)
+        same &= memcmp(out + i * C, wte + tokens[i] * C, C * sizeof(float)) == 0;
+    EXPECT(same, "embed forward without wpe must copy the token rows");
+}
+
+static void test_layernorm(Backend *be, Rng *r) {
+    enum { N = 19, C = 37 };
+    float inp[N * C], w[C], b[C], out[N * C], mean[N], rstd[N], dout[N * C], dinp[N * C], dw[C], db[C];
+    double out_ref[N * C], mean_ref[N], rstd_ref[N], dinp_ref[N * C], dw_ref[C], db_ref[C];
+    fill_normal(r, inp, N * C, 2.0f);
+    for (int i = 0; i < N * C; i++) inp[i] += 3.0f;   // a mean far from 0 tests the centring
+    fill_normal(r, w, C, 1.0f);
+    fill_normal(r, b, C, 1.0f);
+    fill_normal(r, dout, N * C, 1.0f);
+    fill_normal(r, dinp, N * C, 1.0f);
+    fill_normal(r, dw, C, 1.0f);
+    fill_normal(r, db, C, 1.0f);
+    for (int i = 0; i < N * C; i++) dinp_ref[i] = dinp[i];
+    for (int c = 0; c < C; c++) dw_ref[c] = dw[c], db_ref[c] = db[c];
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        double m = 0, v = 0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        double s = 1.0 / sqrt(v / C + 1e-5);
+        mean_ref[i] = m;
+        rstd_ref[i] = s;
+        double dn_mean = 0, dn_n_mean = 0;
+        for (int c = 0; c < C; c++) {
+            double n = (x[c] - m) * s;
+            out_ref[i * C + c] = n * w[c] + b[c];
+            dn_mean += dout[i * C + c] * w[c] / C;
+            dn_n_mean += dout[i * C + c] * w[c] * n / C;
+            dw_ref[c] += dout[i * C + c] * n;
+            db_ref[c] += dout[i * C + c];
+        }
+        for (int c = 0; c < C; c++) {
+            double n = (x[c] - m) * s;
+            dinp_ref[i * C + c] += s * (dout[i * C + c] * w[c] - dn_mean - n * dn_n_mean);
+        }
+    }
+    be->layernorm_forward(be, out, mean, rstd, inp, w, b, N, C);
+    EXPECT(rel_err_d(out, out_ref, N * C) < OP_TOL, "ln out rel err %g", rel_err_d(out, out_ref, N * C));
+    EXPECT(rel_err_d(mean, mean_ref, N) < OP_TOL, "ln mean rel err %g", rel_err_d(mean, mean_ref, N));
+    EXPECT(rel_err_d(rstd, rstd_ref, N) < OP_TOL, "ln rstd rel err %g", rel_err_d(rstd, rstd_ref, N));
+    be->layernorm_backward(be, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    EXPECT(rel_err_d(dinp, dinp_ref, N * C) < OP_TOL, "ln dinp rel err %g", rel_err_d(dinp, dinp_ref, N * C));
+    EXPECT(rel_err_d(dw, dw_ref, C) < OP_TOL, "ln dw rel err %g", rel_err_d(dw, dw_ref, C));
+    EXPECT(rel_err_d(db, db_ref, C) < OP_TOL, "ln db rel err %g", rel_err_d(db, db_ref, C));
+}
+
+static void test_matmul(Backend *be, Rng *r, Epilogue epi, int with_bias) {
+    enum { N = 37, C = 29, OC = 51 };
+    static float inp[N * C], w[OC * C], bias[OC], out[N * OC], pre[N * OC], dout[N * OC];
+    static float dinp[N * C], dw[OC * C], db[OC];
+    static double out_ref[N * OC], pre_ref[N * OC], dpre[N * OC], dinp_ref[N * C], dw_ref[OC * C],
+        db_ref[OC];
+    fill_normal(r, inp, N * C, 1.0f);
+    fill_normal(r, w, OC * C, 0.3f);
+    fill_normal(r, bias, OC, 1.0f);
+    fill_normal(r, dout, N * OC, 1.0f);
+    fill_normal(r, dinp, N * C, 1.0f);   // overwritten by the op
+    fill_normal(r, dw, OC * C, 1.0f);    // accumulated
+    fill_normal(r, db, OC, 1.0f);
+    for (int i = 0; i < OC * C; i++) dw_ref[i] = dw[i];
+    for (int j = 0; j < OC; j++) db_ref[j] = db[j];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < OC; j++) {
+            double a = with_bias ? bias[j] : 0.0;
+            for (int c = 0; c < C; c++) a += (double)inp[i * C + c] * w[j * C + c];
+            pre_ref[i * OC + j] = a;
+            out_ref[i * OC + j] = epi == EPI_GELU ? gelu_d(a) : a;
+            dpre[i * OC + j] = dout[i * OC + j] * (epi == EPI_GELU ? gelu_grad_d(a) : 1.0);
+        }
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            double a = 0;
+            for (int j = 0; j < OC; j++) a += dpre[i * OC + j] * w[j * C + c];
+            dinp_ref[i * C + c] = a;
+        }
+    for (int j = 0; j < OC; j++) {
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < N; i++) dw_ref[j * C + c] += dpre[i * OC + j] * inp[i * C + c];
+        for (int i = 0; i < N; i++) db_ref[j] += dpre[i * OC + j];
+    }
+    const float *bp = with_bias ? bias : NULL;
+    float *pp = epi == EPI_GELU ? pre : NULL;
+    be->matmul_forward(be, out, pp, inp, w, bp, N, C, OC, epi);
+    EXPECT(rel_err_d(out, out_ref, N * OC) < OP_TOL, "matmul out (epi %d, bias %d) rel err %g", epi,
+           with_bias, rel_err_d(out, out_ref, N * OC));
+    if (pp)
+        EXPECT(rel_err_d(pre, pre_ref, N * OC) < OP_TOL, "matmul pre rel err %g",
+               rel_err_d(pre, pre_ref, N * OC));
+    be->matmul_backward(be, dinp, dw, with_bias ? db : NULL, dout, pp, inp, w, N, C, OC, epi);
+    EXPECT(rel_err_d(dinp, dinp_ref, N * C) < OP_TOL, "matmul dinp (epi %d) rel err %g", epi,
+           rel_err_d(dinp, dinp_ref, N * C));
+    EXPECT(rel_err_d(dw, dw_ref, OC * C) < OP_TOL, "matmul dw (epi %d) rel err %g", epi,
+           rel_err_d(dw, dw_ref, OC * C));
+    if (with_bias)
+        EXPECT(rel_err_d(db, db_ref, OC) < OP_TOL, "matmul db rel err %g", rel_err_d(db, db_ref, OC));
+    // dinp = NULL: only the weight gradients (the first layer's input needs no gradient).
+    for (int i = 0; i < OC * C; i++) dw[i] = 0;
+    fill_normal(r, dout, N * OC, 1.0f);
+    be->matmul_backward(be, NULL, dw, NULL, dout, NULL, inp, w, N, C, OC, EPI_NONE);
+    double dw1 = 0;
+    for (int i = 0; i < N; i++) dw1 += (double)dout[i * OC + 3] * inp[i * C + 5];
+    EXPECT(fabs(dw[3 * C + 5] - dw1) < OP_TOL * (1 + fabs(dw1)), "matmul dw without dinp %g vs %g",
+           dw[3 * C + 5], dw1);
+}
+
+static void test_add(Backend *be, Rng *r) {
+    enum { n = 1001 };
+    static float a[n], b[n], out[n];
+    static double ref[n];
+    fill_normal(r, a, n, 1.0f);
+    fill_normal(r, b, n, 1.0f);
+    for (int i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
+    be->add(be, out, a, b, n);
+    EXPECT(max_abs_diff(out, ref, n) < 1e-6, "add differs");
+    be->add(be, a, a, b, n);   // in place
+    EXPECT(max_abs_diff(a, ref, n) < 1e-6, "in-place add differs");
+}
+
+static void test_softmax_xent(Backend *be, Rng *r) {
+    enum { N = 13, V = 101, Vp = 128 };
+    static float logits[N * Vp], losses[N];
+    static double loss_ref[N], dref[N * Vp];
+    int targets[N];
+    fill_normal(r, logits, N * Vp, 3.0f);
+    for (int i = 0; i < N; i++) {
+        for (int j = V; j < Vp; j++) logits[i * Vp + j] = 1e4f;   // padded columns must never win
+        targets[i] = i % 4 == 1 ? -1 : (int)rng_below(r, V);
+    }
+    targets[N - 1] = V - 1;   // the last real column
+    const float dscale = 0.37f;
+    for (int i = 0; i < N; i++) {
+        const float *z = logits + i * Vp;
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++) mx = fmax(mx, z[j]);
+        for (int j = 0; j < V; j++) s += exp(z[j] - mx);
+        double lse = mx + log(s);
+        loss_ref[i] = targets[i] < 0 ? 0.0 : lse - z[targets[i]];
+        for (int j = 0; j < Vp; j++)
+            dref[i * Vp + j] = targets[i] < 0 || j >= V
+                                   ? 0.0
+                                   : dscale * (exp(z[j] - lse) - (j == targets[i] ? 1.0 : 0.0));
+    }
+    be->softmax_xent(be, logits, losses, targets, N, V, Vp, 0.0f);
+    EXPECT(rel_err_d(losses, loss_ref, N) < OP_TOL, "xent losses rel err %g", rel_err_d(losses, loss_ref, N));
+    EXPECT(logits[Vp] != 0.0f && logits[V] == 1e4f, "dscale 0 must leave the logits alone");
+    memset(losses, 0xff, sizeof losses);
+    be->softmax_xent(be, logits, losses, targets, N, V, Vp, dscale);
+    EXPECT(rel_err_d(losses, loss_ref, N) < OP_TOL, "xent losses (with grad) rel err %g",
+           rel_err_d(losses, loss_ref, N));
+    // Gradients are O(dscale / V) for most columns: compare absolutely at the fp32 precision of
+    // a probability (2^-24 relative, times a few for exp) scaled by dscale.
+    EXPECT(max_abs_diff(logits, dref, N * Vp) < 1e-6, "xent dlogits max diff %g",
+           max_abs_diff(logits, dref, N * Vp));
+    int zero = 1;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < Vp; j++)
+            if ((targets[i] < 0 || j >= V) && logits[i * Vp + j] != 0.0f) zero = 0;
+    EXPECT(zero, "padded columns and ignored rows must get exactly zero gradient");
+}
+
+// Attention through the backend on the model's fused qkv layout (GQA, causal, T_q == T_k),
+// against a double reference of softmax(q k^T * scale) v and its backward.
+static void test_attention(Backend *be, Rng *r) {
+    enum { B = 2, T = 11, NH = 4, NKV = 2, HS = 8, OC = (NH + 2 * NKV) * HS, C = NH * HS };
+    static float qkv[B * T * OC], out[B * T * C], lse[B * NH * T], dout[B * T * C], dqkv[B * T * OC];
+    static double out_ref[B * T * C], lse_ref[B * NH * T], dqkv_ref[B * T * OC];
+    fill_normal(r, qkv, B * T * OC, 1.0f);
+    fill_normal(r, dout, B * T * C, 1.0f);
+    memset(dqkv_ref, 0, sizeof dqkv_ref);
+    const double scale = 1.0 / sqrt((double)HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int hk = h / (NH / NKV);
+            for (int i = 0; i < T; i++) {
+                const float *q = qkv + (b * T + i) * OC + h * HS;
+                const float *dO = dout + (b * T + i) * C + h * HS;
+                double s[T], P[T], dP[T], mx = -INFINITY, sum = 0, D = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *k = qkv + (b * T + j) * OC + (NH + hk) * HS;
+                    double d = 0;
+                    for (int c = 0; c < HS; c++) d += (double)q[c] * k[c];
+                    s[j] = d * scale;
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j <= i; j++) sum += exp(s[j] - mx);
+                lse_ref[(b * NH + h) * T + i] = mx + log(sum);
+                for (int c = 0; c < HS; c++) out_ref[(b * T + i) * C + h * HS + c] = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *v = qkv + (b * T + j) * OC + (NH + NKV + hk) * HS;
+                    P[j] = exp(s[j] - mx) / sum;
+                    dP[j] = 0;
+                    for (int c = 0; c < HS; c++) {
+                        out_ref[(b * T + i) * C + h * HS + c] += P[j] * v[c];
+                        dP[j] += (double)dO[c] * v[c];
+                        dqkv_ref[(b * T + j) * OC + (NH + NKV + hk) * HS + c] += P[j] * dO[c];
+                    }
+                    D += P[j] * dP[j];
+                }
+                for (int j = 0; j <= i; j++) {
+                    double ds = P[j] * (dP[j] - D) * scale;
+                    const float *k = qkv + (b * T + j) * OC + (NH + hk) * HS;
+                    for (int c = 0; c < HS; c++) {
+                        dqkv_ref[(b * T + i) * OC + h * HS + c] += ds * k[c];
+                        dqkv_ref[(b * T + j) * OC + (NH + hk) * HS + c] += ds * q[c];
+                    }
+                }
+            }
+        }
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    AttnStrides qkv_st = {T * OC, OC, HS}, y_st = {T * C, C, HS};
+    p.q = qkv;
+    p.k = qkv + NH * HS;
+    p.v = qkv + (NH + NKV) * HS;
+    p.out = out;
+    p.lse = lse;
+    p.q_st = p.k_st = p.v_st = p.dq_st = p.dk_st = p.dv_st = qkv_st;
+    p.o_st = p.do_st = y_st;
+    p.dout = dout;
+    p.dq = dqkv;
+    p.dk = dqkv + NH * HS;
+    p.dv = dqkv + (NH + NKV) * HS;
+    p.B = B;
+    p.T_q = p.T_k = T;
+    p.NH = NH;
+    p.NKV = NKV;
+    p.HS = HS;
+    p.scale = (float)scale;
+    p.causal = 1;
+    p.window_left = p.window_right = -1;
+    for (int impl = 0; impl < 2; impl++) {
+        p.impl = impl == 0 ? ATTN_IMPL_FLASH : ATTN_IMPL_NAIVE;
+        memset(out, 0, sizeof out);
+        memset(dqkv, 0, sizeof dqkv);
+        be->attention_forward(be, &p);
+        EXPECT(rel_err_d(out, out_ref, B * T * C) < OP_TOL, "attention out (impl %d) rel err %g", impl,
+               rel_err_d(out, out_ref, B * T * C));
+        EXPECT(rel_err_d(lse, lse_ref, B * NH * T) < OP_TOL, "attention lse rel err %g",
+               rel_err_d(lse, lse_ref, B * NH * T));
+        be->attention_backward(be, &p);
+        EXPECT(rel_err_d(dqkv, dqkv_ref, B * T * OC) < OP_TOL, "attention dqkv (impl %d) rel err %g",
+               impl, rel_err_d(dqkv, dqkv_ref, B * T * OC));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the whole model
+
+enum { MB = 3, MT = 37 };
+
+static GPTConfig small_config(PosEmbedding pos) {
+    GPTConfig g;
+    memset(&g, 0, sizeof g);
+    g.V = 101;
+    g.Vp = 128;
+    g.maxT = 40;
+    g.L = 2;
+    g.NH = 4;
+    g.NKV = 2;
+    g.C = 64;
+    g.HS = 16;
+    g.pos = pos;
+    return g;
+}
+
+// GPT-2 init, then every parameter moved by noise of std 0.1 so that attention is far from
+// uniform, biases and LayerNorm parameters are not at their trivial values, and every gradient
+// is large enough for finite differences to resolve. Padded vocabulary rows stay 0.
+static float *test_params(GPT *m, uint64_t seed) {
+    size_t n = gpt_num_params(m);
+    float *p = xmalloc(n * sizeof(float));
+    gpt_init_weights_host(m, p, seed);
+    Rng r;
+    rng_seed(&r, seed + 1);
+    const GPTConfig *g = gpt_cfg(m);
+    const ParamTensor *wte = gpt_tensor(m, 0);
+    for (size_t i = 0; i < n; i++) {
+        int padded = i >= wte->offset + (size_t)g->V * g->C && i < wte->offset + wte->numel;
+        if (!padded) p[i] += 0.1f * rng_normal(&r);
+    }
+    return p;
+}
+
+static void random_batch(Rng *r, int *tokens, int *targets, int n, int V) {
+    for (int i = 0; i < n; i++) {
+        tokens[i] = (int)rng_below(r, V);
+        targets[i] = i % 7 == 3 ? -1 : (int)rng_below(r, V);   // some ignored targets
+    }
+}
+
+// Mean loss in double from the per-token fp32 losses (gpt_forward's float return would add a
+// rounding of 2^-24 * loss to every finite difference).
+static double loss_d(GPT *m, const int *tokens, const int *targets) {
+    gpt_forward(m, tokens, targets, MB, MT);
+    float losses[MB * MT];
+    gpt_losses_f32(m, losses);
+    double s = 0;
+    int n = 0;
+    for (int i = 0; i < MB * MT; i++)
+        if (targets[i] >= 0) s += losses[i], n++;
+    return s / n;
+}
+
+// Finite differences of the fp32 model's loss. The loss carries fp32 rounding noise eps_L (a few
+// 1e-7 after averaging over ~95 tokens), so a central difference with step h has error
+// ~ eps_L / h + h^2 |f'''| / 6. Richardson extrapolation of the steps h and h/2,
+// (4 D(h/2) - D(h)) / 3, cancels the h^2 term, so a large step (h = 2e-2, noise ~1e-5) costs no
+// truncation error: what remains is O(h^4) and the noise.
+static double fd_grad(GPT *m, float *params, size_t i, const int *tokens, const int *targets) {
+    const float h = 2e-2f;
+    float saved = params[i];
+    double d[2];
+    for (int k = 0; k < 2; k++) {
+        float hk = k == 0 ? h : h / 2;
+        params[i] = saved + hk;
+        gpt_set_params_f32(m, params);
+        double lp = loss_d(m, tokens, targets);
+        params[i] = saved - hk;
+        gpt_set_params_f32(m, params);
+        double lm = loss_d(m, tokens, targets);
+        d[k] = (lp - lm) / (2.0 * hk);
+    }
+    params[i] = saved;
+    gpt_set_params_f32(m, params);
+    return (4.0 * d[1] - d[0]) / 3.0;
+}
+
+static void test_gradients(PosEmbedding pos, int window) {
+    GPTConfig g = small_config(pos);
+    Config run;
+    config_defaults(&run);
+    run.attention.window = window;
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, MB, MT, &run);
+    size_t n = gpt_num_params(m);
+    float *params = test_params(m, 7), *grads = xmalloc(n * sizeof(float));
+    int tokens[MB * MT], targets[MB * MT];
+    Rng r;
+    rng_seed(&r, 11);
+    random_batch(&r, tokens, targets, MB * MT, g.V);
+    gpt_set_params_f32(m, params);
+    gpt_zero_grad(m);
+    gpt_forward(m, tokens, targets, MB, MT);
+    gpt_backward(m, 1.0f);
+    gpt_get_grads_f32(m, grads);
+
+    // Per tensor: the 3 largest gradients and 3 random elements. Tolerance: the finite
+    // difference carries the loss noise (see fd_grad): eps_L ~ 1e-7..3e-7 divided by the step
+    // 2 * h/2 = 2e-2 and weighted 4/3 by the extrapolation, i.e. ~1e-5 absolute (the largest
+    // difference seen is 9e-6), so 5e-5 absolute; plus 1e-3 relative for the O(h^4) truncation
+    // and the backward's own fp32 rounding. Gradients here are 1e-3..1e-1, so a real bug (a
+    // missing term, a wrong stride) is far outside.
+    int worst_tensor = -1;
+    double worst = 0;
+    for (int t = 0; t < gpt_num_tensors(m); t++) {
+        const ParamTensor *pt = gpt_tensor(m, t);
+        size_t idx[6];
+        for (int k = 0; k < 3; k++) {
+            size_t best = pt->offset;
+            double bv = -1;
+            for (size_t i = pt->offset; i < pt->offset + pt->numel; i++) {
+                int taken = 0;
+                for (int q = 0; q < k; q++) taken |= idx[q] == i;
+                if (!taken && fabs(grads[i]) > bv) bv = fabs(grads[i]), best = i;
+            }
+            idx[k] = best;
+        }
+        for (int k = 3; k < 6; k++) idx[k] = pt->offset + rng_below(&r, pt->numel);
+        for (int k = 0; k < 6; k++) {
+            double fd = fd_grad(m, params, idx[k], tokens, targets);
+            double err = fabs(grads[idx[k]] - fd) / (5e-5 + 1e-3 * fabs(fd));
+            if (err > worst) worst = err, worst_tensor = t;
+            EXPECT(err <= 1.0, "%s[%zu]: analytic %.6e, finite difference %.6e", pt->name,
+                   idx[k] - pt->offset, grads[idx[k]], fd);
+        }
+    }
+    printf("     gradient check: worst error / tolerance %.3f (%s)\n", worst,
+           worst_tensor >= 0 ? gpt_tensor(m, worst_tensor)->name : "-");
+
+    // Padded vocabulary rows: zero gradient; position rows past T: zero gradient.
+    const ParamTensor *wte = gpt_tensor(m, 0), *wpe = gpt_tensor(m, 1);
+    int zero = 1;
+    for (size_t i = (size_t)g.V * g.C; i < wte->numel; i++) zero &= grads[wte->offset + i] == 0.0f;
+    EXPECT(zero, "padded wte rows must get exactly zero gradient");
+    if (pos == POS_LEARNED) {
+        zero = 1;
+        for (size_t i = (size_t)MT * g.C; i < wpe->numel; i++) zero &= grads[wpe->offset + i] == 0.0f;
+        EXPECT(zero, "wpe rows past T must get zero gradient");
+    }
+    free(params);
+    free(grads);
+    gpt_free(m);
+    be->destroy(be);
+}
+
+// Padded logits never win: with huge padded wte rows the loss and every real gradient equal those
+// with zero padded rows, and the padded rows still get zero gradient.
+static void test_padded_vocab(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, MB, MT, NULL);
+    size_t n = gpt_num_params(m);
+    float *params = test_params(m, 3), *g0 = xmalloc(n * sizeof(float)), *g1 = xmalloc(n * sizeof(float));
+    int tokens[MB * MT], targets[MB * MT];
+    Rng r;
+    rng_seed(&r, 5);
+    random_batch(&r, tokens, targets, MB * MT, g.V);
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+        if (k == 1)
+            for (size_t i = (size_t)g.V * g.C; i < (size_t)g.Vp * g.C; i++) params[i] = 50.0f;
+        gpt_set_params_f32(m, params);
+        gpt_zero_grad(m);
+        loss[k] = gpt_forward(m, tokens, targets, MB, MT);
+        gpt_backward(m, 1.0f);
+        gpt_get_grads_f32(m, k ? g1 : g0);
+    }
+    EXPECT(loss[0] == loss[1], "padded rows changed the loss: %.7f vs %.7f", loss[0], loss[1]);
+    // dlogits is exactly 0 on the padded columns, so the padded rows only add exact zeros (in
+    // the same summation order) to dlnf = dlogits @ wte: every real gradient is bitwise equal.
+    size_t real = (size_t)g.V * g.C, after = (size_t)g.Vp * g.C;
+    EXPECT(memcmp(g1, g0, real * sizeof(float)) == 0 &&
+               memcmp(g1 + after, g0 + after, (n - after) * sizeof(float)) == 0,
+           "padded rows changed the real gradients");
+    int zero = 1;
+    for (size_t i = (size_t)g.V * g.C; i < (size_t)g.Vp * g.C; i++) zero &= g1[i] == 0.0f;
+    EXPECT(zero, "padded wte rows must get zero gradient");
+    free(params);
+    free(g0);
+    free(g1);
+    gpt_free(m);
+    be->destroy(be);
+}
+
+// Two forward+backward passes without zeroing give twice the gradient; grad_scale scales it.
+static void test_accumulation(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, MB, MT, NULL);
+    size_t n = gpt_num_params(m);
+    float *params = test_params(m, 9), *g1 = xmalloc(n * sizeof(float)), *g2 = xmalloc(n * sizeof(float));
+    float *g3 = xmalloc(n * sizeof(float));
+    int tokens[MB * MT], targets[MB * MT];
+    Rng r;
+    rng_seed(&r, 6);
+    random_batch(&r, tokens, targets, MB * MT, g.V);
+    gpt_set_params_f32(m, params);
+    gpt_zero_grad(m);
+    gpt_forward(m, tokens, targets, MB, MT);
+    gpt_backward(m, 1.0f);
+    gpt_get_grads_f32(m, g1);
+    gpt_forward(m, tokens, targets, MB, MT);
+    gpt_backward(m, 1.0f);
+    gpt_get_grads_f32(m, g2);
+    gpt_zero_grad(m);
+    gpt_forward(m, tokens, targets, MB, MT);
+    gpt_backward(m, 0.25f);
+    gpt_get_grads_f32(m, g3);
+    for (size_t i = 0; i < n; i++) g1[i] *= 2.0f;
+    // 2x and 0.25x are exact in binary, so only the summation of the second pass onto the
+    // first (one rounding per element, 2^-24 relative) separates g2 from 2 g1.
+    EXPECT(rel_err_f32(g2, g1, n) < 1e-6, "two backward passes: rel err %g vs 2x", rel_err_f32(g2, g1, n));
+    for (size_t i = 0; i < n; i++) g1[i] *= 0.125f;
+    EXPECT(rel_err_f32(g3, g1, n) < 1e-6, "grad_scale 0.25: rel err %g", rel_err_f32(g3, g1, n));
+    free(params);
+    free(g1);
+    free(g2);
+    free(g3);
+    gpt_free(m);
+    be->destroy(be);
+}
+
+// Loss of a batch with ignored targets = mean of the per-token losses of the others; a smaller
+// batch (B=1, T=20) reproduces the first row's logits of the full batch (causal attention).
+static void test_loss_and_small_batch(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, MB, MT, NULL);
+    float *params = test_params(m, 4);
+    gpt_set_params_f32(m, params);
+    int tokens[MB * MT], targets[MB * MT];
+    Rng r;
+    rng_seed(&r, 8);
+    random_batch(&r, tokens, targets, MB * MT, g.V);
+    float loss = gpt_forward(m, tokens, targets, MB, MT);
+    static float losses[MB * MT], logits[MB * MT * 101], logits_small[20 * 101];
+    gpt_losses_f32(m, losses);
+    gpt_logits_f32(m, logits);
+    double s = 0, ref = 0;
+    int nv = 0;
+    for (int i = 0; i < MB * MT; i++) {
+        if (targets[i] < 0) {
+            EXPECT(losses[i] == 0.0f, "ignored target %d has loss %g", i, losses[i]);
+            continue;
+        }
+        s += losses[i], nv++;
+        // Independent check of one token's loss from the logits.
+        const float *z = logits + (size_t)i * g.V;
+        double mx = -INFINITY, se = 0;
+        for (int j = 0; j < g.V; j++) mx = fmax(mx, z[j]);
+        for (int j = 0; j < g.V; j++) se += exp(z[j] - mx);
+        ref = mx + log(se) - z[targets[i]];
+        EXPECT(fabs(ref - losses[i]) < 1e-5 * (1 + fabs(ref)), "token %d loss %g vs %g", i, losses[i], ref);
+    }
+    EXPECT(fabs(loss - s / nv) < 1e-6 * fabs(loss), "mean loss %g vs %g", loss, s / nv);
+    EXPECT(gpt_forward(m, tokens, NULL, 1, 20) == 0.0f, "forward without targets returns 0");
+    gpt_logits_f32(m, logits_small);
+    EXPECT(rel_err_f32(logits_small, logits, 20 * 101) < OP_TOL, "small batch logits rel err %g",
+           rel_err_f32(logits_small, logits, 20 * 101));
+    free(params);
+    gpt_free(m);
+    be->destroy(be);
+}
+
+// KV-cache decoding reproduces the full forward's logits at every position.
+static void test_decode(PosEmbedding pos, int window) {
+    GPTConfig g = small_config(pos);
+    Config run;
+    config_defaults(&run);
+    run.attention.window = window;
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, 1, MT, &run);
+    float *params = test_params(m, 12);
+    gpt_set_params_f32(m, params);
+    int tokens[MT];
+    Rng r;
+    rng_seed(&r, 13);
+    for (int i = 0; i < MT; i++) tokens[i] = (int)rng_below(&r, g.V);
+    static float full[MT * 101], step[MT * 101];
+    for (int rep = 0; rep < 2; rep++) {   // the second pass checks that pos 0 resets the cache
+        gpt_forward(m, tokens, NULL, 1, MT);
+        gpt_logits_f32(m, full);
+        for (int t = 0; t < MT; t++) gpt_decode_step(m, tokens[t], t, step + (size_t)t * g.V);
+        // The same sums in a different order (one row through sgemm instead of 37, attention over
+        // a cache): fp32 rounding only, as for the ops.
+        EXPECT(rel_err_f32(step, full, MT * g.V) < OP_TOL, "decode (pos %d, window %d) rel err %g", pos,
+               window, rel_err_f32(step, full, MT * g.V));
+        tokens[0] = (tokens[0] + 1) % g.V;
+    }
+    free(params);
+    gpt_free(m);
+    be->destroy(be);
+}
+
+// Parameter layout: names, order, shapes, decay flags and the initialisation statistics.
+static void test_layout_and_init(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    Backend *be = backend_cpu_create();
+    Config run;
+    config_defaults(&run);
+    run.optim.decay_embeddings = 1;
+    GPT *m = gpt_create(&g, be, 1, 8, &run);
+    EXPECT(gpt_num_tensors(m) == 2 + 12 * g.L + 2, "tensor count %d", gpt_num_tensors(m));
+    const ParamTensor *t = gpt_tensor(m, 0);
+    EXPECT(strcmp(t->name, "wte") == 0 && t->shape[0] == 128 && t->shape[1] == 64 && t->decay == 1,
+           "wte %s (%d, %d)", t->name, t->shape[0], t->shape[1]);
+    t = gpt_tensor(m, 1);
+    EXPECT(strcmp(t->name, "wpe") == 0 && t->shape[0] == 40 && t->decay == 1, "wpe %s", t->name);
+    t = gpt_tensor(m, 2 + 12 + 2);
+    EXPECT(strcmp(t->name, "h.1.attn.qkv.weight") == 0 && t->shape[0] == (4 + 2 * 2) * 16 &&
+               t->shape[1] == 64 && t->decay == 1,
+           "%s (%d, %d)", t->name, t->shape[0], t->shape[1]);
+    t = gpt_tensor(m, 2 + 12 + 3);
+    EXPECT(strcmp(t->name, "h.1.attn.qkv.bias") == 0 && t->ndim == 1 && t->decay == 0, "%s", t->name);
+    t = gpt_tensor(m, 2 + 12 + 10);
+    EXPECT(strcmp(t->name, "h.1.mlp.proj.weight") == 0 && t->shape[0] == 64 && t->shape[1] == 256,
+           "%s", t->name);
+    t = gpt_tensor(m, gpt_num_tensors(m) - 1);
+    EXPECT(strcmp(t->name, "lnf.bias") == 0 && t->offset + t->numel == gpt_num_params(m), "%s", t->name);
+    size_t off = 0;
+    for (int i = 0; i < gpt_num_tensors(m); i++) {
+        EXPECT(gpt_tensor(m, i)->offset == off, "tensor %d not contiguous", i);
+        off += gpt_tensor(m, i)->numel;
+    }
+
+    size_t n = gpt_num_params(m);
+    float *a = xmalloc(n * sizeof(float)), *b = xmalloc(n * sizeof(float));
+    gpt_init_weights_host(m, a, 42);
+    gpt_init_weights_host(m, b, 42);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "init must be deterministic in the seed");
+    // Standard deviations: sample std of n draws is within ~3/sqrt(2n) relative (3 sigma).
+    const ParamTensor *fc = gpt_tensor(m, 2 + 8), *pr = gpt_tensor(m, 2 + 10), *ln = gpt_tensor(m, 2);
+    double s1 = 0, s2 = 0;
+    for (size_t i = 0; i < fc->numel; i++) s1 += (double)a[fc->offset + i] * a[fc->offset + i];
+    for (size_t i = 0; i < pr->numel; i++) s2 += (double)a[pr->offset + i] * a[pr->offset + i];
+    double std1 = sqrt(s1 / fc->numel), std2 = sqrt(s2 / pr->numel);
+    EXPECT(fabs(std1 / 0.02 - 1) < 3 / sqrt(2.0 * fc->numel), "fc weight std %g", std1);
+    EXPECT(fabs(std2 / (0.02 / sqrt(2.0 * g.L)) - 1) < 3 / sqrt(2.0 * pr->numel), "proj weight std %g", std2);
+    EXPECT(a[ln->offset] == 1.0f && a[ln->offset + 1 + 63] == 0.0f, "LayerNorm init 1 / 0");
+    int zero = 1;
+    for (size_t i = (size_t)g.V * g.C; i < (size_t)g.Vp * g.C; i++) zero &= a[i] == 0.0f;
+    EXPECT(zero, "padded wte rows must start at 0");
+    gpt_set_params_f32(m, a);
+    gpt_get_params_f32(m, b);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "set/get params round trip");
+    free(a);
+    free(b);
+    gpt_free(m);
+
+    GPTConfig ga = small_config(POS_ALIBI);
+    m = gpt_create(&ga, be, 1, 8, NULL);
+    EXPECT(gpt_num_tensors(m) == 1 + 12 * g.L + 2 && strcmp(gpt_tensor(m, 1)->name, "h.0.ln1.weight") == 0,
+           "alibi has no wpe");
+    gpt_free(m);
+    be->destroy(be);
+}
+
+// Attention dropout: on in training forwards with targets, reproducible, and off in eval mode.
+static void test_dropout(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    Config run;
+    config_defaults(&run);
+    Backend *be = backend_cpu_create();
+    GPT *plain = gpt_create(&g, be, MB, MT, NULL);
+    run.attention.dropout = 0.3f;
+    GPT *m = gpt_create(&g, be, MB, MT, &run);
+    float *params = test_params(m, 21);
+    gpt_set_params_f32(m, params);
+    gpt_set_params_f32(plain, params);
+    int tokens[MB * MT], targets[MB * MT];
+    Rng r;
+    rng_seed(&r, 22);
+    random_batch(&r, tokens, targets, MB * MT, g.V);
+    float l_plain = gpt_forward(plain, tokens, targets, MB, MT);
+    float l_drop1 = gpt_forward(m, tokens, targets, MB, MT);
+    float l_drop2 = gpt_forward(m, tokens, targets, MB, MT);
+    gpt_set_training(m, 0);
+    float l_eval = gpt_forward(m, tokens, targets, MB, MT);
+    EXPECT(l_drop1 != l_plain && l_drop2 != l_drop1, "dropout must change the loss per call: %g %g %g",
+           l_plain, l_drop1, l_drop2);
+    EXPECT(l_eval == l_plain, "eval mode must not drop: %g vs %g", l_eval, l_plain);
+    free(params);
+    gpt_free(m);
+    gpt_free(plain);
+    be->destroy(be);
+}
+
+int main(void) {
+    Backend *be = backend_cpu_create();
+    Rng r;
+    rng_seed(&r, 1);
+    TEST_CASE("dtype names and sizes", {
+        EXPECT(dtype_size(DTYPE_F32) == 4 && dtype_size(DTYPE_BF16) == 2 && dtype_size(DTYPE_F16) == 2,
+               "sizes");
+        EXPECT(strcmp(dtype_name(DTYPE_BF16), "bf16") == 0, "name %s", dtype_name(DTYPE_BF16));
+    });
+    TEST_CASE("cpu embed forward/backward", test_embed(be, &r));
+    TEST_CASE("cpu layernorm forward/backward", test_layernorm(be, &r));
+    TEST_CASE("cpu matmul (no epilogue, no bias)", test_matmul(be, &r, EPI_NONE, 0));
+    TEST_CASE("cpu matmul (bias)", test_matmul(be, &r, EPI_NONE, 1));
+    TEST_CASE("cpu matmul (bias + gelu)", test_matmul(be, &r, EPI_GELU, 1));
+    TEST_CASE("cpu add", test_add(be, &r));
+    TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r));
+    TEST_CASE("cpu attention on fused qkv (GQA)", test_attention(be, &r));
+    be->destroy(be);
+    TEST_CASE("gpt parameter layout and init", test_layout_and_init());
+    TEST_CASE("gpt loss, ignored targets, smaller batch", test_loss_and_small_batch());
+    TEST_CASE("gpt gradients vs finite differences (learned)", test_gradients(POS_LEARNED, -1));
+    TEST_CASE("gpt gradients vs finite differences (alibi, window 8)", test_gradients(POS_ALIBI, 8));
+    TEST_CASE("gpt padded vocabulary never wins", test_padded_vocab());
+    TEST_CASE("gpt gradient accumulation and grad_scale", test_accumulation());
+    TEST_CASE("gpt decode == forward (learned)", test_decode(POS_LEARNED, -1));
+    TEST_CASE("gpt decode == forward (learned, window 8)", test_decode(POS_LEARNED, 8));
+    TEST_CASE("gpt decode == forward (alibi)", test_decode(POS_ALIBI, -1));
+    TEST_CASE("gpt attention dropout", test_dropout());
+    return TEST_SUMMARY();
+}
