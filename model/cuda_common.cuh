@@ -1,0 +1,135 @@
+// cuda_common: what the CUDA backend's source files (model/ops_cuda*.cu) share: the error-check
+// macros, the backend context, element-type traits with the run-time dtype switch, and the
+// launchers each file exports to the op table in ops_cuda.cu. Not a public interface: the model
+// reaches these ops only through the Backend table of backend_cuda_create.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "common/check.h"
+#include "model/backend.h"
+}
+
+// Fails with the statement text, CUDA's error string, function and file:line (a runtime failure,
+// not bad input).
+#define CUDA_CHECK(stmt)                                                                      \
+    do {                                                                                      \
+        cudaError_t cuda_err_ = (stmt);                                                       \
+        if (cuda_err_ != cudaSuccess)                                                         \
+            fatal(EXIT_RUNTIME, "CUDA error: %s failed: %s (%s, %s:%d)", #stmt,               \
+                  cudaGetErrorString(cuda_err_), __func__, __FILE__, __LINE__);               \
+    } while (0)
+
+#define CUBLAS_CHECK(stmt)                                                                    \
+    do {                                                                                      \
+        cublasStatus_t cublas_st_ = (stmt);                                                   \
+        if (cublas_st_ != CUBLAS_STATUS_SUCCESS)                                              \
+            fatal(EXIT_RUNTIME, "cuBLASLt error: %s failed: %s (%s, %s:%d)", #stmt,           \
+                  cublasLtGetStatusString(cublas_st_), __func__, __FILE__, __LINE__);         \
+    } while (0)
+
+// After a kernel launch: reports bad launch configurations at the launch site.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+// The backend's private state (Backend.ctx): no globals, everything a call needs is here.
+typedef struct {
+    int device;
+    cudaDeviceProp prop;
+    cudaStream_t stream;          // every op is asynchronous on this one stream, in program order
+    cublasLtHandle_t lt;
+    void *lt_ws;                  // cuBLASLt workspace (lt_ws_bytes)
+    size_t lt_ws_bytes;
+    void *attn_ws;                // attention scratch, grown on demand (attn_ws_bytes)
+    size_t attn_ws_bytes;
+    void *scratch;                // op scratch (reduction partials, sort buffers, conversion
+    size_t scratch_bytes;         // staging); contents never outlive one op
+} CudaCtx;
+
+static inline CudaCtx *cuda_ctx(Backend *be) { return (CudaCtx *)be->ctx; }
+
+// Op scratch of at least `bytes`, valid until the next call. Growing frees the old buffer;
+// cudaFree waits for the device, so kernels still reading it have finished.
+void *cuda_scratch(CudaCtx *ctx, size_t bytes);
+
+static inline int cdiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// Offset of the next 256-byte aligned slot after `bytes` (scratch carving).
+static inline size_t align256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
+// ---- element types: one template per kernel, instantiated for the three compute dtypes ----
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+// Round-to-nearest-even conversion from fp32 (the single rounding of every op's result).
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// The one place where the run-time dtype becomes a template parameter:
+//   dispatch_dtype(be->dtype, [&](auto tag) { using T = decltype(tag); launch<T>(...); });
+template <typename F> void dispatch_dtype(DType dtype, F &&f) {
+    switch (dtype) {
+    case DTYPE_F32: f(float{}); return;
+    case DTYPE_BF16: f(__nv_bfloat16{}); return;
+    case DTYPE_F16: f(__half{}); return;
+    }
+    fatal(EXIT_RUNTIME, "cuda backend: unknown dtype %d", (int)dtype);
+}
+
+// GELU, tanh approximation as GPT-2 and the CPU backend (model/ops_cpu_matmul.c).
+#define GELU_K 0.7978845608028654f  // sqrt(2 / pi)
+#define GELU_A 0.044715f
+
+__device__ __forceinline__ float gelu_f32(float x) {
+    return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x)));
+}
+
+__device__ __forceinline__ float gelu_grad_f32(float x) {
+    float t = tanhf(GELU_K * (x + GELU_A * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+}
+
+// ---- launchers shared between the backend's files ----
+
+// ops_cuda_layers.cu: deterministic column sums. Adds the column sums of the (N, C) fp32
+// partial table `partial` (n_chunks, C), in chunk order, into out (C) of the compute dtype.
+void cuda_colsum_finish(Backend *be, void *out, const float *partial, int n_chunks, int C);
+// Rows per chunk of the column-sum partial tables: each (chunk, 32-column) tile is one block.
+#define COLSUM_ROWS 128
+void cuda_embed_forward(Backend *be, void *out, const int *tokens, const int *pos, const void *wte,
+                        const void *wpe, int B, int T, int C);
+void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
+                            const void *w, const void *b, int N, int C);
+void cuda_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const void *dout,
+                             const void *inp, const void *w, const float *mean, const float *rstd,
+                             int N, int C);
+void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n);
+void cuda_gelu_forward(Backend *be, void *out, const void *pre, size_t n);
+// dout (N, OC) *= gelu'(pre) in place when pre != NULL; dbias (OC) += column sums of the result
+// when dbias != NULL.
+void cuda_bias_gelu_backward(Backend *be, void *dbias, void *dout, const void *pre, int N, int OC);
+void cuda_convert_f32_to(Backend *be, void *dst, const float *src, size_t n);    // f32 -> dtype
+void cuda_convert_to_f32(Backend *be, float *dst, const void *src, size_t n);    // dtype -> f32
+
+// ops_cuda_embed.cu
+void cuda_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
+                         const int *pos, int B, int T, int C);
+
+// ops_cuda_xent.cu
+void cuda_softmax_xent(Backend *be, void *logits, float *losses, const int *targets, int N, int V,
+                       int Vp, float dscale);
+
+// ops_cuda_matmul.cu
+void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
+                         const void *bias, int N, int C, int OC, Epilogue epi);
+void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                          const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                          Epilogue epi);

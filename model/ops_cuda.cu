@@ -1,0 +1,204 @@
+// ops_cuda: the CUDA backend (bf16 / fp16 / fp32 chosen at run time). This file holds its
+// context (stream, cuBLASLt handle, workspaces, device properties), the memory functions, the
+// attention dispatch and the op table; the ops live in ops_cuda_layers.cu (embedding forward,
+// LayerNorm, add, GELU, conversions, deterministic column sums), ops_cuda_embed.cu (embedding
+// backward), ops_cuda_xent.cu (fused softmax cross-entropy) and ops_cuda_matmul.cu (cuBLASLt).
+//
+// Every op is asynchronous on the context's one stream; download, download_f32 and synchronize
+// wait for it. The stream is a blocking stream, so work queued on the legacy default stream
+// (stream NULL, e.g. the CUDA AdamW of optim/optim_cuda.h) is ordered with it.
+#include "model/cuda_common.cuh"
+
+// cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (cuBLAS docs, "cublasSetWorkspace").
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20)
+// Host<->device conversions go through an fp32 staging buffer in pieces of this many elements
+// (64 MiB), so loading a large model never needs a second full-size fp32 copy on the GPU.
+#define STAGE_ELEMS ((size_t)1 << 24)
+
+void *cuda_scratch(CudaCtx *ctx, size_t bytes) {
+    if (bytes <= ctx->scratch_bytes) return ctx->scratch;
+    CUDA_CHECK(cudaFree(ctx->scratch));
+    ctx->scratch = NULL;
+    CUDA_CHECK(cudaMalloc(&ctx->scratch, bytes));
+    ctx->scratch_bytes = bytes;
+    return ctx->scratch;
+}
+
+// ---- memory ----
+
+static void *cu_alloc(Backend *be, size_t bytes) {
+    CudaCtx *ctx = cuda_ctx(be);
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;
+    cudaError_t err = cudaMalloc(&p, n);
+    if (err == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();  // clear the allocation error so later checks do not report it
+        cudaMemGetInfo(&free_b, &total_b);
+        fatal(EXIT_USAGE, "cuda backend: out of GPU memory allocating %.1f MiB (%.1f MiB free of "
+                          "%.1f MiB on device %d): lower train.batch_size (or train.seq_len), or "
+                          "set train.recompute to save activation memory",
+              bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0, ctx->device);
+    }
+    CUDA_CHECK(err);
+    CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx->stream));
+    return p;
+}
+
+static void cu_release(Backend *be, void *p) { CUDA_CHECK(cudaFree(p)); }
+
+static void cu_fill_zero(Backend *be, void *p, size_t bytes) {
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_ctx(be)->stream));
+}
+
+static void cu_copy(Backend *be, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx(be)->stream));
+}
+
+static void cu_synchronize(Backend *be) { CUDA_CHECK(cudaStreamSynchronize(cuda_ctx(be)->stream)); }
+
+// The caller may reuse `host` as soon as this returns, so the copy is waited for.
+static void cu_upload(Backend *be, void *dst, const void *host, size_t bytes) {
+    CudaCtx *ctx = cuda_ctx(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+}
+
+static void cu_download(Backend *be, void *host, const void *src, size_t bytes) {
+    CudaCtx *ctx = cuda_ctx(be);
+    CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+}
+
+static void cu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
+    if (be->dtype == DTYPE_F32) {
+        cu_upload(be, dst, host, n * sizeof(float));
+        return;
+    }
+    CudaCtx *ctx = cuda_ctx(be);
+    const size_t ds = dtype_size(be->dtype);
+    for (size_t i0 = 0; i0 < n; i0 += STAGE_ELEMS) {
+        const size_t m = n - i0 < STAGE_ELEMS ? n - i0 : STAGE_ELEMS;
+        float *stage = (float *)cuda_scratch(ctx, m * sizeof(float));  // (m)
+        cu_upload(be, stage, host + i0, m * sizeof(float));
+        cuda_convert_f32_to(be, (char *)dst + i0 * ds, stage, m);
+    }
+}
+
+static void cu_download_f32(Backend *be, float *host, const void *src, size_t n) {
+    if (be->dtype == DTYPE_F32) {
+        cu_download(be, host, src, n * sizeof(float));
+        return;
+    }
+    CudaCtx *ctx = cuda_ctx(be);
+    const size_t ds = dtype_size(be->dtype);
+    for (size_t i0 = 0; i0 < n; i0 += STAGE_ELEMS) {
+        const size_t m = n - i0 < STAGE_ELEMS ? n - i0 : STAGE_ELEMS;
+        float *stage = (float *)cuda_scratch(ctx, m * sizeof(float));  // (m)
+        cuda_convert_to_f32(be, stage, (const char *)src + i0 * ds, m);
+        cu_download(be, host + i0, stage, m * sizeof(float));
+    }
+}
+
+// ---- attention ----
+
+// Fills the execution fields the model leaves to the backend and validates the problem once.
+static void cu_attention_prepare(Backend *be, AttnParams *p, int backward) {
+    CudaCtx *ctx = cuda_ctx(be);
+    p->dtype = (AttnDtype)be->dtype;  // DType and AttnDtype share their values
+    p->stream = (void *)ctx->stream;
+    size_t need = attn_workspace_bytes(p, ATTN_CUDA);
+    if (need > ctx->attn_ws_bytes) {
+        CUDA_CHECK(cudaFree(ctx->attn_ws));  // waits for the kernels still using it
+        ctx->attn_ws = NULL;
+        ctx->attn_ws = cu_alloc(be, need);
+        ctx->attn_ws_bytes = need;
+    }
+    p->workspace = ctx->attn_ws;
+    p->workspace_bytes = ctx->attn_ws_bytes;
+    char err[256];
+    if (attn_check(p, ATTN_CUDA, backward, err, sizeof err) != 0)
+        fatal(EXIT_USAGE, "attention: %s", err);
+}
+
+static void cu_attention_forward(Backend *be, AttnParams *p) {
+    cu_attention_prepare(be, p, 0);
+    attn_forward_cuda(p);
+}
+
+static void cu_attention_backward(Backend *be, AttnParams *p) {
+    cu_attention_prepare(be, p, 1);
+    attn_backward_cuda(p);
+}
+
+// ---- lifetime ----
+
+static void cu_destroy(Backend *be) {
+    CudaCtx *ctx = cuda_ctx(be);
+    CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    CUDA_CHECK(cudaFree(ctx->attn_ws));
+    CUDA_CHECK(cudaFree(ctx->scratch));
+    CUDA_CHECK(cudaFree(ctx->lt_ws));
+    CUBLAS_CHECK(cublasLtDestroy(ctx->lt));
+    CUDA_CHECK(cudaStreamDestroy(ctx->stream));
+    free(ctx);
+    free(be);
+}
+
+// Bad input (no GPU, a device index that does not exist, a GPU without bf16 support) exits with
+// EXIT_USAGE and says what to do, before any memory is taken.
+static void cu_select_device(CudaCtx *ctx, DType dtype, int device) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0)
+        fatal(EXIT_USAGE, "cuda backend: no CUDA GPU found (%s): use --device cpu",
+              err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+    if (device < 0 || device >= count)
+        fatal(EXIT_USAGE, "cuda backend: device %d does not exist (%d GPU%s found)", device, count,
+              count == 1 ? "" : "s");
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaGetDeviceProperties(&ctx->prop, device));
+    ctx->device = device;
+    // The kernels use bf16 conversions and cuBLASLt bf16 matmuls: Ampere (sm_80) or newer.
+    if (ctx->prop.major < 8)
+        fatal(EXIT_USAGE, "cuda backend: %s is compute capability %d.%d; flashgpt needs 8.0 "
+                          "(Ampere) or newer: use --device cpu",
+              ctx->prop.name, ctx->prop.major, ctx->prop.minor);
+    if (dtype != DTYPE_F32 && dtype != DTYPE_BF16 && dtype != DTYPE_F16)
+        fatal(EXIT_USAGE, "cuda backend: unknown dtype %d", (int)dtype);
+}
+
+Backend *backend_cuda_create(DType dtype, int device) {
+    CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
+    cu_select_device(ctx, dtype, device);
+    CUDA_CHECK(cudaStreamCreate(&ctx->stream));
+    CUBLAS_CHECK(cublasLtCreate(&ctx->lt));
+    ctx->lt_ws_bytes = LT_WORKSPACE_BYTES;
+    CUDA_CHECK(cudaMalloc(&ctx->lt_ws, ctx->lt_ws_bytes));
+
+    Backend *be = (Backend *)xcalloc(1, sizeof *be);
+    be->name = "cuda";
+    be->dtype = dtype;
+    be->ctx = ctx;
+    be->destroy = cu_destroy;
+    be->alloc = cu_alloc;
+    be->release = cu_release;
+    be->fill_zero = cu_fill_zero;
+    be->copy = cu_copy;
+    be->upload = cu_upload;
+    be->download = cu_download;
+    be->upload_f32 = cu_upload_f32;
+    be->download_f32 = cu_download_f32;
+    be->synchronize = cu_synchronize;
+    be->embed_forward = cuda_embed_forward;
+    be->embed_backward = cuda_embed_backward;
+    be->layernorm_forward = cuda_layernorm_forward;
+    be->layernorm_backward = cuda_layernorm_backward;
+    be->matmul_forward = cuda_matmul_forward;
+    be->matmul_backward = cuda_matmul_backward;
+    be->add = cuda_add;
+    be->attention_forward = cu_attention_forward;
+    be->attention_backward = cu_attention_backward;
+    be->softmax_xent = cuda_softmax_xent;
+    return be;
+}

@@ -1,0 +1,71 @@
+// ops_cuda_embed: the embedding backward, deterministic. Rows of dout are scattered into the
+// token table (and the position table) without atomics: the row indices are sorted by table
+// row with CUB's stable radix sort, then one block per distinct table row adds that row's
+// contributions in ascending token order in fp32 and rounds once into the gradient. The result is
+// bitwise the same on every run. A table row that many tokens share (a frequent token) is summed
+// by one block serially; that is the price of the fixed order.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "model/cuda_common.cuh"
+
+#define EMB_THREADS 256
+
+// keys[i] = table row of token i (its position i % T when ids is NULL); vals[i] = i.
+__global__ void embed_keys_kernel(int *keys, int *vals, const int *ids, int N, int T) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    keys[i] = ids ? ids[i] : i % T;
+    vals[i] = i;
+}
+
+// keys (N) sorted, rows (N) the token index of each sorted key, ascending within equal keys.
+// Block x = i handles the run of equal keys starting at i (other blocks exit at once); block y
+// picks the channel tile.
+template <typename T>
+__global__ void embed_scatter_kernel(T *table, const T *dout, const int *keys, const int *rows,
+                                     int N, int C) {
+    const int i = blockIdx.x, key = keys[i];
+    if (i > 0 && keys[i - 1] == key) return;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int j = i; j < N && keys[j] == key; j++) acc += to_f32(dout[(size_t)rows[j] * C + c]);
+    T *t = table + (size_t)key * C + c;
+    *t = from_f32<T>(to_f32(*t) + acc);
+}
+
+// table (rows, C) += scatter of dout (N, C) by ids (N), or by position i % T when ids is NULL.
+static void embed_scatter(Backend *be, void *table, const void *dout, const int *ids, int N, int T,
+                          int C) {
+    CudaCtx *ctx = cuda_ctx(be);
+    // Keys are table rows, non-negative ints: the sign bit never needs sorting.
+    const int end_bit = (int)sizeof(int) * 8 - 1;
+    const size_t ib = align256((size_t)N * sizeof(int));
+    size_t sort_bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const int *)NULL, (int *)NULL,
+                                               (const int *)NULL, (int *)NULL, N, 0, end_bit,
+                                               ctx->stream));
+    char *s = (char *)cuda_scratch(ctx, 4 * ib + sort_bytes);
+    int *keys_in = (int *)s, *keys = (int *)(s + ib);              // (N)
+    int *rows_in = (int *)(s + 2 * ib), *rows = (int *)(s + 3 * ib);  // (N)
+    void *sort_tmp = s + 4 * ib;
+
+    embed_keys_kernel<<<cdiv(N, EMB_THREADS), EMB_THREADS, 0, ctx->stream>>>(keys_in, rows_in, ids,
+                                                                             N, T);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, keys_in, keys, rows_in, rows,
+                                               N, 0, end_bit, ctx->stream));
+    dispatch_dtype(be->dtype, [&](auto tag) {
+        using E = decltype(tag);
+        embed_scatter_kernel<E><<<dim3(N, cdiv(C, EMB_THREADS)), EMB_THREADS, 0, ctx->stream>>>(
+            (E *)table, (const E *)dout, keys, rows, N, C);
+    });
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
+                         const int *pos, int B, int T, int C) {
+    const int N = B * T;
+    embed_scatter(be, dwte, dout, tokens, N, T, C);
+    if (dwpe) embed_scatter(be, dwpe, dout, pos, N, T, C);
+}

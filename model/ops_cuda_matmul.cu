@@ -1,0 +1,193 @@
+// ops_cuda_matmul: the linear layer out = epi(inp @ w^T + bias) and its backward through
+// cuBLASLt, in the compute dtype with fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32, so fp32
+// mode matches the CPU backend closely).
+//
+// Row-major (R, K) matrices are column-major (K, R) ones to cuBLAS, so with D^T = B^T A^T:
+//   forward  out (N, OC)  = col-major D (OC, N) = w^T(op T of (C, OC)) . inp (C, N)
+//   dinp     (N, C)       = col-major D (C, N)  = w (C, OC) . dout (OC, N)
+//   dw       (OC, C)     += col-major D (C, OC) = inp (C, N) . dout^T (op T of (OC, N)), beta 1
+// The forward fuses bias and GELU in the epilogue (GELU_AUX_BIAS writes the pre-activation to
+// `pre` for backward). The backward's GELU derivative and bias gradient are one deterministic
+// kernel of ops_cuda_layers.cu (cuda_bias_gelu_backward): the interface applies the GELU backward
+// to this layer's dout, and the bias gradient accumulates (+=) where BGRADB would overwrite.
+#include <string.h>
+
+#include "model/cuda_common.cuh"
+
+typedef struct {
+    void *d;                      // col-major (m, n), ldd = m; also C when beta != 0
+    const void *a, *b;            // op(A) (m, k), op(B) (k, n)
+    cublasOperation_t op_a, op_b;
+    int m, n, k, lda, ldb;
+    float beta;
+    cublasLtEpilogue_t epi;
+    const void *bias;             // (m) or NULL
+    void *aux;                    // (m, n) pre-activation for the GELU_AUX epilogues, ld = m
+} LtGemm;
+
+static cudaDataType_t lt_type(DType t) {
+    switch (t) {
+    case DTYPE_F32: return CUDA_R_32F;
+    case DTYPE_BF16: return CUDA_R_16BF;
+    case DTYPE_F16: return CUDA_R_16F;
+    }
+    return CUDA_R_32F;
+}
+
+// Largest power of two (up to 256) dividing the address: cuBLASLt's heuristic otherwise
+// assumes 256-byte aligned pointers, and tensors inside the flat parameter vector are not.
+static uint32_t ptr_alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a % al) != 0) al >>= 1;
+    return al;
+}
+
+// Runs one gemm; returns 0, or -1 when cuBLASLt offers no algorithm for this epilogue and
+// layout (the caller then uses an unfused path).
+static int lt_gemm(Backend *be, const LtGemm *g) {
+    CudaCtx *ctx = cuda_ctx(be);
+    const cudaDataType_t t = lt_type(be->dtype);
+    cublasLtMatmulDesc_t op;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &g->op_a,
+                                                sizeof g->op_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &g->op_b,
+                                                sizeof g->op_b));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi,
+                                                sizeof g->epi));
+    if (g->bias) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                                    sizeof g->bias));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t,
+                                                    sizeof t));
+    }
+    if (g->aux) {
+        const int64_t ld = g->m;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                    &g->aux, sizeof g->aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                                    sizeof ld));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &t, sizeof t));
+    }
+    const int a_rows = g->op_a == CUBLAS_OP_N ? g->m : g->k, a_cols = g->op_a == CUBLAS_OP_N ? g->k : g->m;
+    const int b_rows = g->op_b == CUBLAS_OP_N ? g->k : g->n, b_cols = g->op_b == CUBLAS_OP_N ? g->n : g->k;
+    cublasLtMatrixLayout_t la, lb, ld;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, t, a_rows, a_cols, g->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, b_rows, b_cols, g->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, t, g->m, g->n, g->m));
+
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &ctx->lt_ws_bytes, sizeof ctx->lt_ws_bytes));
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        const void *ptr;
+    } aligns[] = {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g->a},
+                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g->b},
+                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g->d},
+                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g->d}};
+    for (size_t i = 0; i < sizeof aligns / sizeof aligns[0]; i++) {
+        const uint32_t al = ptr_alignment(aligns[i].ptr);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i].attr, &al, sizeof al));
+    }
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &heur, &found);
+    int rc = -1;
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+        const float alpha = 1.0f;
+        CUBLAS_CHECK(cublasLtMatmul(ctx->lt, op, &alpha, g->a, la, g->b, lb, &g->beta, g->d, ld, g->d,
+                                    ld, &heur.algo, ctx->lt_ws, ctx->lt_ws_bytes, ctx->stream));
+        rc = 0;
+    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+        CUBLAS_CHECK(st);
+    }
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    return rc;
+}
+
+// A gemm that must run: no algorithm at all is a bug or an unsupported GPU, reported with shapes.
+static void lt_gemm_or_die(Backend *be, const LtGemm *g) {
+    if (lt_gemm(be, g) != 0)
+        fatal(EXIT_RUNTIME, "cuBLASLt found no algorithm for a %s gemm m=%d n=%d k=%d (epilogue %d)",
+              dtype_name(be->dtype), g->m, g->n, g->k, (int)g->epi);
+}
+
+void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
+                         const void *bias, int N, int C, int OC, Epilogue epi) {
+    LtGemm g;
+    memset(&g, 0, sizeof g);
+    g.a = w;                 // (OC, C) row-major = col-major (C, OC), used transposed
+    g.b = inp;               // (N, C) row-major = col-major (C, N)
+    g.op_a = CUBLAS_OP_T;
+    g.op_b = CUBLAS_OP_N;
+    g.m = OC;
+    g.n = N;
+    g.k = C;
+    g.lda = C;
+    g.ldb = C;
+    g.bias = bias;
+    if (epi == EPI_GELU) {
+        // Fused: out = GELU(acc + bias), pre = acc + bias.
+        g.d = out;
+        g.aux = pre;
+        g.epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        if (lt_gemm(be, &g) == 0) return;
+        // No fused algorithm (e.g. OC not a multiple of 8, which the aux layout needs): write
+        // pre with the bias epilogue, then GELU element-wise.
+        g.aux = NULL;
+        g.d = pre;
+        g.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        lt_gemm_or_die(be, &g);
+        cuda_gelu_forward(be, out, pre, (size_t)N * OC);
+        return;
+    }
+    g.d = out;
+    g.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    lt_gemm_or_die(be, &g);
+}
+
+void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                          const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                          Epilogue epi) {
+    // dout (N, OC) becomes d(pre) in place with EPI_GELU; dbias (OC) += its column sums.
+    const void *gelu_pre = epi == EPI_GELU ? pre : NULL;
+    if (gelu_pre || dbias) cuda_bias_gelu_backward(be, dbias, dout, gelu_pre, N, OC);
+    LtGemm g;
+    memset(&g, 0, sizeof g);
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (dinp) {
+        g.d = dinp;          // (N, C) = col-major (C, N)
+        g.a = w;             // (OC, C) row-major = col-major (C, OC)
+        g.b = dout;          // (N, OC) row-major = col-major (OC, N)
+        g.op_a = CUBLAS_OP_N;
+        g.op_b = CUBLAS_OP_N;
+        g.m = C;
+        g.n = N;
+        g.k = OC;
+        g.lda = C;
+        g.ldb = OC;
+        g.beta = 0.0f;
+        lt_gemm_or_die(be, &g);
+    }
+    g.d = dw;                // (OC, C) = col-major (C, OC), accumulated
+    g.a = inp;               // (N, C) row-major = col-major (C, N)
+    g.b = dout;              // col-major (OC, N), used transposed
+    g.op_a = CUBLAS_OP_N;
+    g.op_b = CUBLAS_OP_T;
+    g.m = C;
+    g.n = OC;
+    g.k = N;
+    g.lda = C;
+    g.ldb = OC;
+    g.beta = 1.0f;
+    lt_gemm_or_die(be, &g);
+}

@@ -1,0 +1,218 @@
+// adamw_cuda: fused multi-tensor AdamW and the global gradient sum of squares on the GPU
+// (interface and contract in optim/optim_cuda.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "common/check.h"
+#include "optim/optim_cuda.h"
+}
+
+#define OPT_CUDA_CHECK(stmt)                                                                  \
+    do {                                                                                      \
+        cudaError_t opt_err_ = (stmt);                                                        \
+        if (opt_err_ != cudaSuccess)                                                          \
+            fatal(EXIT_RUNTIME, "CUDA error: %s failed: %s (%s, %s:%d)", #stmt,               \
+                  cudaGetErrorString(opt_err_), __func__, __FILE__, __LINE__);                \
+    } while (0)
+
+// One block updates one chunk of at most ADAMW_CHUNK elements of one span: 64 elements per
+// thread, and ~7.6K blocks for GPT-2 124M, enough to fill any GPU.
+#define ADAMW_CHUNK (1 << 14)
+#define ADAMW_THREADS 256
+// Elements per sum-of-squares partial: the same blocking as sumsq_cpu (optim/grad_norm.c).
+#define SUMSQ_BLOCK (1 << 16)
+#define SUMSQ_THREADS 256
+
+typedef struct {
+    size_t offset;   // first element in the flat vector
+    uint32_t n;      // elements, <= ADAMW_CHUNK
+    uint32_t decay;  // weight decay applies
+} AdamWChunk;
+
+// Per-step scalars, computed on the host exactly as adamw_step_cpu computes them.
+typedef struct {
+    float grad_mult, decay_mul;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+    float step_size, bc2_sqrt;
+} AdamWScalars;
+
+static cudaStream_t opt_stream(const AdamWCuda *opt) { return (cudaStream_t)opt->stream; }
+
+// Every operation explicitly rounded (__f*_rn): nvcc would otherwise contract a * b + c into a
+// fused multiply-add, and the results would no longer match adamw_step_cpu bit for bit.
+template <typename T>
+__global__ void adamw_kernel(T *params, float *master, float *m, float *v, const T *grads,
+                             const AdamWChunk *chunks, AdamWScalars s) {
+    const AdamWChunk c = chunks[blockIdx.x];
+    const float decay = c.decay ? s.decay_mul : 1.0f;
+    for (uint32_t j = threadIdx.x; j < c.n; j += ADAMW_THREADS) {
+        const size_t i = c.offset + j;
+        const float gi = __fmul_rn(static_cast<float>(grads[i]), s.grad_mult);
+        const float pi = __fmul_rn(master[i], decay);
+        const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, gi));
+        const float vi =
+            __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, gi), gi));
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bc2_sqrt), s.eps);
+        const float p = __fsub_rn(pi, __fmul_rn(s.step_size, __fdiv_rn(mi, denom)));
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        params[i] = T(p);  // round to nearest even into the compute dtype
+    }
+}
+
+// partial[b] = sum of squares of block b (SUMSQ_BLOCK elements) in double, fixed tree order.
+template <typename T> __global__ void sumsq_kernel(double *partial, const T *g, size_t n) {
+    __shared__ double sh[SUMSQ_THREADS];
+    const size_t b0 = (size_t)blockIdx.x * SUMSQ_BLOCK;
+    const size_t end = b0 + SUMSQ_BLOCK < n ? b0 + SUMSQ_BLOCK : n;
+    double s = 0.0;
+    for (size_t i = b0 + threadIdx.x; i < end; i += SUMSQ_THREADS) {
+        const double x = static_cast<float>(g[i]);
+        s += x * x;
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = SUMSQ_THREADS / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+// partial[n_partial] = the partials added in order (one thread: a few thousand doubles). A
+// non-finite square is inf or NaN and survives the sum (squares are never negative).
+__global__ void sumsq_total_kernel(double *partial, size_t n_partial) {
+    double total = 0.0;
+    for (size_t b = 0; b < n_partial; b++) total += partial[b];
+    partial[n_partial] = total;
+}
+
+void adamw_cuda_init(AdamWCuda *opt, size_t n, const OptimSpan *spans, int n_spans,
+                     const Config *c, OptimDtype dtype, void *stream) {
+    memset(opt, 0, sizeof *opt);
+    opt->n = n;
+    opt->dtype = dtype;
+    opt->stream = stream;
+    opt->beta1 = c->optim.beta1;
+    opt->beta2 = c->optim.beta2;
+    opt->eps = c->optim.eps;
+    opt->weight_decay = c->optim.weight_decay;
+
+    size_t n_chunks = 0;
+    for (int i = 0; i < n_spans; i++) {
+        CHECK(spans[i].offset + spans[i].n <= n);
+        n_chunks += (spans[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+    }
+    CHECK(n_chunks < (1u << 31));
+    AdamWChunk *table = (AdamWChunk *)xcalloc(n_chunks ? n_chunks : 1, sizeof *table);  // (n_chunks)
+    size_t k = 0;
+    for (int i = 0; i < n_spans; i++)
+        for (size_t j = 0; j < spans[i].n; j += ADAMW_CHUNK) {
+            table[k].offset = spans[i].offset + j;
+            table[k].n = (uint32_t)(spans[i].n - j < ADAMW_CHUNK ? spans[i].n - j : ADAMW_CHUNK);
+            table[k].decay = spans[i].decay ? 1u : 0u;
+            k++;
+        }
+    opt->n_chunks = (int)n_chunks;
+    opt->n_partial = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+
+    const size_t nb = (n ? n : 1) * sizeof(float);
+    OPT_CUDA_CHECK(cudaMalloc(&opt->master, nb));
+    OPT_CUDA_CHECK(cudaMalloc(&opt->m, nb));
+    OPT_CUDA_CHECK(cudaMalloc(&opt->v, nb));
+    OPT_CUDA_CHECK(cudaMalloc(&opt->chunks, (n_chunks ? n_chunks : 1) * sizeof(AdamWChunk)));
+    OPT_CUDA_CHECK(cudaMalloc(&opt->partial, (opt->n_partial + 1) * sizeof(double)));
+    cudaStream_t st = opt_stream(opt);
+    OPT_CUDA_CHECK(cudaMemsetAsync(opt->master, 0, nb, st));
+    OPT_CUDA_CHECK(cudaMemsetAsync(opt->m, 0, nb, st));
+    OPT_CUDA_CHECK(cudaMemsetAsync(opt->v, 0, nb, st));
+    OPT_CUDA_CHECK(cudaMemcpyAsync(opt->chunks, table, n_chunks * sizeof(AdamWChunk),
+                                   cudaMemcpyHostToDevice, st));
+    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+    free(table);
+}
+
+void adamw_cuda_free(AdamWCuda *opt) {
+    OPT_CUDA_CHECK(cudaStreamSynchronize(opt_stream(opt)));
+    OPT_CUDA_CHECK(cudaFree(opt->master));
+    OPT_CUDA_CHECK(cudaFree(opt->m));
+    OPT_CUDA_CHECK(cudaFree(opt->v));
+    OPT_CUDA_CHECK(cudaFree(opt->chunks));
+    OPT_CUDA_CHECK(cudaFree(opt->partial));
+    memset(opt, 0, sizeof *opt);
+}
+
+void adamw_cuda_upload(AdamWCuda *opt, const float *master, const float *m, const float *v) {
+    cudaStream_t st = opt_stream(opt);
+    const size_t nb = opt->n * sizeof(float);
+    if (master) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->master, master, nb, cudaMemcpyHostToDevice, st));
+    if (m) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->m, m, nb, cudaMemcpyHostToDevice, st));
+    if (v) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->v, v, nb, cudaMemcpyHostToDevice, st));
+    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void adamw_cuda_download(const AdamWCuda *opt, float *master, float *m, float *v) {
+    cudaStream_t st = opt_stream(opt);
+    const size_t nb = opt->n * sizeof(float);
+    if (master) OPT_CUDA_CHECK(cudaMemcpyAsync(master, opt->master, nb, cudaMemcpyDeviceToHost, st));
+    if (m) OPT_CUDA_CHECK(cudaMemcpyAsync(m, opt->m, nb, cudaMemcpyDeviceToHost, st));
+    if (v) OPT_CUDA_CHECK(cudaMemcpyAsync(v, opt->v, nb, cudaMemcpyDeviceToHost, st));
+    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+// Runs f with a value of the element type of `dtype` (the run-time dtype switch of this file).
+template <typename F> static void dispatch_optim_dtype(OptimDtype dtype, F &&f) {
+    switch (dtype) {
+    case OPTIM_F32: f(float{}); return;
+    case OPTIM_BF16: f(__nv_bfloat16{}); return;
+    case OPTIM_F16: f(__half{}); return;
+    }
+    fatal(EXIT_RUNTIME, "adamw_cuda: unknown dtype %d", (int)dtype);
+}
+
+double adamw_cuda_grad_sumsq(AdamWCuda *opt, const void *grads) {
+    if (opt->n == 0) return 0.0;
+    cudaStream_t st = opt_stream(opt);
+    dispatch_optim_dtype(opt->dtype, [&](auto tag) {
+        using E = decltype(tag);
+        sumsq_kernel<E><<<(unsigned)opt->n_partial, SUMSQ_THREADS, 0, st>>>(
+            opt->partial, (const E *)grads, opt->n);
+    });
+    OPT_CUDA_CHECK(cudaGetLastError());
+    sumsq_total_kernel<<<1, 1, 0, st>>>(opt->partial, opt->n_partial);
+    OPT_CUDA_CHECK(cudaGetLastError());
+    double total = 0.0;
+    OPT_CUDA_CHECK(cudaMemcpyAsync(&total, opt->partial + opt->n_partial, sizeof total,
+                                   cudaMemcpyDeviceToHost, st));
+    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+    return total;
+}
+
+void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, float grad_mult) {
+    opt->t++;
+    AdamWScalars s;
+    s.grad_mult = grad_mult;
+    s.decay_mul = (float)(1.0 - (double)lr * opt->weight_decay);
+    s.beta1 = opt->beta1;
+    s.one_minus_beta1 = 1.0f - opt->beta1;
+    s.beta2 = opt->beta2;
+    s.one_minus_beta2 = 1.0f - opt->beta2;
+    s.eps = opt->eps;
+    // Bias corrections in double, as adamw_step_cpu (and torch, from Python floats).
+    s.step_size = (float)((double)lr / (1.0 - pow(opt->beta1, (double)opt->t)));
+    s.bc2_sqrt = (float)sqrt(1.0 - pow(opt->beta2, (double)opt->t));
+    if (opt->n_chunks == 0) return;
+    dispatch_optim_dtype(opt->dtype, [&](auto tag) {
+        using E = decltype(tag);
+        adamw_kernel<E><<<opt->n_chunks, ADAMW_THREADS, 0, opt_stream(opt)>>>(
+            (E *)params, opt->master, opt->m, opt->v, (const E *)grads,
+            (const AdamWChunk *)opt->chunks, s);
+    });
+    OPT_CUDA_CHECK(cudaGetLastError());
+}
