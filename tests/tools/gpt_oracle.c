@@ -1,0 +1,185 @@
+// gpt_oracle: the C half of the PyTorch oracle tests (tests/test_oracle.py). Builds a small
+// random GPT on the CPU backend, runs one forward + backward on a fixed batch and then
+// train.steps optimizer steps through the shared Trainer, and writes everything PyTorch needs
+// to redo the same computation into one safetensors file:
+//   param.<name>, grad.<name>   initial weights and the gradient of the first batch's mean loss
+//   tokens, targets (B, T) I32  the first batch (targets < 0 are ignored)
+//   logits (B, T, V), loss ()   the first batch's forward
+//   train.inputs, train.targets (steps * grad_accum, B, T) I32: every micro-batch in order
+//   train.loss, train.lr, train.grad_norm (steps) F32, final.<name>: weights after training
+//   metadata: config (the run config as JSON), decayed (comma-separated decayed tensor names)
+// Usage: gpt_oracle OUT.safetensors [--set section.key=value ...]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/rng.h"
+#include "common/safetensors.h"
+#include "model/gpt.h"
+#include "model/train_step.h"
+
+// Share of targets replaced by -1 ("ignore"), so the ignore path is part of every comparison.
+#define IGNORE_FRACTION 0.1f
+
+// The oracle model of test_oracle.py; --set overrides any of it.
+static const char *const DEFAULTS[] = {
+    "model.n_layer=2",        "model.n_head=4",        "model.n_kv_head=2",
+    "model.n_embd=64",        "model.vocab_size=101",  "model.max_seq_len=64",
+    "train.batch_size=3",     "train.seq_len=37",      "train.steps=0",
+    "train.seed=1234",        "optim.decay_embeddings=true",
+    "data.synthetic=copy",  // only to satisfy validation: the driver makes its own batches
+};
+
+typedef struct {
+    const int *inputs, *targets;  // (n_batches, B, T)
+    int BT, next;
+} Batches;
+
+static void next_batch(void *ctx, int *inputs, int *targets) {
+    Batches *b = ctx;
+    memcpy(inputs, b->inputs + (size_t)b->next * b->BT, (size_t)b->BT * sizeof(int));
+    memcpy(targets, b->targets + (size_t)b->next * b->BT, (size_t)b->BT * sizeof(int));
+    b->next++;
+}
+
+// Random inputs and a learnable target (a fixed function of the current token), some ignored.
+static void make_batches(Rng *rng, int *inputs, int *targets, size_t n, int V) {
+    for (size_t i = 0; i < n; i++) {
+        inputs[i] = (int)rng_below(rng, (uint64_t)V);
+        targets[i] = rng_uniform(rng) < IGNORE_FRACTION ? -1 : (3 * inputs[i] + 1) % V;
+    }
+}
+
+// GPT-2 initialisation made harder to pass by accident: 2-D weights scaled up 4x (std 0.08,
+// so attention is far from uniform) and noise on LayerNorm weights and on the (zero) biases,
+// so every parameter influences the loss through a non-trivial path.
+static void random_weights(const GPT *m, float *host, uint64_t seed) {
+    gpt_init_weights_host(m, host, seed);
+    Rng rng;
+    rng_seed(&rng, seed ^ 0x9e3779b97f4a7c15ull);
+    for (int i = 0; i < gpt_num_tensors(m); i++) {
+        const ParamTensor *t = gpt_tensor(m, i);
+        float *p = host + t->offset;
+        const int ln_weight = strstr(t->name, "ln") != NULL && strstr(t->name, ".weight") != NULL;
+        for (size_t j = 0; j < t->numel; j++) {
+            if (t->ndim == 2) p[j] *= 4.0f;
+            else p[j] += (ln_weight ? 0.1f : 0.05f) * rng_normal(&rng);
+        }
+    }
+}
+
+static void add_named(StFile *f, char (*names)[128], int *k, const char *prefix, const ParamTensor *t,
+                      const float *data) {
+    snprintf(names[*k], 128, "%s%s", prefix, t->name);
+    int64_t shape[2] = {t->shape[0], t->shape[1]};
+    st_add(f, names[(*k)++], ST_F32, t->ndim, shape, data + t->offset);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: gpt_oracle OUT.safetensors [--set section.key=value ...]\n");
+        return argc < 2 || argv[1][0] == '-' ? EXIT_USAGE : EXIT_OK;
+    }
+    const char *out = argv[1];
+    Config c;
+    char err[512];
+    config_defaults(&c);
+    for (size_t i = 0; i < sizeof DEFAULTS / sizeof DEFAULTS[0]; i++)
+        if (config_set(&c, DEFAULTS[i], err, sizeof err) != 0) fatal(EXIT_RUNTIME, "%s", err);
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--set") != 0 || i + 1 >= argc)
+            fatal(EXIT_USAGE, "unexpected argument '%s' (usage: gpt_oracle OUT [--set key=value ...])", argv[i]);
+        if (config_set(&c, argv[++i], err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    }
+    if (config_validate(&c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+
+    const int B = c.train.batch_size, T = c.train.seq_len, steps = c.train.steps;
+    const int n_batches = steps > 0 ? steps * c.train.grad_accum : 1;
+    const GPTConfig g = gpt_config_from(&c);
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, B, T, &c);
+    const size_t np = gpt_num_params(m), BT = (size_t)B * T;
+    const int nt = gpt_num_tensors(m);
+
+    float *params0 = xmalloc(np * sizeof(float));    // (np) initial weights
+    float *grads = xmalloc(np * sizeof(float));      // (np) gradient of the first batch
+    float *params1 = xmalloc(np * sizeof(float));    // (np) weights after training
+    float *logits = xmalloc(BT * g.V * sizeof(float));  // (B, T, V)
+    int *inputs = xmalloc((size_t)n_batches * BT * sizeof(int));   // (n_batches, B, T)
+    int *targets = xmalloc((size_t)n_batches * BT * sizeof(int));  // (n_batches, B, T)
+    float *losses = xcalloc((size_t)steps + 1, sizeof(float));     // (steps)
+    float *lrs = xcalloc((size_t)steps + 1, sizeof(float));        // (steps)
+    float *norms = xcalloc((size_t)steps + 1, sizeof(float));      // (steps)
+    Rng rng;
+    rng_seed(&rng, (uint64_t)c.train.seed + 1);
+    make_batches(&rng, inputs, targets, (size_t)n_batches * BT, g.V);
+    random_weights(m, params0, (uint64_t)c.train.seed);
+    gpt_set_params_f32(m, params0);
+
+    gpt_zero_grad(m);
+    float loss = gpt_forward(m, inputs, targets, B, T);
+    gpt_logits_f32(m, logits);
+    gpt_backward(m, 1.0f);
+    gpt_get_grads_f32(m, grads);
+
+    Trainer *tr = trainer_create(m, &c);
+    Batches batches = {inputs, targets, (int)BT, 0};
+    for (int s = 0; s < steps; s++) {
+        StepStats st = trainer_step(tr, s, next_batch, &batches);
+        if (st.skipped) fatal(EXIT_RUNTIME, "step %d was skipped (grad norm %g)", s, st.grad_norm);
+        losses[s] = st.loss;
+        lrs[s] = st.lr;
+        norms[s] = st.grad_norm;
+    }
+    gpt_get_params_f32(m, params1);
+
+    StFile f;
+    st_init(&f);
+    char(*names)[128] = xmalloc((size_t)3 * nt * sizeof *names);
+    char *decayed = xcalloc((size_t)nt, 72);
+    int k = 0;
+    for (int i = 0; i < nt; i++) {
+        const ParamTensor *t = gpt_tensor(m, i);
+        add_named(&f, names, &k, "param.", t, params0);
+        add_named(&f, names, &k, "grad.", t, grads);
+        if (steps > 0) add_named(&f, names, &k, "final.", t, params1);
+        if (t->decay) strcat(strcat(decayed, *decayed ? "," : ""), t->name);
+    }
+    const int64_t sh_bt[2] = {B, T}, sh_logits[3] = {B, T, g.V}, sh_mb[3] = {n_batches, B, T}, sh_s[1] = {steps};
+    st_add(&f, "tokens", ST_I32, 2, sh_bt, inputs);
+    st_add(&f, "targets", ST_I32, 2, sh_bt, targets);
+    st_add(&f, "logits", ST_F32, 3, sh_logits, logits);
+    st_add(&f, "loss", ST_F32, 0, NULL, &loss);
+    if (steps > 0) {
+        st_add(&f, "train.inputs", ST_I32, 3, sh_mb, inputs);
+        st_add(&f, "train.targets", ST_I32, 3, sh_mb, targets);
+        st_add(&f, "train.loss", ST_F32, 1, sh_s, losses);
+        st_add(&f, "train.lr", ST_F32, 1, sh_s, lrs);
+        st_add(&f, "train.grad_norm", ST_F32, 1, sh_s, norms);
+    }
+    char *cfg_json = config_to_json(&c);
+    st_set_meta(&f, "config", cfg_json);
+    st_set_meta(&f, "decayed", decayed);
+    int rc = st_write(&f, out, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "error: %s\n", err);
+
+    free(cfg_json);
+    st_free(&f);
+    free(names);
+    free(decayed);
+    trainer_free(tr);
+    gpt_free(m);
+    be->destroy(be);
+    free(params0);
+    free(grads);
+    free(params1);
+    free(logits);
+    free(inputs);
+    free(targets);
+    free(losses);
+    free(lrs);
+    free(norms);
+    return rc == 0 ? EXIT_OK : EXIT_RUNTIME;
+}
