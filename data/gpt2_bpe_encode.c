@@ -144,33 +144,25 @@ static int merge_linear(const Gpt2Bpe *t, const unsigned char *p, int n, int *id
     return n;
 }
 
-// A candidate merge of node `left` with the node after it; stale once either node changed.
-typedef struct {
-    int rank, left, right;
-    unsigned ver_left, ver_right;
-} HeapItem;
-
-static int heap_less(const HeapItem *a, const HeapItem *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(HeapItem *h, int *n, HeapItem x) {
-    int i = (*n)++;
-    while (i > 0 && heap_less(&x, &h[(i - 1) / 2])) {
+// Min-heap of merge candidates, each packed as rank << 32 | position of its left node, so the
+// smallest key is the linear scan's choice: lowest rank, then leftmost.
+static void heap_push(uint64_t *h, size_t *n, uint64_t x) {
+    size_t i = (*n)++;
+    while (i > 0 && x < h[(i - 1) / 2]) {
         h[i] = h[(i - 1) / 2];
         i = (i - 1) / 2;
     }
     h[i] = x;
 }
 
-static HeapItem heap_pop(HeapItem *h, int *n) {
-    HeapItem top = h[0], x = h[--(*n)];
-    int i = 0;
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+    uint64_t top = h[0], x = h[--(*n)];
+    size_t i = 0;
     for (;;) {
-        int c = 2 * i + 1;
+        size_t c = 2 * i + 1;
         if (c >= *n) break;
-        if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
-        if (!heap_less(&h[c], &x)) break;
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (h[c] >= x) break;
         h[i] = h[c];
         i = c;
     }
@@ -179,51 +171,51 @@ static HeapItem heap_pop(HeapItem *h, int *n) {
 }
 
 typedef struct {
-    int *id, *next, *prev;
-    unsigned *ver;
-    HeapItem *heap;
-} HeapScratch;
+    int *id, *next, *prev;   // (n) linked list of the current tokens, indexed by first byte
+    int *rank;               // (n) rank of the pair (node, next node); INT_MAX: none or dead
+    uint64_t *heap;          // (2n) candidates; at most n-1 at the start and one more per merge
+    size_t heap_n;
+} HeapMerge;
 
-static void heap_offer(const Gpt2Bpe *t, HeapScratch *s, int *hn, int left, int right) {
-    int r = pair_find(&t->pairs, s->id[left], s->id[right]);
-    if (r >= 0) heap_push(s->heap, hn, (HeapItem){r, left, right, s->ver[left], s->ver[right]});
+// Recomputes the rank of the pair starting at node i and offers it to the heap.
+static void heap_update(const Gpt2Bpe *t, HeapMerge *m, int i) {
+    int r = m->next[i] < 0 ? -1 : pair_find(&t->pairs, m->id[i], m->id[m->next[i]]);
+    m->rank[i] = r < 0 ? INT_MAX : r;
+    if (r >= 0) heap_push(m->heap, &m->heap_n, (uint64_t)r << 32 | (uint32_t)i);
 }
 
-// The same merges as merge_linear in O(n log n): nodes are byte positions in a linked list,
-// candidates sit in a heap ordered by (rank, position), which is the linear scan's choice.
+// The same merges as merge_linear in O(n log n). A candidate popped from the heap is stale when
+// its rank is no longer the rank at its node; if it is equal, the pair there is a real candidate
+// with exactly that key, so taking it is still the linear scan's choice.
 static int merge_heap(const Gpt2Bpe *t, const unsigned char *p, int n, int *out) {
-    HeapScratch s = {xmalloc((size_t)n * sizeof(int)), xmalloc((size_t)n * sizeof(int)),
-                     xmalloc((size_t)n * sizeof(int)), xcalloc((size_t)n, sizeof(unsigned)),
-                     xmalloc((size_t)n * 2 * sizeof(HeapItem))};
-    int hn = 0;
+    HeapMerge m = {xmalloc((size_t)n * sizeof(int)), xmalloc((size_t)n * sizeof(int)),
+                   xmalloc((size_t)n * sizeof(int)), xmalloc((size_t)n * sizeof(int)),
+                   xmalloc((size_t)n * 2 * sizeof(uint64_t)), 0};
     for (int i = 0; i < n; i++) {
-        s.id[i] = t->byte_token[p[i]];
-        s.next[i] = i + 1 < n ? i + 1 : -1;
-        s.prev[i] = i - 1;
+        m.id[i] = t->byte_token[p[i]];
+        m.next[i] = i + 1 < n ? i + 1 : -1;
+        m.prev[i] = i - 1;
     }
-    for (int i = 0; i + 1 < n; i++) heap_offer(t, &s, &hn, i, i + 1);
-    while (hn > 0) {
-        HeapItem c = heap_pop(s.heap, &hn);
-        if (s.ver[c.left] != c.ver_left || s.next[c.left] != c.right || s.ver[c.right] != c.ver_right)
-            continue;
-        int l = c.left, r = c.right;
-        s.id[l] = c.rank;
-        s.ver[l]++;
-        s.ver[r]++;   // r is gone: every candidate naming it is now stale
-        s.next[l] = s.next[r];
-        if (s.next[l] >= 0) {
-            s.prev[s.next[l]] = l;
-            heap_offer(t, &s, &hn, l, s.next[l]);
-        }
-        if (s.prev[l] >= 0) heap_offer(t, &s, &hn, s.prev[l], l);
+    for (int i = 0; i < n; i++) heap_update(t, &m, i);
+    while (m.heap_n > 0) {
+        uint64_t c = heap_pop(m.heap, &m.heap_n);
+        int l = (int)(uint32_t)c, rank = (int)(c >> 32);
+        if (m.rank[l] != rank) continue;
+        int r = m.next[l];
+        m.id[l] = rank;
+        m.rank[r] = INT_MAX;   // r is gone
+        m.next[l] = m.next[r];
+        if (m.next[l] >= 0) m.prev[m.next[l]] = l;
+        heap_update(t, &m, l);
+        if (m.prev[l] >= 0) heap_update(t, &m, m.prev[l]);
     }
     int k = 0;
-    for (int i = 0; i >= 0; i = s.next[i]) out[k++] = s.id[i];
-    free(s.id);
-    free(s.next);
-    free(s.prev);
-    free(s.ver);
-    free(s.heap);
+    for (int i = 0; i >= 0; i = m.next[i]) out[k++] = m.id[i];
+    free(m.id);
+    free(m.next);
+    free(m.prev);
+    free(m.rank);
+    free(m.heap);
     return k;
 }
 
