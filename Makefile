@@ -79,9 +79,11 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h $(BUILD)/libflashgpt.a
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libflashgpt.a -o $@ -lcjson -lopenblas -lcublasLt -lcublas -lgomp $(LDFLAGS_EXTRA)
 
 # The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
+# It needs only common/check.o from the rest of common (no cJSON, so it loads on machines
+# without it); -fopenmp links libgomp for the CPU reference's parallel loops.
 libattention: $(BUILD)/libattention.so
-$(BUILD)/libattention.so: $(filter $(BUILD)/attention/% $(BUILD)/common/%,$(OBJ))
-	$(CC) -shared $^ -o $@ $(LDLIBS)
+$(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/check.o
+	$(CC) -shared -fopenmp $^ -o $@ $(LDLIBS)
 
 test: train_gpt $(TEST_BIN) $(TOOL_BIN)
 	@bash tests/run_tests.sh $(TEST_BIN)

@@ -1,0 +1,108 @@
+// attention_cuda: the public CUDA entries of attention/attention.h. They validate the params once
+// (attn_check, then what only the GPU path needs), ask the one selection function for a kernel
+// family and tile, and dispatch; every run-time choice becomes a template parameter in
+// sm80_dispatch() alone.
+#include "attention/flash_common.cuh"
+#include "attention/flash_tiles.cuh"
+
+typedef enum { ATTN_KERNEL_NAIVE = 0, ATTN_KERNEL_SM80 = 1 } AttnKernelFamily;
+
+typedef struct {
+    AttnKernelFamily family;
+    int hs;       // head size of the instantiated kernel
+    bool extras;  // ALiBi or dropout: the kernel variant that evaluates them
+} AttnKernelChoice;
+
+// Picks the kernel family and tile from (arch, dtype, head size, features). Causal and T do not
+// change the sm80 tile today (FwdTile / BwdTile document why); a Hopper family (wgmma + TMA)
+// becomes a case here for arch >= 90. Returns -1 with a message when nothing fits.
+static int attn_select_kernel(const AttnParams &p, int arch, AttnKernelChoice *c, char *err, size_t errlen) {
+    c->hs = p.HS;
+    c->extras = p.alibi_slopes != NULL || p.dropout_p > 0.f;
+    if (p.impl == ATTN_IMPL_NAIVE) {
+        c->family = ATTN_KERNEL_NAIVE;
+        return 0;
+    }
+    if (p.dtype == ATTN_F32) {
+        // no tensor-core flash kernel for fp32: the materialised version computes it exactly,
+        // when the caller sized the workspace for it
+        AttnParams naive = p;
+        naive.impl = ATTN_IMPL_NAIVE;
+        const size_t need = attn_workspace_bytes(&naive, ATTN_CUDA);
+        if (p.workspace_bytes < need) {
+            snprintf(err, errlen, "attention: fp32 on CUDA runs the naive (materialised) attention, "
+                     "which needs a workspace of %zu bytes (got %zu): set attention.impl = naive or "
+                     "use precision.dtype bf16/fp16", need, p.workspace_bytes);
+            return -1;
+        }
+        c->family = ATTN_KERNEL_NAIVE;
+        return 0;
+    }
+    if (arch < 80) {
+        snprintf(err, errlen, "attention: the CUDA flash kernels need compute capability 8.0 or newer "
+                 "(this GPU is %d.%d): use attention.impl = naive", arch / 10, arch % 10);
+        return -1;
+    }
+    if (p.HS != 64 && p.HS != 128) {
+        snprintf(err, errlen, "attention: head size %d has no CUDA flash kernel: use 64 or 128 "
+                 "(n_embd / n_head), or attention.impl = naive", p.HS);
+        return -1;
+    }
+    c->family = ATTN_KERNEL_SM80;
+    return 0;
+}
+
+// Flash workspace (floats, see attn_workspace_bytes): D (B, NH, T_q) then the dQ accumulator
+// (B, NH, T_q, HS), which only the non-deterministic backward uses.
+template <typename T, int HS, bool EXTRAS>
+static void sm80_run(const AttnParams &p, int backward, cudaStream_t s) {
+    if (!backward) {
+        flash_fwd_launch<T, HS, EXTRAS>(p, s);
+        return;
+    }
+    float *dsum = static_cast<float *>(p.workspace);
+    float *dq_accum = p.deterministic ? NULL : dsum + (size_t)p.B * p.NH * p.T_q;
+    flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
+    flash_bwd_launch<T, HS, EXTRAS>(p, dsum, dq_accum, s);
+    if (dq_accum) flash_bwd_convert_dq<T>(p, dq_accum, s);
+    else flash_bwd_dq_launch<T, HS, EXTRAS>(p, dsum, s);
+}
+
+template <typename T>
+static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
+    switch (c.hs * 2 + (int)c.extras) {
+    case 64 * 2 + 0: sm80_run<T, 64, false>(p, backward, s); break;
+    case 64 * 2 + 1: sm80_run<T, 64, true>(p, backward, s); break;
+    case 128 * 2 + 0: sm80_run<T, 128, false>(p, backward, s); break;
+    case 128 * 2 + 1: sm80_run<T, 128, true>(p, backward, s); break;
+    default: CHECK(!"attn_select_kernel returned a head size without a kernel");
+    }
+}
+
+static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
+    cudaStream_t s = static_cast<cudaStream_t>(p.stream);
+    if (p.dtype == ATTN_BF16) sm80_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
+    else sm80_dispatch_hs<__half>(p, c, backward, s);
+}
+
+static void attn_run_cuda(const AttnParams *p, int backward) {
+    char err[512];
+    if (attn_check(p, ATTN_CUDA, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    if (backward && !p->out)
+        fatal(EXIT_USAGE, "attention: backward needs the forward output 'out' (for D = rowsum(dO * O))");
+    int dev, major, minor;
+    ATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    AttnKernelChoice c;
+    if (attn_select_kernel(*p, major * 10 + minor, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    if (c.family == ATTN_KERNEL_NAIVE) {
+        if (backward) naive_backward_cuda(*p);
+        else naive_forward_cuda(*p);
+        return;
+    }
+    sm80_dispatch(*p, c, backward);
+}
+
+extern "C" void attn_forward_cuda(const AttnParams *p) { attn_run_cuda(p, 0); }
+extern "C" void attn_backward_cuda(const AttnParams *p) { attn_run_cuda(p, 1); }

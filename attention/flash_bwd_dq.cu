@@ -1,0 +1,158 @@
+// flash_bwd_dq: dQ for the deterministic backward. One block per (query tile, head, batch row),
+// each warp owning 16 query rows as in the forward; it walks the visible key tiles in a fixed
+// order and accumulates dQ = scale * sum_j dS K in registers, so no atomics reorder the sums and
+// two runs give the same bits. Costs one more recomputation of S and dP than the atomic path.
+#include "attention/flash_common.cuh"
+#include "attention/flash_mask.cuh"
+#include "attention/flash_tiles.cuh"
+
+template <typename T, int HS, bool EXTRAS>
+__global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(const AttnParams p, const float *dsum) {
+    using Tile = DqTile<HS>;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int KSTEPS = HS / 16;
+    constexpr int NS = BN / 8;  // n8 tiles of S and dP per warp
+    constexpr int ND = HS / 8;  // n8 tiles of dQ per warp
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sQ = reinterpret_cast<T *>(smem_raw);  // (BM, HS), later the staging area for dQ
+    T *sdO = sQ + BM * HS;                    // (BM, HS)
+    T *sK = sdO + BM * HS;                    // (BN, HS)
+    T *sV = sK + BN * HS;                     // (BN, HS)
+
+    const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (p.NH / p.NKV);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = m_block * BM, m_valid = min(BM, p.T_q - m0);
+
+    const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + (int64_t)m0 * p.q_st.row + h * p.q_st.head;
+    const T *dO = static_cast<const T *>(p.dout) + b * p.do_st.batch + (int64_t)m0 * p.do_st.row + h * p.do_st.head;
+    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + kvh * p.k_st.head;
+    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + kvh * p.v_st.head;
+
+    const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
+    const int nb_begin = max(first.lo, 0) / BN;
+    const int nb_end = max(cdiv(min(last.hi, p.T_k), BN), nb_begin);
+
+    const int row0 = m0 + warp * 16 + g;
+    float lse2[2], dd[2];
+    RowRange rr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = row0 + 8 * r;
+        const bool ok = i < p.T_q;
+        const int64_t li = ((int64_t)b * p.NH + h) * p.T_q + i;
+        lse2[r] = ok ? p.lse[li] * LOG2E_F : INFINITY;  // padding rows: P = 0
+        dd[r] = ok ? dsum[li] : 0.f;
+        rr[r] = row_range(p, b, ok ? i : p.T_q - 1);
+    }
+    const int pos0 = row0 + (p.T_k - p.T_q);
+    const float scale_log2 = p.scale * LOG2E_F;
+    float slope_log2 = 0.f, keep_scale = 1.f;
+    if (EXTRAS) {
+        if (p.alibi_slopes) slope_log2 = p.alibi_slopes[h] * LOG2E_F;
+        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p);
+    }
+
+    tile_load_async<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
+    tile_load_async<BM, HS, NT>(sdO, dO, p.do_st.row, m_valid, tid);
+    cp_async_commit();
+
+    float dq[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+
+    for (int nb = nb_begin; nb < nb_end; nb++) {
+        const int n0 = nb * BN;
+        tile_load_async<BN, HS, NT>(sK, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
+        tile_load_async<BN, HS, NT>(sV, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+
+        float s[NS][4], dp[NS][4];
+#pragma unroll
+        for (int i = 0; i < NS; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            uint32_t qa[4], oa[4];
+            ldmatrix_x4(qa, frag_addr_a<HS>(sQ, warp * 16, ks * 16, lane));
+            ldmatrix_x4(oa, frag_addr_a<HS>(sdO, warp * 16, ks * 16, lane));
+#pragma unroll
+            for (int np = 0; np < NS / 2; np++) {
+                uint32_t kb[4], vb[4];
+                ldmatrix_x4(kb, frag_addr_b_nk<HS>(sK, np * 16, ks * 16, lane));
+                ldmatrix_x4(vb, frag_addr_b_nk<HS>(sV, np * 16, ks * 16, lane));
+                mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
+                mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
+                mma_16816<T>(dp[2 * np], oa, vb[0], vb[1]);
+                mma_16816<T>(dp[2 * np + 1], oa, vb[2], vb[3]);
+            }
+        }
+
+        const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                float x = s[nt][e] * scale_log2;
+                if (EXTRAS && p.alibi_slopes) x += alibi_bias_log2(slope_log2, pos0 + 8 * r, j);
+                if (partial && (j < rr[r].lo || j >= rr[r].hi)) x = -INFINITY;
+                const float pr = exp2f(x - lse2[r]);
+                float d = dp[nt][e];
+                if (EXTRAS && p.dropout_p > 0.f) {
+                    const int i = row0 + 8 * r;
+                    d = i < p.T_q && j < p.T_k && dropout_keep(p, b, h, i, j) ? d * keep_scale : 0.f;
+                }
+                s[nt][e] = pr * (d - dd[r]);  // dS
+            }
+        }
+
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4];
+            c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int np = 0; np < HS / 16; np++) {
+                uint32_t kb[4];
+                ldmatrix_x4_trans(kb, frag_addr_b_kn<HS>(sK, kk * 16, np * 16, lane));
+                mma_16816<T>(dq[2 * np], a, kb[0], kb[1]);
+                mma_16816<T>(dq[2 * np + 1], a, kb[2], kb[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this K/V tile
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the Q/dO copies are done even when no key tile was visited
+
+    T *sdQ = sQ + warp * 16 * HS;  // this warp's own rows
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            *reinterpret_cast<uint32_t *>(sdQ + SwizzledTile<HS>::offset(g + 8 * r, i * 8 + 2 * t)) =
+                ElemTraits<T>::pack(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
+    __syncwarp();
+    T *dqg = static_cast<T *>(p.dq) + b * p.dq_st.batch + (int64_t)(m0 + warp * 16) * p.dq_st.row + h * p.dq_st.head;
+    tile_store<16, HS, 32>(dqg, p.dq_st.row, sdQ, p.T_q - (m0 + warp * 16), lane);
+}
+
+template <typename T, int HS, bool EXTRAS>
+void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s) {
+    using Tile = DqTile<HS>;
+    auto kernel = flash_bwd_dq_kernel<T, HS, EXTRAS>;
+    ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
+    dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
+    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+}
+
+#define INSTANTIATE_DQ(T, HS)                                                                     \
+    template void flash_bwd_dq_launch<T, HS, false>(const AttnParams &, const float *, cudaStream_t); \
+    template void flash_bwd_dq_launch<T, HS, true>(const AttnParams &, const float *, cudaStream_t);
+INSTANTIATE_DQ(__nv_bfloat16, 64)
+INSTANTIATE_DQ(__nv_bfloat16, 128)
+INSTANTIATE_DQ(__half, 64)
+INSTANTIATE_DQ(__half, 128)

@@ -1,0 +1,194 @@
+// flash_common: the device building blocks of the sm80+ flash kernels: element-type traits,
+// tensor-core MMA (m16n8k16, fp32 accumulate), ldmatrix, cp.async and the swizzled shared-memory
+// tile layout. Internal to attention/*.cu.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with 16-bit operands), lane = 4*g + t:
+//   A (16x16, row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B (16x8, "col"):      b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+//   C (16x8, fp32):       c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+// Two C tiles side by side (columns 0-7 and 8-15) hold exactly an A fragment of their 16x16
+// union, which is how the probabilities P go from one MMA to the next without shared memory.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define LOG2E_F 1.4426950408889634f
+#define LN2_F 0.6931471805599453f
+
+// ---- element types ------------------------------------------------------------------------
+
+template <typename T> struct ElemTraits;
+template <> struct ElemTraits<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+    static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
+};
+template <> struct ElemTraits<__half> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+    static __device__ __forceinline__ __half from_float(float x) { return __float2half(x); }
+};
+
+// c += a * b for one 16x8x16 tile.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float c[4], const uint32_t a[4], uint32_t b0,
+                                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float c[4], const uint32_t a[4], uint32_t b0,
+                                                  uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- shared memory ------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// Four 8x8 16-bit matrices; lanes 8m..8m+7 give the row addresses of matrix m.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// 16-byte asynchronous global->shared copy; src_bytes = 0 writes zeros (ragged tile rows).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// A tile of ROWS x COLS 16-bit elements in shared memory, rows contiguous, 16-byte chunks
+// XOR-swizzled so that the 8 row addresses of one ldmatrix hit 8 different bank groups
+// (an unswizzled row of 128 or 256 bytes puts all 8 in the same banks: an 8-way conflict).
+template <int COLS> struct SwizzledTile {
+    static constexpr int CHUNKS = COLS / 8;                       // 16-byte chunks per row
+    static constexpr int ROWS_PER_PERIOD = CHUNKS >= 8 ? 1 : 8 / CHUNKS;
+    static constexpr int PERIOD = CHUNKS >= 8 ? 8 : CHUNKS;
+    static_assert(COLS % 8 == 0 && CHUNKS >= 2, "tile rows must hold at least two 16-byte chunks");
+    // element offset of (row, col), col a multiple of 8 for 16-byte accesses
+    static __device__ __forceinline__ int offset(int row, int col) {
+        int chunk = (col >> 3) ^ ((row / ROWS_PER_PERIOD) % PERIOD);
+        return row * COLS + (chunk << 3) + (col & 7);
+    }
+};
+
+// Copies rows [0, ROWS) of a strided global tile (row r at src + r*row_stride) into a swizzled
+// shared tile with cp.async; rows at or beyond n_valid are zero-filled so ragged tiles never feed
+// garbage (possibly NaN) into the MMAs.
+template <int ROWS, int COLS, int NTHREADS, typename T>
+__device__ __forceinline__ void tile_load_async(T *smem, const T *src, int64_t row_stride,
+                                                int n_valid, int tid) {
+    constexpr int CH = COLS / 8;
+    constexpr int TOTAL = ROWS * CH;
+    static_assert(TOTAL % NTHREADS == 0, "tile copy must divide evenly over the threads");
+#pragma unroll
+    for (int it = 0; it < TOTAL / NTHREADS; it++) {
+        int c = it * NTHREADS + tid;
+        int r = c / CH, col = (c % CH) * 8;
+        bool ok = r < n_valid;
+        const T *g = ok ? src + (int64_t)r * row_stride + col : src;
+        cp_async_16(smem_u32(smem + SwizzledTile<COLS>::offset(r, col)), g, ok ? 16 : 0);
+    }
+}
+
+// Stores rows [0, n_valid) of a swizzled shared tile to global memory with 16-byte stores.
+template <int ROWS, int COLS, int NTHREADS, typename T>
+__device__ __forceinline__ void tile_store(T *dst, int64_t row_stride, const T *smem, int n_valid,
+                                           int tid) {
+    constexpr int CH = COLS / 8;
+    constexpr int TOTAL = ROWS * CH;
+    static_assert(TOTAL % NTHREADS == 0, "tile copy must divide evenly over the threads");
+#pragma unroll
+    for (int it = 0; it < TOTAL / NTHREADS; it++) {
+        int c = it * NTHREADS + tid;
+        int r = c / CH, col = (c % CH) * 8;
+        if (r < n_valid)
+            *reinterpret_cast<uint4 *>(dst + (int64_t)r * row_stride + col) =
+                *reinterpret_cast<const uint4 *>(smem + SwizzledTile<COLS>::offset(r, col));
+    }
+}
+
+// Row address (for ldmatrix lane `lane`) of the A operand 16x16 block at (row0, col0) of a
+// row-major swizzled tile: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+template <int COLS, typename T>
+__device__ __forceinline__ uint32_t frag_addr_a(const T *tile, int row0, int col0, int lane) {
+    return smem_u32(tile + SwizzledTile<COLS>::offset(row0 + (lane & 15), col0 + ((lane >> 4) << 3)));
+}
+// Row address for the B operand of two adjacent n8 tiles from a tile stored [n][k] (so B is
+// "col-major", no transpose): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+// give b0,b1 of n-tile 0 then b0,b1 of n-tile 1.
+template <int COLS, typename T>
+__device__ __forceinline__ uint32_t frag_addr_b_nk(const T *tile, int n0, int k0, int lane) {
+    return smem_u32(tile + SwizzledTile<COLS>::offset(n0 + (lane & 7) + ((lane >> 4) << 3),
+                                                       k0 + (((lane >> 3) & 1) << 3)));
+}
+// Row address for the B operand of two adjacent n8 tiles from a tile stored [k][n] (B row-major,
+// loaded with ldmatrix.trans): matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+template <int COLS, typename T>
+__device__ __forceinline__ uint32_t frag_addr_b_kn(const T *tile, int k0, int n0, int lane) {
+    return smem_u32(tile + SwizzledTile<COLS>::offset(k0 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                       n0 + ((lane >> 4) << 3)));
+}
+// Row address for the A operand 16x16 block at (m0, k0) of a tile stored [k][m] (A col-major,
+// loaded with ldmatrix.trans): matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15).
+template <int COLS, typename T>
+__device__ __forceinline__ uint32_t frag_addr_a_km(const T *tile, int m0, int k0, int lane) {
+    return smem_u32(tile + SwizzledTile<COLS>::offset(k0 + (lane & 7) + ((lane >> 4) << 3),
+                                                       m0 + (((lane >> 3) & 1) << 3)));
+}
+
+// Converts the fp32 C fragments of two adjacent n8 tiles into the A fragment of their 16x16 union.
+template <typename T>
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+    a[0] = ElemTraits<T>::pack(c0[0], c0[1]);
+    a[1] = ElemTraits<T>::pack(c0[2], c0[3]);
+    a[2] = ElemTraits<T>::pack(c1[0], c1[1]);
+    a[3] = ElemTraits<T>::pack(c1[2], c1[3]);
+}
+
+// ---- host side ----------------------------------------------------------------------------
+
+extern "C" {
+#include "common/check.h"
+}
+#include <cuda_runtime.h>
+
+// Fails with the statement text and CUDA's error string (a runtime failure, not bad input).
+#define ATTN_CUDA_CHECK(stmt)                                                                 \
+    do {                                                                                      \
+        cudaError_t attn_err_ = (stmt);                                                       \
+        if (attn_err_ != cudaSuccess)                                                         \
+            fatal(EXIT_RUNTIME, "CUDA error: %s failed: %s (%s, %s:%d)", #stmt,               \
+                  cudaGetErrorString(attn_err_), __func__, __FILE__, __LINE__);               \
+    } while (0)
+
+__host__ __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }

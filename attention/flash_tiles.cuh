@@ -1,0 +1,80 @@
+// flash_tiles: the tile policy of the sm80 flash kernels (every tile constant lives here, with
+// its shared-memory budget checked at compile time) and the launchers that attention_cuda.cu's
+// one selection function dispatches to. A later Hopper family (wgmma, TMA) adds its own traits
+// and launchers beside these and a case in attn_select_kernel().
+#pragma once
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include "attention/attention.h"
+
+// Shared memory one block may use on sm80 (A100: 163 KB) and sm90 (H100/H200: 227 KB).
+#define SM80_SMEM_LIMIT (163 * 1024)
+
+// Forward: each of NWARPS warps owns 16 query rows (BM = 16 * NWARPS) and keeps them, with its
+// O accumulator (16 x HS fp32) and its scores (16 x BN fp32), in registers. Q, one K tile and
+// one V tile live in shared memory; the V load overlaps QK^T and the next K load overlaps PV.
+//   HS 64:  BM 128, BN 64, 8 warps: ~100 registers, 48 KB shared, two blocks per SM.
+//   HS 128: BM 128, BN 64, 8 warps: O alone is 64 registers per thread, so BN stays at 64 to
+//           keep the scores at 32; one block of 96 KB per SM.
+template <int HS> struct FwdTile {
+    static constexpr int NWARPS = 8;
+    static constexpr int BM = 16 * NWARPS;
+    static constexpr int BN = 64;
+    static constexpr int NTHREADS = 32 * NWARPS;
+    static constexpr size_t SMEM = (size_t)(BM + 2 * BN) * HS * 2;
+    static_assert(HS % 16 == 0 && BN % 16 == 0, "MMA k-steps of 16");
+    static_assert(SMEM <= SM80_SMEM_LIMIT, "forward tile exceeds shared memory");
+};
+
+// Backward (dK/dV kernel): each warp owns 16 keys (BN = 16 * NWARPS) and accumulates dK and dV
+// (2 x 16 x HS fp32) in registers across all query tiles of all the query heads that share its
+// KV head (GQA sums in registers, no reduction pass). Query tiles of BM rows stream through a
+// two-stage Q/dO pipeline; dS goes through shared memory for dQ = dS K (atomics into fp32).
+//   HS 64:  BN 64 (4 warps), BM 64: dK+dV 64 registers, S^T and dP^T 32 each.
+//   HS 128: BN 128 (8 warps), BM 32: dK+dV take 128 registers, so S^T and dP^T shrink to 16.
+template <int HS> struct BwdTile {
+    static constexpr int NWARPS = HS <= 64 ? 4 : 8;
+    static constexpr int BN = 16 * NWARPS;
+    static constexpr int BM = HS <= 64 ? 64 : 32;
+    static constexpr int NTHREADS = 32 * NWARPS;
+    // K, V, two stages of Q and dO, dS^T (BN x BM), LSE, D and the row ranges of one query tile
+    static constexpr size_t SMEM = (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
+                                   2 * (size_t)BM * (4 + 4 + 8);
+    // dQ = dS (BM x BN) K (BN x HS) is split over a (BM/16) x WN grid of warps.
+    static constexpr int WM = BM / 16;
+    static constexpr int WN = NWARPS / WM;
+    static_assert(NWARPS % WM == 0 && HS % (16 * WN) == 0, "dQ warp grid must tile BM x HS");
+    static_assert(BM % 16 == 0 && HS % 16 == 0, "MMA k-steps of 16");
+    static_assert(SMEM <= SM80_SMEM_LIMIT, "backward tile exceeds shared memory");
+};
+
+// Deterministic dQ kernel: like the forward (warps own 16 query rows), accumulating dQ over the
+// key tiles in registers instead of atomics. Q, dO, K and V tiles in shared memory.
+template <int HS> struct DqTile {
+    static constexpr int NWARPS = 4;
+    static constexpr int BM = 16 * NWARPS;
+    static constexpr int BN = 64;
+    static constexpr int NTHREADS = 32 * NWARPS;
+    static constexpr size_t SMEM = (size_t)(2 * BM + 2 * BN) * HS * 2;
+    static_assert(SMEM <= SM80_SMEM_LIMIT, "dQ tile exceeds shared memory");
+};
+
+// Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {64, 128},
+// EXTRAS = ALiBi or dropout present). `ws_f32` is the fp32 workspace (see flash_workspace_bytes).
+template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s);
+template <typename T, int HS, bool EXTRAS>
+void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
+template <typename T, int HS, bool EXTRAS>
+void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s);
+
+// Backward helpers (flash_bwd.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not
+// NULL, zeroing of dq_accum (B, NH, T_q, HS); then dQ = scale * dq_accum in the element type.
+template <typename T>
+void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
+template <typename T> void flash_bwd_convert_dq(const AttnParams &p, const float *dq_accum, cudaStream_t s);
+
+// Naive baseline (naive_cuda.cu): materialised scores through cuBLAS.
+void naive_forward_cuda(const AttnParams &p);
+void naive_backward_cuda(const AttnParams &p);
+size_t naive_workspace_bytes(const AttnParams &p);

@@ -1,0 +1,298 @@
+// naive_cuda: standard attention with the scores materialised, (B, NH, T_q, T_k), through cuBLAS:
+// S = scale Q K^T, a row softmax kernel (masks, ALiBi, LSE, dropout), O = P V; backward
+// recomputes P from the LSE and runs dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = scale dS K,
+// dK = scale dS^T Q. It is the memory and speed baseline (`attention.impl = naive`) and the path
+// for fp32 and head sizes the flash kernels do not cover. Matrices are row-major in our terms;
+// cuBLAS sees each as its column-major transpose.
+#include <cublas_v2.h>
+
+#include "attention/flash_common.cuh"
+#include "attention/flash_mask.cuh"
+#include "attention/flash_tiles.cuh"
+
+#define NAIVE_THREADS 256
+
+// Workspace, in floats from p.workspace (its size is attn_workspace_bytes, attention/mask.c):
+// [D or dQ accumulator: rows_q * (HS + 1)] [GQA dK, dV: 2 * B*NH*T_k*HS when NKV < NH]
+// [S / P fp32: rows_q * T_k] [P_drop, then dP fp32 / dS: rows_q * T_k]
+struct NaiveBuffers {
+    float *dk_acc, *dv_acc;  // (B, NKV, T_k, HS) fp32, GQA only
+    float *s;                // (B, NH, T_q, T_k) scores, then P (undropped)
+    void *pd;                // (B, NH, T_q, T_k) P_drop in the element type; in backward dP / dS
+};
+
+static NaiveBuffers naive_buffers(const AttnParams &p) {
+    const size_t rows_q = (size_t)p.B * p.NH * p.T_q, rows_k = (size_t)p.B * p.NH * p.T_k;
+    float *w = static_cast<float *>(p.workspace) + rows_q * ((size_t)p.HS + 1);
+    NaiveBuffers nb = {};
+    if (p.NKV < p.NH) {
+        nb.dk_acc = w;
+        nb.dv_acc = w + rows_k * p.HS;
+        w += 2 * rows_k * p.HS;
+    }
+    nb.s = w;
+    nb.pd = w + rows_q * p.T_k;
+    return nb;
+}
+
+static cudaDataType_t cuda_type(AttnDtype t) {
+    return t == ATTN_BF16 ? CUDA_R_16BF : t == ATTN_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+static size_t elem_bytes(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
+
+#define CUBLAS_CHECK(stmt)                                                                    \
+    do {                                                                                      \
+        cublasStatus_t st_ = (stmt);                                                          \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+            fatal(EXIT_RUNTIME, "cuBLAS error: %s failed with status %d (%s:%d)", #stmt,      \
+                  (int)st_, __FILE__, __LINE__);                                              \
+    } while (0)
+
+// C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C for `batch` matrices, fp32 accumulation.
+struct Gemm {
+    cublasHandle_t h;
+    cublasOperation_t ta, tb;
+    int m, n, k;
+    const void *a; cudaDataType_t at; int64_t lda, sa;
+    const void *b; cudaDataType_t bt; int64_t ldb, sb;
+    void *c; cudaDataType_t ct; int64_t ldc, sc;
+    int batch;
+    float alpha, beta;
+};
+static void gemm_run(const Gemm &g) {
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(g.h, g.ta, g.tb, g.m, g.n, g.k, &g.alpha, g.a, g.at, (int)g.lda,
+                                            g.sa, g.b, g.bt, (int)g.ldb, g.sb, &g.beta, g.c, g.ct, (int)g.ldc,
+                                            g.sc, g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+template <typename T> __device__ __forceinline__ T st_f(float x) { return ElemTraits<T>::from_float(x); }
+template <> __device__ __forceinline__ float st_f<float>(float x) { return x; }
+
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float *scratch) {
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = is_max ? fmaxf(v, o) : v + o;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // scratch may still be read from a previous reduction
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[0];
+    for (int w = 1; w < NAIVE_THREADS / 32; w++) v = is_max ? fmaxf(v, scratch[w]) : v + scratch[w];
+    return v;
+}
+
+// Masked score of element j of row (b, h, i): scale already applied by the GEMM.
+__device__ __forceinline__ float naive_score(const AttnParams &p, const float *srow, RowRange rr, float slope,
+                                             int pos, int j) {
+    if (j < rr.lo || j >= rr.hi) return -INFINITY;
+    float x = srow[j];
+    if (p.alibi_slopes) x += attn_alibi_bias(slope, pos, j);
+    return x;
+}
+
+// One block per row (b, h, i): P = softmax(S) in place (fp32), P_drop in the element type, LSE.
+// With `from_lse` (backward) the LSE saved by the forward is used instead of recomputing it.
+template <typename T> __global__ void naive_softmax_kernel(const AttnParams p, float *s, T *pd, bool from_lse) {
+    __shared__ float scratch[NAIVE_THREADS / 32];
+    const int64_t row = blockIdx.x;  // (b * NH + h) * T_q + i
+    const int i = (int)(row % p.T_q), h = (int)((row / p.T_q) % p.NH), b = (int)(row / ((int64_t)p.T_q * p.NH));
+    float *srow = s + row * p.T_k;
+    T *prow = pd + row * p.T_k;
+    const RowRange rr = row_range(p, b, i);
+    const int pos = attn_aligned_pos(p.T_q, p.T_k, i);
+    const float slope = p.alibi_slopes ? p.alibi_slopes[h] : 0.f;
+    float lse;
+    if (from_lse) {
+        lse = p.lse[row];
+    } else {
+        float mx = -INFINITY;
+        for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) mx = fmaxf(mx, naive_score(p, srow, rr, slope, pos, j));
+        mx = block_reduce(mx, true, scratch);
+        const float m_use = mx == -INFINITY ? 0.f : mx;
+        float sum = 0.f;
+        for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) sum += expf(naive_score(p, srow, rr, slope, pos, j) - m_use);
+        sum = block_reduce(sum, false, scratch);
+        lse = sum > 0.f ? m_use + logf(sum) : INFINITY;  // fully masked row: P = 0, LSE +inf
+        if (threadIdx.x == 0 && p.lse) p.lse[row] = lse;
+    }
+    const float keep_scale = p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) {
+        const float pr = expf(naive_score(p, srow, rr, slope, pos, j) - lse);
+        srow[j] = pr;
+        const bool keep = p.dropout_p <= 0.f || attn_dropout_keep_elem(&p, attn_dropout_elem(&p, b, h, i, j));
+        prow[j] = st_f<T>(keep ? pr * keep_scale : 0.f);
+    }
+}
+
+// dS = P * (dP_drop - D) with D = sum_j P_drop dP; row (b, h, i). dP (fp32) is read from `dp`
+// and dS is written over it in the element type at the same row start (row stride ld_ds
+// elements); the chunked read-barrier-write keeps the in-place narrowing race-free.
+template <typename T> __global__ void naive_dsoftmax_kernel(const AttnParams p, const float *s, float *dp, int64_t ld_ds) {
+    __shared__ float scratch[NAIVE_THREADS / 32];
+    const int64_t row = blockIdx.x;
+    const int i = (int)(row % p.T_q), h = (int)((row / p.T_q) % p.NH), b = (int)(row / ((int64_t)p.T_q * p.NH));
+    const float *prow = s + row * p.T_k;
+    float *dprow = dp + row * p.T_k;
+    T *dsrow = reinterpret_cast<T *>(dp) + row * ld_ds;
+    const float keep_scale = p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    auto dp_eff = [&](int j) {  // dL/dP (undropped) = dL/dP_drop * keep / (1 - p)
+        if (p.dropout_p <= 0.f) return dprow[j];
+        return attn_dropout_keep_elem(&p, attn_dropout_elem(&p, b, h, i, j)) ? dprow[j] * keep_scale : 0.f;
+    };
+    float d = 0.f;
+    for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) d += prow[j] * dp_eff(j);
+    d = block_reduce(d, false, scratch);
+    for (int j0 = 0; j0 < p.T_k; j0 += NAIVE_THREADS) {
+        const int j = j0 + threadIdx.x;
+        const float v = j < p.T_k ? prow[j] * (dp_eff(j) - d) : 0.f;
+        __syncthreads();  // every thread has read its dP of this chunk before anyone narrows it
+        if (j < p.T_k) dsrow[j] = st_f<T>(v);
+    }
+}
+
+template <typename T> __global__ void naive_convert_kernel(const AttnParams p, const float *acc, void *dst, AttnStrides st) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (B, NKV, T_k, HS)
+    if (idx >= (int64_t)p.B * p.NKV * p.T_k * p.HS) return;
+    const int c = (int)(idx % p.HS);
+    const int64_t r = idx / p.HS;
+    const int j = (int)(r % p.T_k), g = (int)((r / p.T_k) % p.NKV), b = (int)(r / ((int64_t)p.T_k * p.NKV));
+    static_cast<T *>(dst)[b * st.batch + (int64_t)j * st.row + g * st.head + c] = st_f<T>(acc[idx]);
+}
+
+template <typename T> static void naive_forward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
+    const NaiveBuffers nb = naive_buffers(p);
+    const int G = p.NH / p.NKV;
+    const cudaDataType_t dt = cuda_type(p.dtype);
+    const size_t eb = elem_bytes(p.dtype);
+    const int64_t tt = (int64_t)p.T_q * p.T_k;
+    for (int b = 0; b < p.B; b++)
+        for (int g = 0; g < p.NKV; g++) {
+            const int h0 = g * G;
+            const char *q = (const char *)p.q + (b * p.q_st.batch + h0 * p.q_st.head) * eb;
+            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * eb;
+            float *sc = nb.s + ((int64_t)b * p.NH + h0) * tt;
+            // S^T (T_k x T_q) = K (T_k x HS) Q^T: col-major C = op(A)=K^T^T, B = Q^T
+            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, k, dt, p.k_st.row, 0, q, dt, p.q_st.row,
+                      p.q_st.head, sc, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f});
+        }
+    const unsigned rows = (unsigned)((int64_t)p.B * p.NH * p.T_q);
+    naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), false);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+    for (int b = 0; b < p.B; b++)
+        for (int g = 0; g < p.NKV; g++) {
+            const int h0 = g * G;
+            const char *v = (const char *)p.v + (b * p.v_st.batch + g * p.v_st.head) * eb;
+            const char *pd = (const char *)nb.pd + ((int64_t)b * p.NH + h0) * tt * eb;
+            char *o = (char *)p.out + (b * p.o_st.batch + h0 * p.o_st.head) * eb;
+            // O^T (HS x T_q) = V^T (HS x T_k) P^T (T_k x T_q)
+            gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, v, dt, p.v_st.row, 0, pd, dt, p.T_k, tt, o,
+                      dt, p.o_st.row, p.o_st.head, G, 1.f, 0.f});
+        }
+}
+
+template <typename T> static void naive_backward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
+    const NaiveBuffers nb = naive_buffers(p);
+    const int G = p.NH / p.NKV;
+    const cudaDataType_t dt = cuda_type(p.dtype);
+    const size_t eb = elem_bytes(p.dtype);
+    const int64_t tt = (int64_t)p.T_q * p.T_k;
+    const int64_t ld_ds = p.T_k * (int64_t)(4 / eb);  // dS rows keep dP's byte stride
+    const bool gqa = G > 1;
+    const unsigned rows = (unsigned)((int64_t)p.B * p.NH * p.T_q);
+    for (int b = 0; b < p.B; b++)
+        for (int g = 0; g < p.NKV; g++) {
+            const int h0 = g * G;
+            const char *q = (const char *)p.q + (b * p.q_st.batch + h0 * p.q_st.head) * eb;
+            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * eb;
+            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, k, dt, p.k_st.row, 0, q, dt, p.q_st.row,
+                      p.q_st.head, nb.s + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f});
+        }
+    naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), true);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+    // dV (T_k x HS) = P_drop^T dO: col-major dV^T (HS x T_k) = dO^T (HS x T_q) P_drop (T_q x T_k)
+    for (int b = 0; b < p.B; b++)
+        for (int hh = 0; hh < p.NH; hh++) {
+            const int g = hh / G;
+            const char *dO = (const char *)p.dout + (b * p.do_st.batch + hh * p.do_st.head) * eb;
+            const char *pd = (const char *)nb.pd + ((int64_t)b * p.NH + hh) * tt * eb;
+            if (gqa)
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, dt, p.do_st.row, 0, pd, dt, p.T_k, 0,
+                          nb.dv_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, 1.f,
+                          hh % G == 0 ? 0.f : 1.f});
+            else
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, dt, p.do_st.row, 0, pd, dt, p.T_k, 0,
+                          (char *)p.dv + (b * p.dv_st.batch + g * p.dv_st.head) * eb, dt, p.dv_st.row, 0, 1, 1.f, 0.f});
+        }
+    // dP^T (T_k x T_q) = V dO^T, fp32, over P_drop (dead now)
+    float *dp = static_cast<float *>(nb.pd);
+    for (int b = 0; b < p.B; b++)
+        for (int g = 0; g < p.NKV; g++) {
+            const int h0 = g * G;
+            const char *dO = (const char *)p.dout + (b * p.do_st.batch + h0 * p.do_st.head) * eb;
+            const char *v = (const char *)p.v + (b * p.v_st.batch + g * p.v_st.head) * eb;
+            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, v, dt, p.v_st.row, 0, dO, dt, p.do_st.row,
+                      p.do_st.head, dp + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, 1.f, 0.f});
+        }
+    naive_dsoftmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, dp, ld_ds);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+    const T *ds = reinterpret_cast<const T *>(dp);  // (B, NH, T_q, T_k) with row stride ld_ds
+    for (int b = 0; b < p.B; b++)
+        for (int g = 0; g < p.NKV; g++) {
+            const int h0 = g * G;
+            const T *dsg = ds + ((int64_t)b * p.NH + h0) * p.T_q * ld_ds;
+            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * eb;
+            char *dq = (char *)p.dq + (b * p.dq_st.batch + h0 * p.dq_st.head) * eb;
+            // dQ^T (HS x T_q) = K^T (HS x T_k) dS^T (T_k x T_q)
+            gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, k, dt, p.k_st.row, 0, dsg, dt, ld_ds,
+                      p.T_q * ld_ds, dq, dt, p.dq_st.row, p.dq_st.head, G, p.scale, 0.f});
+        }
+    // dK (T_k x HS) = scale dS^T Q: col-major dK^T (HS x T_k) = Q^T (HS x T_q) dS (T_q x T_k)
+    for (int b = 0; b < p.B; b++)
+        for (int hh = 0; hh < p.NH; hh++) {
+            const int g = hh / G;
+            const char *q = (const char *)p.q + (b * p.q_st.batch + hh * p.q_st.head) * eb;
+            const T *dsh = ds + ((int64_t)b * p.NH + hh) * p.T_q * ld_ds;
+            if (gqa)
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, dt, p.q_st.row, 0, dsh, dt, ld_ds, 0,
+                          nb.dk_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, p.scale,
+                          hh % G == 0 ? 0.f : 1.f});
+            else
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, dt, p.q_st.row, 0, dsh, dt, ld_ds, 0,
+                          (char *)p.dk + (b * p.dk_st.batch + g * p.dk_st.head) * eb, dt, p.dk_st.row, 0, 1, p.scale, 0.f});
+        }
+    if (gqa) {
+        const int64_t n = (int64_t)p.B * p.NKV * p.T_k * p.HS;
+        const unsigned blocks = (unsigned)((n + 255) / 256);
+        naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dk_acc, p.dk, p.dk_st);
+        naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dv_acc, p.dv, p.dv_st);
+        ATTN_CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+// cuBLAS handle for one call: the API has no context slot for it, and the naive path is a
+// baseline whose cost is dominated by its (T_q x T_k) GEMMs, not by the handle.
+template <typename F> static void with_cublas(const AttnParams &p, F body) {
+    cudaStream_t s = static_cast<cudaStream_t>(p.stream);
+    cublasHandle_t h;
+    CUBLAS_CHECK(cublasCreate(&h));
+    CUBLAS_CHECK(cublasSetStream(h, s));
+    body(h, s);
+    CUBLAS_CHECK(cublasDestroy(h));
+}
+
+void naive_forward_cuda(const AttnParams &p) {
+    with_cublas(p, [&](cublasHandle_t h, cudaStream_t s) {
+        if (p.dtype == ATTN_BF16) naive_forward_t<__nv_bfloat16>(p, h, s);
+        else if (p.dtype == ATTN_F16) naive_forward_t<__half>(p, h, s);
+        else naive_forward_t<float>(p, h, s);
+    });
+}
+
+void naive_backward_cuda(const AttnParams &p) {
+    with_cublas(p, [&](cublasHandle_t h, cudaStream_t s) {
+        if (p.dtype == ATTN_BF16) naive_backward_t<__nv_bfloat16>(p, h, s);
+        else if (p.dtype == ATTN_F16) naive_backward_t<__half>(p, h, s);
+        else naive_backward_t<float>(p, h, s);
+    });
+}

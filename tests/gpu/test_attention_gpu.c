@@ -1,0 +1,573 @@
+// GPU attention tests: attn_forward_cuda / attn_backward_cuda (flash and naive) against the CPU
+// reference (attn_*_cpu, fp32) and a float64 reference, over odd shapes, GQA, strided fused QKV,
+// windows, ALiBi, documents, dropout, fully masked rows and the deterministic mode.
+//
+// Tolerance (STYLE.md, after flash-attention's tests): the GPU's error against float64 must stay
+// within 2x the error of a straightforward implementation in the same precision (float64
+// arithmetic that rounds S, P, O, dP, dS and the gradients to bf16/fp16, as a PyTorch bf16
+// eager run would), plus 1e-4 for fp32 accumulation-order noise (rms relative error of sums of
+// up to ~1e4 terms at 2^-24 each stays under 1e-5). The same bound applies against the fp32 CPU
+// reference, whose own error against float64 is below 1e-5.
+//
+// Usage: test_attention_gpu [--quick]   (--quick: a small subset for compute-sanitizer)
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "attention/mask.h"
+#include "common/rng.h"
+#include "tests/testlib.h"
+
+#define CUDA_OK(stmt)                                                                             \
+    do {                                                                                          \
+        cudaError_t e_ = (stmt);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "CUDA error: %s: %s (%s:%d)\n", #stmt, cudaGetErrorString(e_),        \
+                    __FILE__, __LINE__);                                                          \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+// ---- element conversion (round to nearest even) -------------------------------------------
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7FFFu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+static float bf16_to_f32(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7FFFFFu;
+    int exp = (int)((x >> 23) & 0xFF) - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7C00u);
+    if (exp <= 0) {  // subnormal half
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        int shift = 14 - exp;
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;  // a carry rounds into the exponent
+    return (uint16_t)(sign | h);
+}
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FFu;
+    if (exp == 0) {
+        float v = ldexpf((float)mant, -24);
+        return sign ? -v : v;
+    }
+    uint32_t x = exp == 31 ? sign | 0x7F800000u | (mant << 13) : sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static float round_to(AttnDtype t, float f) {
+    if (t == ATTN_BF16) return bf16_to_f32(f32_to_bf16(f));
+    if (t == ATTN_F16) return f16_to_f32(f32_to_f16(f));
+    return f;
+}
+static size_t esize(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
+
+// Host fp32 <-> device element type, n elements.
+static void upload(void *dst, const float *src, size_t n, AttnDtype t) {
+    size_t eb = esize(t);
+    void *tmp = malloc(n * eb);
+    for (size_t i = 0; i < n; i++) {
+        if (t == ATTN_F32) ((float *)tmp)[i] = src[i];
+        else ((uint16_t *)tmp)[i] = t == ATTN_BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+    }
+    CUDA_OK(cudaMemcpy(dst, tmp, n * eb, cudaMemcpyHostToDevice));
+    free(tmp);
+}
+static void download(float *dst, const void *src, size_t n, AttnDtype t) {
+    size_t eb = esize(t);
+    void *tmp = malloc(n * eb);
+    CUDA_OK(cudaMemcpy(tmp, src, n * eb, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) {
+        if (t == ATTN_F32) dst[i] = ((float *)tmp)[i];
+        else dst[i] = t == ATTN_BF16 ? bf16_to_f32(((uint16_t *)tmp)[i]) : f16_to_f32(((uint16_t *)tmp)[i]);
+    }
+    free(tmp);
+}
+
+// ---- cases --------------------------------------------------------------------------------
+
+typedef struct {
+    const char *name;
+    AttnDtype dtype;
+    AttnImpl impl;
+    int B, T_q, T_k, NH, NKV, HS;
+    int causal, wl, wr;
+    int alibi, docs, fused;  // ALiBi slopes; 3 documents per batch row; fused QKV layout
+    float dropout;
+    int deterministic;
+} Case;
+
+// Strided view of a tensor on the host (fp32) and on the device (element type).
+typedef struct {
+    float *h;
+    void *d;
+    size_t n;  // elements of the allocation
+    AttnStrides st;
+} Buf;
+
+static Buf buf_alloc(size_t n, AttnStrides st, AttnDtype t) {
+    Buf b = {calloc(n, sizeof(float)), NULL, n, st};
+    CUDA_OK(cudaMalloc(&b.d, n * esize(t)));
+    return b;
+}
+static Buf buf_host(size_t n, AttnStrides st) {
+    Buf b = {calloc(n, sizeof(float)), NULL, n, st};
+    return b;
+}
+static void buf_free(Buf *b) {
+    free(b->h);
+    if (b->d) CUDA_OK(cudaFree(b->d));
+}
+// Raw device bytes of the gradients (the one fused buffer, or dq, dk, dv back to back).
+static void *grads_bytes(const Buf *all, const Buf *dq, const Buf *dk, const Buf *dv, AttnDtype t, size_t *n) {
+    const Buf *parts[3] = {all ? all : dq, all ? NULL : dk, all ? NULL : dv};
+    size_t total = 0;
+    for (int i = 0; i < 3; i++) total += parts[i] ? parts[i]->n * esize(t) : 0;
+    char *blob = malloc(total), *w = blob;
+    for (int i = 0; i < 3; i++) {
+        if (!parts[i]) continue;
+        CUDA_OK(cudaMemcpy(w, parts[i]->d, parts[i]->n * esize(t), cudaMemcpyDeviceToHost));
+        w += parts[i]->n * esize(t);
+    }
+    *n = total;
+    return blob;
+}
+static float *at(const Buf *b, int bb, int t, int h) {
+    return b->h + (int64_t)bb * b->st.batch + (int64_t)t * b->st.row + (int64_t)h * b->st.head;
+}
+
+// Float64 reference (lowp = 0) or the straightforward same-precision one (lowp = 1, rounding
+// as described at the top). Outputs are contiguous: out, dq (B, T_q, NH, HS); dk, dv (B, T_k,
+// NKV, HS); lse (B, NH, T_q).
+typedef struct {
+    double *out, *lse, *dq, *dk, *dv;
+} Ref;
+
+static double rnd(const AttnParams *p, int lowp, double x) { return lowp ? round_to(p->dtype, (float)x) : x; }
+
+static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const Buf *v, const Buf *dout,
+                          const float *slopes_h, int lowp, Ref *r) {
+    const int G = p->NH / p->NKV, HS = p->HS, Tq = p->T_q, Tk = p->T_k;
+    const double ks = p->dropout_p > 0 ? 1.0 / (1.0 - p->dropout_p) : 1.0;
+    size_t nkv = (size_t)p->B * Tk * p->NKV * HS;
+    memset(r->dk, 0, nkv * sizeof(double));
+    memset(r->dv, 0, nkv * sizeof(double));
+    double *P = malloc((size_t)Tq * Tk * sizeof(double));   // undropped probabilities
+    double *DS = malloc((size_t)Tq * Tk * sizeof(double));  // dS
+    for (int b = 0; b < p->B; b++)
+        for (int h = 0; h < p->NH; h++) {
+            const int g = h / G;
+#pragma omp parallel for schedule(dynamic, 4)
+            for (int i = 0; i < Tq; i++) {
+                const float *qi = at(q, b, i, h), *doi = at(dout, b, i, h);
+                double *Pi = P + (size_t)i * Tk, *dSi = DS + (size_t)i * Tk;
+                const int pos = attn_aligned_pos(Tq, Tk, i);
+                double mx = -INFINITY;
+                for (int j = 0; j < Tk; j++) {
+                    double s = -INFINITY;
+                    if (attn_visible(p, b, i, j)) {
+                        const float *kj = at(k, b, j, g);
+                        double acc = 0;
+                        for (int d = 0; d < HS; d++) acc += (double)qi[d] * kj[d];
+                        s = rnd(p, lowp, acc * p->scale);
+                        if (slopes_h) s += attn_alibi_bias(slopes_h[h], pos, j);
+                    }
+                    Pi[j] = s;
+                    if (s > mx) mx = s;
+                }
+                double sum = 0;
+                for (int j = 0; j < Tk; j++) sum += Pi[j] == -INFINITY ? 0 : exp(Pi[j] - mx);
+                double *oi = r->out + (((size_t)b * Tq + i) * p->NH + h) * HS;
+                r->lse[((size_t)b * p->NH + h) * Tq + i] = sum > 0 ? mx + log(sum) : INFINITY;
+                for (int d = 0; d < HS; d++) oi[d] = 0;
+                for (int j = 0; j < Tk; j++) {
+                    Pi[j] = sum > 0 && Pi[j] != -INFINITY ? rnd(p, lowp, exp(Pi[j] - mx) / sum) : 0;
+                    double keep = p->dropout_p > 0 ? attn_dropout_keep(p, b, h, i, j) * ks : 1.0;
+                    if (Pi[j] * keep == 0) continue;
+                    const float *vj = at(v, b, j, g);
+                    for (int d = 0; d < HS; d++) oi[d] += Pi[j] * keep * vj[d];
+                }
+                double D = 0;
+                for (int d = 0; d < HS; d++) {
+                    oi[d] = rnd(p, lowp, oi[d]);
+                    D += (double)doi[d] * oi[d];
+                }
+                for (int j = 0; j < Tk; j++) {
+                    dSi[j] = 0;
+                    if (Pi[j] == 0) continue;
+                    const float *vj = at(v, b, j, g);
+                    double dp = 0;
+                    for (int d = 0; d < HS; d++) dp += (double)doi[d] * vj[d];
+                    dp = rnd(p, lowp, dp);
+                    if (p->dropout_p > 0) dp *= attn_dropout_keep(p, b, h, i, j) * ks;
+                    dSi[j] = rnd(p, lowp, Pi[j] * (dp - D));
+                }
+                double *dqi = r->dq + (((size_t)b * Tq + i) * p->NH + h) * HS;
+                for (int d = 0; d < HS; d++) dqi[d] = 0;
+                for (int j = 0; j < Tk; j++) {
+                    if (dSi[j] == 0) continue;
+                    const float *kj = at(k, b, j, g);
+                    for (int d = 0; d < HS; d++) dqi[d] += dSi[j] * kj[d];
+                }
+                for (int d = 0; d < HS; d++) dqi[d] = rnd(p, lowp, dqi[d] * p->scale);
+            }
+#pragma omp parallel for schedule(dynamic, 4)
+            for (int j = 0; j < Tk; j++) {
+                double *dkj = r->dk + (((size_t)b * Tk + j) * p->NKV + g) * HS;
+                double *dvj = r->dv + (((size_t)b * Tk + j) * p->NKV + g) * HS;
+                for (int i = 0; i < Tq; i++) {
+                    double pij = P[(size_t)i * Tk + j], dsij = DS[(size_t)i * Tk + j];
+                    if (pij == 0 && dsij == 0) continue;
+                    double keep = p->dropout_p > 0 ? attn_dropout_keep(p, b, h, i, j) * ks : 1.0;
+                    const float *qi = at(q, b, i, h), *doi = at(dout, b, i, h);
+                    for (int d = 0; d < HS; d++) {
+                        dkj[d] += p->scale * dsij * qi[d];
+                        dvj[d] += pij * keep * doi[d];
+                    }
+                }
+            }
+        }
+    if (lowp)
+        for (size_t i = 0; i < nkv; i++) {
+            r->dk[i] = rnd(p, 1, r->dk[i]);
+            r->dv[i] = rnd(p, 1, r->dv[i]);
+        }
+    free(P);
+    free(DS);
+}
+
+// ||a - ref|| / ||ref|| over a strided host tensor a (B, T, H, HS) against a contiguous double ref.
+static double err_vs(const Buf *a, const double *ref, int B, int T, int H, int HS) {
+    double num = 0, den = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                const float *x = at(a, b, t, h);
+                const double *y = ref + (((size_t)b * T + t) * H + h) * HS;
+                for (int d = 0; d < HS; d++) {
+                    double e = (double)x[d] - y[d];
+                    if (!isfinite(x[d])) return INFINITY;  // unwritten (poisoned) or NaN
+                    num += e * e;
+                    den += y[d] * y[d];
+                }
+            }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+static double err_d(const double *a, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = a[i] - ref[i];
+        num += e * e;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+// Same strided tensor copied into a contiguous double array.
+static void to_contig(const Buf *a, double *dst, int B, int T, int H, int HS) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < HS; d++) dst[(((size_t)b * T + t) * H + h) * HS + d] = at(a, b, t, h)[d];
+}
+
+#define ATOL 1e-4
+
+// LSE: both +inf (fully masked row) or within the fp32 error of a log-sum-exp of these scores.
+static int lse_ok(const float *lse, const double *ref, size_t n, double *worst) {
+    *worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(ref[i])) {
+            if (!(isinf(lse[i]) && lse[i] > 0)) return 0;
+            continue;
+        }
+        if (!isfinite(lse[i])) return 0;
+        // scores come from the same rounded inputs in fp32: relative error ~1e-6, 1e-4 leaves room
+        double e = fabs(lse[i] - ref[i]) / fmax(1.0, fabs(ref[i]));
+        if (e > *worst) *worst = e;
+    }
+    return *worst < 1e-4;
+}
+
+static void run_case(const Case *c, Rng *rng) {
+    const int B = c->B, Tq = c->T_q, Tk = c->T_k, NH = c->NH, NKV = c->NKV, HS = c->HS;
+    const AttnDtype dt = c->dtype;
+    Buf q, k, v, dq, dk, dv;
+    Buf qkv_all = {0}, dqkv_all = {0};
+    if (c->fused) {  // (B, T, (NH + 2 NKV) * HS) as the model's QKV projection writes it
+        const int W = (NH + 2 * NKV) * HS;
+        AttnStrides st = {(int64_t)Tq * W, W, HS};
+        qkv_all = buf_alloc((size_t)B * Tq * W, st, dt);
+        dqkv_all = buf_alloc((size_t)B * Tq * W, st, dt);
+        q = qkv_all; k = qkv_all; v = qkv_all;
+        k.h += NH * HS; v.h += (NH + NKV) * HS;
+        k.d = (char *)k.d + NH * HS * esize(dt); v.d = (char *)v.d + (NH + NKV) * HS * esize(dt);
+        dq = dqkv_all; dk = dqkv_all; dv = dqkv_all;
+        dk.h += NH * HS; dv.h += (NH + NKV) * HS;
+        dk.d = (char *)dk.d + NH * HS * esize(dt); dv.d = (char *)dv.d + (NH + NKV) * HS * esize(dt);
+    } else {
+        AttnStrides sq = {(int64_t)Tq * NH * HS, NH * HS, HS}, sk = {(int64_t)Tk * NKV * HS, NKV * HS, HS};
+        q = buf_alloc((size_t)B * Tq * NH * HS, sq, dt);
+        dq = buf_alloc((size_t)B * Tq * NH * HS, sq, dt);
+        k = buf_alloc((size_t)B * Tk * NKV * HS, sk, dt);
+        v = buf_alloc((size_t)B * Tk * NKV * HS, sk, dt);
+        dk = buf_alloc((size_t)B * Tk * NKV * HS, sk, dt);
+        dv = buf_alloc((size_t)B * Tk * NKV * HS, sk, dt);
+    }
+    AttnStrides so = {(int64_t)Tq * NH * HS, NH * HS, HS};
+    Buf out = buf_alloc((size_t)B * Tq * NH * HS, so, dt), dout = buf_alloc((size_t)B * Tq * NH * HS, so, dt);
+
+    // inputs: randn rounded to the element type, so CPU and GPU see identical values
+    Buf *ins[4] = {c->fused ? &qkv_all : &q, c->fused ? NULL : &k, c->fused ? NULL : &v, &dout};
+    for (int i = 0; i < 4; i++) {
+        if (!ins[i]) continue;
+        for (size_t e = 0; e < ins[i]->n; e++) ins[i]->h[e] = round_to(dt, rng_normal(rng));
+        upload(ins[i]->d, ins[i]->h, ins[i]->n, dt);
+    }
+
+    float slopes_h[64];
+    float *slopes_d = NULL;
+    if (c->alibi) {
+        for (int h = 0; h < NH; h++) slopes_h[h] = powf(2.0f, -8.0f * (h + 1) / NH);
+        CUDA_OK(cudaMalloc((void **)&slopes_d, NH * sizeof(float)));
+        CUDA_OK(cudaMemcpy(slopes_d, slopes_h, NH * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    int cu_h[64 * 3 + 1], n_docs = 0;
+    int *cu_d = NULL;
+    if (c->docs) {  // three documents per row of uneven lengths (the last may be short)
+        cu_h[0] = 0;
+        for (int b = 0; b < B; b++) {
+            cu_h[++n_docs] = b * Tq + Tq / 3 + 1;
+            cu_h[++n_docs] = b * Tq + (3 * Tq) / 4;
+            cu_h[++n_docs] = (b + 1) * Tq;
+        }
+        CUDA_OK(cudaMalloc((void **)&cu_d, (n_docs + 1) * sizeof(int)));
+        CUDA_OK(cudaMemcpy(cu_d, cu_h, (n_docs + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    }
+
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.B = B; p.T_q = Tq; p.T_k = Tk; p.NH = NH; p.NKV = NKV; p.HS = HS;
+    p.scale = 1.0f / sqrtf((float)HS);
+    p.causal = c->causal; p.window_left = c->wl; p.window_right = c->wr;
+    p.dropout_p = c->dropout; p.seed = 1234; p.offset = 77;
+    p.dtype = dt; p.impl = c->impl; p.deterministic = c->deterministic;
+    p.q_st = q.st; p.k_st = k.st; p.v_st = v.st; p.o_st = out.st; p.do_st = dout.st;
+    p.dq_st = dq.st; p.dk_st = dk.st; p.dv_st = dv.st;
+    p.n_docs = c->docs ? n_docs : 0;
+
+    // CPU reference (fp32) on the host copies
+    AttnParams pc = p;
+    pc.dtype = ATTN_F32; pc.impl = ATTN_IMPL_FLASH; pc.deterministic = 0;
+    pc.q = q.h; pc.k = k.h; pc.v = v.h; pc.dout = dout.h;
+    Buf out_c = buf_host(out.n, out.st);
+    Buf dq_c = buf_host(dq.n, dq.st), dk_c = buf_host(dk.n, dk.st), dv_c = buf_host(dv.n, dv.st);
+    if (c->fused) {  // the fused gradient views start at their heads' columns, like the device ones
+        dk_c.h += NH * HS; dv_c.h += (NH + NKV) * HS;
+    }
+    float *lse_c = malloc((size_t)B * NH * Tq * sizeof(float));
+    pc.out = out_c.h; pc.lse = lse_c; pc.dq = dq_c.h; pc.dk = dk_c.h; pc.dv = dv_c.h;
+    pc.alibi_slopes = c->alibi ? slopes_h : NULL;
+    pc.cu_seqlens = c->docs ? cu_h : NULL;
+    char err[512];
+    int cpu_ok = attn_check(&pc, ATTN_CPU, 1, err, sizeof err) == 0;
+    EXPECT(cpu_ok, "%s: CPU reference rejects the case: %s", c->name, err);
+    if (cpu_ok) {
+        attn_forward_cpu(&pc);
+        attn_backward_cpu(&pc);
+    }
+
+    // float64 and same-precision references
+    size_t nq = (size_t)B * Tq * NH * HS, nk = (size_t)B * Tk * NKV * HS, nl = (size_t)B * NH * Tq;
+    Ref r64, rlp;
+    Ref *rs[2] = {&r64, &rlp};
+    for (int i = 0; i < 2; i++) {
+        rs[i]->out = malloc(nq * sizeof(double)); rs[i]->dq = malloc(nq * sizeof(double));
+        rs[i]->dk = malloc(nk * sizeof(double)); rs[i]->dv = malloc(nk * sizeof(double));
+        rs[i]->lse = malloc(nl * sizeof(double));
+        ref_attention(&pc, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, i, rs[i]);
+    }
+
+    // GPU, with every output poisoned (0xFF bytes: NaN in every element type) first
+    p.q = q.d; p.k = k.d; p.v = v.d; p.out = out.d; p.dout = dout.d; p.dq = dq.d; p.dk = dk.d; p.dv = dv.d;
+    p.alibi_slopes = slopes_d; p.cu_seqlens = cu_d;
+    float *lse_d;
+    CUDA_OK(cudaMalloc((void **)&lse_d, nl * sizeof(float)));
+    p.lse = lse_d;
+    p.workspace_bytes = attn_workspace_bytes(&p, ATTN_CUDA);
+    CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes ? p.workspace_bytes : 16));
+    CUDA_OK(cudaMemset(out.d, 0xFF, out.n * esize(dt)));
+    CUDA_OK(cudaMemset(lse_d, 0xFF, nl * sizeof(float)));
+    attn_forward_cuda(&p);
+    CUDA_OK(cudaGetLastError());
+    if (c->fused) {
+        CUDA_OK(cudaMemset(dqkv_all.d, 0xFF, dqkv_all.n * esize(dt)));
+    } else {
+        CUDA_OK(cudaMemset(dq.d, 0xFF, dq.n * esize(dt)));
+        CUDA_OK(cudaMemset(dk.d, 0xFF, dk.n * esize(dt)));
+        CUDA_OK(cudaMemset(dv.d, 0xFF, dv.n * esize(dt)));
+    }
+    attn_backward_cuda(&p);
+    CUDA_OK(cudaDeviceSynchronize());
+
+    float *lse_g = malloc(nl * sizeof(float));
+    CUDA_OK(cudaMemcpy(lse_g, lse_d, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    download(out.h, out.d, out.n, dt);
+    if (c->fused) download(dqkv_all.h, dqkv_all.d, dqkv_all.n, dt);
+    else {
+        download(dq.h, dq.d, dq.n, dt);
+        download(dk.h, dk.d, dk.n, dt);
+        download(dv.h, dv.d, dv.n, dt);
+    }
+
+    // errors: GPU vs float64, same-precision straightforward vs float64, GPU vs CPU
+    const char *names[4] = {"out", "dq", "dk", "dv"};
+    const Buf *gpu[4] = {&out, &dq, &dk, &dv}, *cpu[4] = {&out_c, &dq_c, &dk_c, &dv_c};
+    const double *ref[4] = {r64.out, r64.dq, r64.dk, r64.dv}, *lowp[4] = {rlp.out, rlp.dq, rlp.dk, rlp.dv};
+    const int Ts[4] = {Tq, Tq, Tk, Tk}, Hs[4] = {NH, NH, NKV, NKV};
+    const size_t ns[4] = {nq, nq, nk, nk};
+    printf("  %-34s", c->name);
+    double *tmp = malloc((nq > nk ? nq : nk) * sizeof(double));
+    for (int i = 0; i < 4; i++) {
+        double e_gpu = err_vs(gpu[i], ref[i], B, Ts[i], Hs[i], HS);
+        double e_lp = err_d(lowp[i], ref[i], ns[i]);
+        double bound = 2 * e_lp + ATOL;
+        to_contig(cpu[i], tmp, B, Ts[i], Hs[i], HS);
+        double e_cpu_ref = err_d(tmp, ref[i], ns[i]);
+        double e_gpu_cpu = err_vs(gpu[i], tmp, B, Ts[i], Hs[i], HS);
+        printf(" %s %.1e/%.1e", names[i], e_gpu, bound);
+        EXPECT(e_gpu <= bound, "%s: %s error vs float64 %.3e > bound %.3e (2 x %.3e + %.0e)", c->name, names[i],
+               e_gpu, bound, e_lp, ATOL);
+        EXPECT(e_gpu_cpu <= bound + e_cpu_ref, "%s: %s error vs CPU reference %.3e > %.3e", c->name, names[i],
+               e_gpu_cpu, bound + e_cpu_ref);
+    }
+    double lse_err;
+    EXPECT(lse_ok(lse_g, r64.lse, nl, &lse_err), "%s: LSE wrong or not +inf on a fully masked row (worst %.2e)",
+           c->name, lse_err);
+    printf(" lse %.1e\n", lse_err);
+
+    if (c->deterministic) {  // a second backward must give the same bits in dq, dk and dv
+        size_t n1, n2;
+        void *first = grads_bytes(c->fused ? &dqkv_all : NULL, &dq, &dk, &dv, dt, &n1);
+        attn_backward_cuda(&p);
+        CUDA_OK(cudaDeviceSynchronize());
+        void *again = grads_bytes(c->fused ? &dqkv_all : NULL, &dq, &dk, &dv, dt, &n2);
+        EXPECT(n1 == n2 && memcmp(first, again, n1) == 0, "%s: deterministic backward differs between two runs",
+               c->name);
+        free(first);
+        free(again);
+    }
+
+    free(tmp);
+    free(lse_g);
+    free(lse_c);
+    for (int i = 0; i < 2; i++) {
+        free(rs[i]->out); free(rs[i]->dq); free(rs[i]->dk); free(rs[i]->dv); free(rs[i]->lse);
+    }
+    CUDA_OK(cudaFree(lse_d));
+    CUDA_OK(cudaFree(p.workspace));
+    if (slopes_d) CUDA_OK(cudaFree(slopes_d));
+    if (cu_d) CUDA_OK(cudaFree(cu_d));
+    if (c->fused) {
+        dk_c.h -= NH * HS; dv_c.h -= (NH + NKV) * HS;
+        buf_free(&qkv_all); buf_free(&dqkv_all);
+    } else {
+        buf_free(&q); buf_free(&k); buf_free(&v); buf_free(&dq); buf_free(&dk); buf_free(&dv);
+    }
+    buf_free(&dq_c); buf_free(&dk_c); buf_free(&dv_c);
+    buf_free(&out_c);
+    buf_free(&out);
+    buf_free(&dout);
+}
+
+// Dropout statistics: the keep rate of attn_dropout_keep (the rule the kernels share, and which
+// the CPU comparison above shows they follow) is 1 - p within 5 standard deviations.
+static void test_dropout_stats(void) {
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.B = 2; p.NH = 3; p.T_q = p.T_k = 300; p.dropout_p = 0.2f; p.seed = 99; p.offset = 5;
+    long kept = 0, n = 0;
+    for (int b = 0; b < p.B; b++)
+        for (int h = 0; h < p.NH; h++)
+            for (int i = 0; i < p.T_q; i++)
+                for (int j = 0; j < p.T_k; j++, n++) kept += attn_dropout_keep(&p, b, h, i, j);
+    double rate = (double)kept / n, sd = sqrt(0.2 * 0.8 / n);
+    EXPECT(fabs(rate - 0.8) < 5 * sd, "keep rate %.5f, expected 0.8 +- %.5f", rate, 5 * sd);
+}
+
+int main(int argc, char **argv) {
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("no CUDA device: skipped\n0 passed, 0 failed\n");
+        return 0;
+    }
+    Rng rng;
+    rng_seed(&rng, 42);
+    const AttnDtype BF = ATTN_BF16, FP = ATTN_F16;
+    const AttnImpl FL = ATTN_IMPL_FLASH, NV = ATTN_IMPL_NAIVE;
+    // name, dtype, impl, B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, fused, dropout, det
+    const Case quick_cases[] = {
+        {"quick bf16 hs64 causal T=97", BF, FL, 1, 97, 97, 2, 1, 64, 1, -1, -1, 0, 0, 1, 0, 0},
+        {"quick fp16 hs128 T=70 alibi+drop", FP, FL, 1, 70, 70, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0.1f, 1},
+        {"quick bf16 hs64 docs naive", BF, NV, 2, 50, 50, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0},
+    };
+    const Case cases[] = {
+        {"bf16 hs64 T=1", BF, FL, 2, 1, 1, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=1", BF, FL, 1, 1, 1, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=17", BF, FL, 2, 17, 17, 3, 3, 64, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 T=64", BF, FL, 1, 64, 64, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=97 fused", BF, FL, 2, 97, 97, 4, 4, 64, 1, -1, -1, 0, 0, 1, 0, 0},
+        {"bf16 hs64 T=128", BF, FL, 1, 128, 128, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=1000", BF, FL, 1, 1000, 1000, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 T=1025", BF, FL, 1, 1025, 1025, 2, 1, 64, 0, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=4096", BF, FL, 1, 4096, 4096, 1, 1, 64, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs128 causal T=97", BF, FL, 2, 97, 97, 2, 2, 128, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs128 T=1025 fused", BF, FL, 1, 1025, 1025, 2, 2, 128, 0, -1, -1, 0, 0, 1, 0, 0},
+        {"fp16 hs64 causal T=333", FP, FL, 2, 333, 333, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"fp16 hs128 T=200", FP, FL, 1, 200, 200, 3, 3, 128, 0, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 GQA 8/2 causal T=300", BF, FL, 2, 300, 300, 8, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0},
+        {"bf16 hs128 MQA 4/1 T=150", BF, FL, 1, 150, 150, 4, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 Tq=37 Tk=300", BF, FL, 2, 37, 300, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs128 causal Tq=37 Tk=300", BF, FL, 1, 37, 300, 2, 1, 128, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 window 31/0 causal", BF, FL, 1, 513, 513, 2, 2, 64, 1, 31, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 window 50/20", BF, FL, 2, 400, 400, 2, 2, 128, 0, 50, 20, 0, 0, 0, 0, 0},
+        {"bf16 hs64 masked rows Tq=200 Tk=40", BF, FL, 1, 200, 40, 2, 2, 64, 0, 3, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 alibi causal T=300", BF, FL, 1, 300, 300, 4, 4, 64, 1, -1, -1, 1, 0, 0, 0, 0},
+        {"bf16 hs64 docs causal B=2 T=256", BF, FL, 2, 256, 256, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0},
+        {"fp16 hs128 docs T=190", FP, FL, 3, 190, 190, 2, 1, 128, 0, -1, -1, 0, 1, 1, 0, 0},
+        {"bf16 hs64 dropout 0.1 causal T=200", BF, FL, 2, 200, 200, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0},
+        {"fp16 hs128 dropout 0.3 T=129", FP, FL, 1, 129, 129, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0},
+        {"bf16 hs64 deterministic causal T=500", BF, FL, 2, 500, 500, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 1},
+        {"bf16 hs128 deterministic T=300", BF, FL, 1, 300, 300, 2, 2, 128, 0, 40, 40, 1, 0, 0, 0.1f, 1},
+        {"naive bf16 hs64 causal T=300 GQA", BF, NV, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0},
+        {"naive fp16 hs128 T=97 drop+alibi", FP, NV, 1, 97, 97, 2, 2, 128, 0, -1, -1, 1, 0, 0, 0.2f, 0},
+        {"naive fp32 hs96 causal T=100", ATTN_F32, NV, 1, 100, 100, 2, 2, 96, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"naive bf16 hs64 window+docs", BF, NV, 2, 120, 120, 2, 2, 64, 1, 20, 0, 0, 1, 0, 0, 0},
+    };
+    const Case *list = quick ? quick_cases : cases;
+    const int n = quick ? (int)(sizeof quick_cases / sizeof *quick_cases) : (int)(sizeof cases / sizeof *cases);
+    printf("case: error vs float64 / bound (2 x same-precision error + %.0e) per output\n", ATOL);
+    for (int i = 0; i < n; i++) TEST_CASE(list[i].name, run_case(&list[i], &rng));
+    TEST_CASE("dropout keep rate", test_dropout_stats());
+    return TEST_SUMMARY();
+}
