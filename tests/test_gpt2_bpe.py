@@ -8,6 +8,7 @@ tiktoken_ext.openai_public, <|endoftext|> = 50256. Our side runs through the bpe
 Invalid UTF-8 is defined (data/gpt2_bpe.h) as Python's bytes.decode('utf-8', errors='replace'),
 so for any bytes the expected ids are tiktoken's encode_ordinary of that decoded string.
 """
+import array
 import os
 import random
 import struct
@@ -54,12 +55,17 @@ def run_tool(tool, *args):
 
 def encode_cases(tool, tmp_path, cases, threads=None):
     """Encodes each byte string on its own; returns one list of ids per case."""
-    path = tmp_path / "cases.bin"
+    path, out = tmp_path / "cases.bin", tmp_path / "ids.bin"
     path.write_bytes(b"".join(struct.pack("<I", len(c)) + c for c in cases))
     extra = ["--threads", str(threads)] if threads is not None else []
-    lines = run_tool(tool, "--cases", *extra, str(path)).split("\n")
-    assert len(lines) == len(cases) + 1 and lines[-1] == ""
-    return [[int(x) for x in line.split()] for line in lines[:-1]]
+    run_tool(tool, "--cases", "--out", str(out), *extra, str(path))
+    ids, raw, pos = [], out.read_bytes(), 0
+    while pos < len(raw):   # records: uint32 count, then count int32 ids
+        (count,) = struct.unpack_from("<I", raw, pos)
+        ids.append(list(array.array("i", raw[pos + 4:pos + 4 + 4 * count])))
+        pos += 4 + 4 * count
+    assert len(ids) == len(cases)
+    return ids
 
 
 def expected(enc, data):
@@ -160,10 +166,12 @@ def test_every_code_point(enc, tool, tmp_path):
     # "x{c}1 {c}" and "a  {c}b" show whether c is a letter, a number, whitespace or none of these
     # (all that the pre-tokenizer asks of it) wherever a merge can cross c's edges; a category
     # difference that no merge can see does not change the ids. One case per 4096 code points
-    # locates a difference.
+    # locates a difference. Planes 4-13 (never assigned so far) and 15-16 (private use) are the
+    # same kind of character throughout: every 61st of those is enough.
     cases = []
     for lo in range(0, 0x110000, 4096):
-        cps = [cp for cp in range(lo, lo + 4096) if not 0xD800 <= cp < 0xE000]
+        step = 61 if 0x40000 <= lo < 0xE0000 or lo >= 0xF0000 else 1
+        cps = [cp for cp in range(lo, lo + 4096, step) if not 0xD800 <= cp < 0xE000]
         cases.append("".join("x%s1 %s\na  %sb\n" % ((chr(cp),) * 3) for cp in cps).encode())
     ours = encode_cases(tool, tmp_path, [c for c in cases if c])
     bad = [hex(i * 4096) for i, (c, o) in enumerate(zip(cases, ours)) if o != expected(enc, c)]

@@ -4,7 +4,8 @@
 //     --out FILE        writes the ids as int32 little-endian instead
 //     --decoded FILE    also writes the bytes of the ids (decode) to FILE
 //     --cases           INPUT is a list of records (uint32 little-endian length, bytes); each
-//                       record is encoded on its own and printed as one line of ids
+//                       record is encoded on its own and printed as one line of ids (with
+//                       --out: written as records of uint32 count and int32 ids)
 //     --threads N       uses gpt2_bpe_encode_parallel with N threads (0: all)
 //     --bench R         encodes R times and prints "seconds: <best> mb_per_s: <rate>"
 // Exit code 2 with a message for bad arguments or tokenizer files.
@@ -79,6 +80,7 @@ static void write_decoded(const Gpt2Bpe *t, const char *path, const int *ids, si
 static void run_cases(const Gpt2Bpe *t, const Args *a, const char *buf, size_t len) {
     int *ids = NULL;
     size_t n = 0, cap = 0;
+    FILE *out = a->out ? fopen_or_die(a->out, "wb") : NULL;
     for (size_t pos = 0; pos < len;) {
         uint32_t k;
         if (len - pos < 4) fatal(EXIT_USAGE, "%s: truncated record header at byte %zu", a->input, pos);
@@ -86,9 +88,16 @@ static void run_cases(const Gpt2Bpe *t, const Args *a, const char *buf, size_t l
         pos += 4;
         if (len - pos < k) fatal(EXIT_USAGE, "%s: record at byte %zu overruns the file", a->input, pos);
         encode(t, a, buf + pos, k, &ids, &n, &cap);
-        print_ids(ids, n);
+        if (out) {
+            uint32_t count = (uint32_t)n;
+            if (fwrite(&count, 4, 1, out) != 1 || fwrite(ids, sizeof(int), n, out) != n)
+                fatal(EXIT_RUNTIME, "%s: short write", a->out);
+        } else {
+            print_ids(ids, n);
+        }
         pos += k;
     }
+    if (out) fclose(out);
     free(ids);
 }
 
