@@ -12,6 +12,7 @@
 //   rowsum(dO * O) vs rowsum(P * dP)) - are compared with each other, see GRAD_TOL.
 // - Finite differences, see FD_STEP and FD_TOL.
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -580,16 +581,20 @@ static void test_strided(void) {
     }
 }
 
-// Two runs of the same problem give bitwise identical results (fixed summation order).
+// Runs with 1 and 3 threads give bitwise identical results (fixed summation order, no atomics).
 static void test_deterministic(void) {
     Shape s = {2, 130, 130, 4, 2, 32, 1, -1, -1, 0, 0, 0};
     Inputs in = inputs_make(s, 13);
     Outputs a = outputs_make(&s), b = outputs_make(&s);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
     run_contiguous(&in, &a, ATTN_IMPL_FLASH);
+    omp_set_num_threads(3);
     run_contiguous(&in, &b, ATTN_IMPL_FLASH);
+    omp_set_num_threads(threads);
     EXPECT(memcmp(a.out, b.out, sizeof(float) * n_q(&s)) == 0 && memcmp(a.dq, b.dq, sizeof(float) * n_q(&s)) == 0 &&
                memcmp(a.dk, b.dk, sizeof(float) * n_kv(&s)) == 0 && memcmp(a.dv, b.dv, sizeof(float) * n_kv(&s)) == 0,
-           "two flash runs differ");
+           "flash runs with 1 and 3 threads differ");
     outputs_free(&a); outputs_free(&b);
     inputs_free(&in);
 }
@@ -705,6 +710,6 @@ int main(void) {
     TEST_CASE("backward vs float64 finite differences", test_finite_differences());
     TEST_CASE("fully masked rows: out 0, lse +inf, no NaN", test_fully_masked_rows());
     TEST_CASE("strided fused QKV equals contiguous", test_strided());
-    TEST_CASE("flash is deterministic", test_deterministic());
+    TEST_CASE("flash is deterministic across thread counts", test_deterministic());
     return TEST_SUMMARY();
 }
