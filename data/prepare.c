@@ -3,7 +3,6 @@
 // text[:int(n * (1 - f))], val the rest, for every tokenizer (the char vocabulary covers the whole
 // text). Nothing is written until every step that can fail on the input has succeeded, and a
 // failed write removes the files this run already wrote.
-#define _GNU_SOURCE   // memmem
 #include "data/prepare.h"
 
 #include <errno.h>
@@ -188,23 +187,11 @@ static int encode_simple(const Tokenizer *t, const char *text, size_t len, Token
     return 0;
 }
 
-// llm.c's document convention: each document starts with <|endoftext|> and keeps the separator
-// that ended it.
+// With a separator, llm.c's document convention: each document starts with <|endoftext|> and
+// keeps the separator that ended it (gpt2_bpe_encode_documents, threads over documents).
 static void encode_gpt2(const Gpt2Bpe *bpe, const char *text, size_t len, const char *sep, Tokens *out) {
-    if (!sep) {
-        gpt2_bpe_encode_parallel(bpe, text, len, 0, &out->ids, &out->n, &out->cap);
-        return;
-    }
-    size_t sl = strlen(sep), start = 0;
-    for (;;) {   // like Python's text.split(sep): a trailing separator gives a last, empty document
-        const char *hit = memmem(text + start, len - start, sep, sl);
-        size_t end = hit ? (size_t)(hit - text) + sl : len;
-        if (out->n == out->cap) out->ids = xrealloc(out->ids, sizeof(int) * (out->cap = 2 * out->cap + 16));
-        out->ids[out->n++] = gpt2_bpe_eot(bpe);
-        gpt2_bpe_encode_parallel(bpe, text + start, end - start, 0, &out->ids, &out->n, &out->cap);
-        if (!hit) break;
-        start = end;
-    }
+    if (sep) gpt2_bpe_encode_documents(bpe, text, len, sep, 0, &out->ids, &out->n, &out->cap);
+    else gpt2_bpe_encode_parallel(bpe, text, len, 0, &out->ids, &out->n, &out->cap);
 }
 
 static const char *default_gpt2_file(const char *name, char *buf, size_t n) {
