@@ -34,17 +34,13 @@ static size_t pow2_at_least(size_t n) {
 static int vocab_insert(Gpt2Bpe *t, int id) {
     int len;
     const unsigned char *p = tok_ptr(t, id, &len);
-    size_t i = hash_bytes(p, (size_t)len) & t->vocab.mask;
-    for (;; i = (i + 1) & t->vocab.mask) {
-        int other = t->vocab.slot[i];
-        if (other < 0) {
-            t->vocab.slot[i] = id;
-            return -1;
-        }
-        int olen;
-        const unsigned char *q = tok_ptr(t, other, &olen);
-        if (olen == len && memcmp(p, q, (size_t)len) == 0) return other;
-    }
+    uint64_t h = hash_bytes(p, (size_t)len);
+    int other = vocab_find_hashed(t, p, (size_t)len, h);
+    if (other >= 0) return other;
+    size_t i = h & t->vocab.mask;
+    while (t->vocab.slot[i] != VOCAB_EMPTY) i = (i + 1) & t->vocab.mask;
+    t->vocab.slot[i] = (h >> 32) << 32 | (uint32_t)id;
+    return -1;
 }
 
 static void pair_insert(PairMap *m, int left, int right, int merged) {
@@ -213,8 +209,8 @@ static int load_encoder(Gpt2Bpe *t, const char *path, const char *vocab_path,
     }
     t->tok_off[n] = off;
     t->vocab.mask = pow2_at_least(2 * (size_t)n) - 1;
-    t->vocab.slot = xmalloc((t->vocab.mask + 1) * sizeof(int32_t));
-    memset(t->vocab.slot, 0xFF, (t->vocab.mask + 1) * sizeof(int32_t));
+    t->vocab.slot = xmalloc((t->vocab.mask + 1) * sizeof(uint64_t));
+    for (size_t i = 0; i <= t->vocab.mask; i++) t->vocab.slot[i] = VOCAB_EMPTY;
     for (int id = 0; id < t->eot; id++) {
         int other = vocab_insert(t, id);
         if (other >= 0) {

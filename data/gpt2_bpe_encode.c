@@ -310,7 +310,8 @@ static void state_free(EncodeState *st) {
 
 static void encode_piece(const Gpt2Bpe *t, EncodeState *st, const unsigned char *p, size_t n,
                          IdSink *out) {
-    int id = vocab_find(t, p, n);
+    uint64_t h = hash_bytes(p, n);
+    int id = vocab_find_hashed(t, p, n, h);
     if (id >= 0) {
         sink_push(out, &id, 1);
         return;
@@ -323,7 +324,7 @@ static void encode_piece(const Gpt2Bpe *t, EncodeState *st, const unsigned char 
         free(ids);
         return;
     }
-    uint64_t h = hash_bytes(p, n) | 1;   // never 0, the empty-slot mark
+    h |= 1;   // never 0, the cache's empty-slot mark
     const CacheEntry *e = cache_find(&st->cache, h, p, n);
     if (e) {
         sink_push(out, st->cache.ids + e->ids_off, e->ids_len);

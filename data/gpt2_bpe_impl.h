@@ -33,9 +33,11 @@ static inline uint64_t hash_u64(uint64_t x) {
     return x;
 }
 
-// Open addressing, ids into the token arena; -1 = empty slot.
+// Open addressing. A slot holds the high 32 bits of the hash above the id, so that most
+// mismatches are rejected without reading the token's bytes; VOCAB_EMPTY marks a free slot.
+#define VOCAB_EMPTY UINT64_MAX
 typedef struct {
-    int32_t *slot;
+    uint64_t *slot;
     size_t mask;
 } BytesMap;
 
@@ -63,15 +65,22 @@ static inline const unsigned char *tok_ptr(const Gpt2Bpe *t, int id, int *len) {
     return t->tok_bytes + t->tok_off[id];
 }
 
-static inline int vocab_find(const Gpt2Bpe *t, const unsigned char *p, size_t n) {
-    size_t i = hash_bytes(p, n) & t->vocab.mask;
-    for (;; i = (i + 1) & t->vocab.mask) {
-        int id = t->vocab.slot[i];
-        if (id < 0) return -1;
-        int len;
+// The id of the token with bytes p[0..n), or -1; h is hash_bytes(p, n).
+static inline int vocab_find_hashed(const Gpt2Bpe *t, const unsigned char *p, size_t n,
+                                    uint64_t h) {
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & t->vocab.mask;; i = (i + 1) & t->vocab.mask) {
+        uint64_t s = t->vocab.slot[i];
+        if (s == VOCAB_EMPTY) return -1;
+        if ((uint32_t)(s >> 32) != tag) continue;
+        int id = (int)(uint32_t)s, len;
         const unsigned char *q = tok_ptr(t, id, &len);
         if ((size_t)len == n && memcmp(p, q, n) == 0) return id;
     }
+}
+
+static inline int vocab_find(const Gpt2Bpe *t, const unsigned char *p, size_t n) {
+    return vocab_find_hashed(t, p, n, hash_bytes(p, n));
 }
 
 static inline int pair_find(const PairMap *m, int left, int right) {
