@@ -9,6 +9,7 @@
 #include "attention/attention.h"
 
 #define ATTN_CPU_MAX_HS 1024
+#define ATTN_CUDA_MAX_HS 256
 // Alignment the CUDA kernels' vector loads need for every base pointer and stride (bytes).
 #define ATTN_CUDA_ALIGN 16
 
@@ -32,12 +33,12 @@ static const char *dtype_name(AttnDtype t) {
 
 static size_t dtype_bytes(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
 
-// What the kernels are built for. CPU: any head size (its per-thread tiles are (tile, HS) floats;
-// the cap only turns garbage such as an uninitialised field into a clear message). CUDA: the flash
-// kernels are instantiated for HS 64 and 128 in bf16 and fp16 (attention/flash_tiles.cuh).
+// Head sizes each device accepts. CPU: any (its per-thread tiles are (tile, HS) floats; the cap
+// only turns garbage such as an uninitialised field into a clear message). CUDA: up to 256 here;
+// which of them have a flash kernel (64, 128) is attn_select_kernel's decision in
+// attention_cuda.cu, whose message also offers the naive path.
 static int hs_supported(AttnDevice dev, int HS) {
-    if (dev == ATTN_CPU) return HS >= 1 && HS <= ATTN_CPU_MAX_HS;
-    return HS == 64 || HS == 128;
+    return HS >= 1 && HS <= (dev == ATTN_CPU ? ATTN_CPU_MAX_HS : ATTN_CUDA_MAX_HS);
 }
 
 // Whether distinct (b, t, h, d) elements of a tensor with these strides land on distinct
@@ -147,9 +148,9 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
             return fail(err, errlen, "attention: head size %d is not supported on cpu: use 1..%d",
                         p->HS, ATTN_CPU_MAX_HS);
         return fail(err, errlen,
-                    "attention: head size %d is not supported on cuda: use 64 or 128 "
-                    "(n_embd / n_head)",
-                    p->HS);
+                    "attention: head size %d is not supported on cuda: use 1..%d, best 64 or 128 "
+                    "(n_embd / n_head), which have flash kernels",
+                    p->HS, ATTN_CUDA_MAX_HS);
     }
     if (!isfinite(p->scale))
         return fail(err, errlen, "attention: scale %g is not finite", p->scale);
@@ -161,9 +162,6 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
         return fail(err, errlen, "attention: the cpu implementation is fp32 only, got %s: use "
                                  "precision.dtype = fp32 with --device cpu",
                     dtype_name(p->dtype));
-    if (dev == ATTN_CUDA && p->impl == ATTN_IMPL_FLASH && p->dtype == ATTN_F32)
-        return fail(err, errlen, "attention: the cuda flash kernels run in bf16 or fp16: use "
-                                 "precision.dtype = bf16 or fp16, or attention.impl = naive for fp32");
     if (p->causal && p->T_q > p->T_k)
         return fail(err, errlen,
                     "attention: causal attention needs T_q <= T_k (queries align to the last keys), "
@@ -206,16 +204,19 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
     return 0;
 }
 
-// CPU: 0, each thread allocates its O(tile * (T + HS)) scratch itself. CUDA backward: an fp32 dQ
-// accumulator (B, NH, T_q, HS) and D = rowsum(dO * O) (B, NH, T_q); with GQA fp32 per-query-head
-// dK and dV (B, NH, T_k, HS) before the sum over the group; the naive kernels add fp32 scores,
-// probabilities and dP (B, NH, T_q, T_k) x 3.
+// CPU: 0, each thread allocates its O(T + tile * (tile + HS)) scratch itself. CUDA (layouts in
+// attention_cuda.cu and naive_cuda.cu): D = rowsum(dO * O) (B, NH, T_q) and the fp32 dQ
+// accumulator (B, NH, T_q, HS); the naive kernels, which also run every fp32 problem, add fp32
+// per-query-head dK and dV (B, NH, T_k, HS) under GQA and two (B, NH, T_q, T_k) fp32 matrices
+// (scores / P, then P_drop / dP).
 size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev) {
     if (dev == ATTN_CPU) return 0;
     size_t rows_q = (size_t)p->B * p->NH * p->T_q, rows_k = (size_t)p->B * p->NH * p->T_k;
     size_t floats = rows_q * ((size_t)p->HS + 1);
-    if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
-    if (p->impl == ATTN_IMPL_NAIVE) floats += 3 * rows_q * (size_t)p->T_k;
+    if (p->impl == ATTN_IMPL_NAIVE || p->dtype == ATTN_F32) {
+        if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
+        floats += 2 * rows_q * (size_t)p->T_k;
+    }
     return floats * sizeof(float);
 }
 
