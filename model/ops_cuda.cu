@@ -107,7 +107,10 @@ static void cu_attention_prepare(Backend *be, AttnParams *p, int backward) {
     CudaCtx *ctx = cuda_ctx(be);
     p->dtype = (AttnDtype)be->dtype;  // DType and AttnDtype share their values
     p->stream = (void *)ctx->stream;
-    size_t need = attn_workspace_bytes(p, ATTN_CUDA);
+    // fp32 has no flash kernel: the attention module runs the naive one, sized as such.
+    AttnParams sizing = *p;
+    if (p->dtype == ATTN_F32) sizing.impl = ATTN_IMPL_NAIVE;
+    size_t need = attn_workspace_bytes(&sizing, ATTN_CUDA);
     if (need > ctx->attn_ws_bytes) {
         CUDA_CHECK(cudaFree(ctx->attn_ws));  // waits for the kernels still using it
         ctx->attn_ws = NULL;

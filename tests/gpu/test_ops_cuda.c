@@ -1,0 +1,544 @@
+// test_ops_cuda: the CUDA backend (model/ops_cuda*.cu) against the CPU backend (model/ops_cpu*.c,
+// the fp32 reference), op by op on random inputs with odd sizes and end to end on a small GPT
+// (logits, loss, every gradient), in fp32, bf16 and fp16; the CUDA AdamW and gradient sum of
+// squares (optim/adamw_cuda.cu) against adamw_step_cpu / sumsq_cpu; and determinism.
+//
+// Inputs are drawn in fp32, uploaded in the compute dtype and downloaded back, so both backends
+// see exactly the same (rounded) values: only each op's own arithmetic differs.
+//
+// Tolerances, as norm-wise relative errors (rel_err_f32), derived from the dtype:
+//   u = unit roundoff of the result's type: 2^-24 (fp32), 2^-8 (bf16), 2^-11 (fp16).
+//   An op whose result passes through r roundings to the dtype (1 for an op computed in fp32 and
+//   rounded once; 2 when a rounded intermediate feeds a matmul) is off by at most r*u per
+//   element; a factor 2 covers the op's own amplification (GELU' <= 1.13, the cancellation in
+//   LayerNorm's backward). Both backends add K-term sums in fp32 in different orders; their
+//   difference stays below sqrt(K) * 2^-24 relative (rounding errors of random sign add like a
+//   random walk: Higham & Mary, 2019), taken 4x.
+//     tol(u, r, K) = 2 r u + 4 sqrt(K) 2^-24
+//   The whole model chains S such stages. Independent roundings of standard deviation
+//   <= u/sqrt(3) each add in quadrature, so 3 sqrt(S) * (u + the K term) is a > 5 sigma bound.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/rng.h"
+#include "model/backend.h"
+#include "model/gpt.h"
+#include "optim/optim.h"
+#include "optim/optim_cuda.h"
+#include "tests/testlib.h"
+
+#define U_F32 0x1p-24
+
+typedef struct {
+    Backend *gpu, *cpu;
+    DType dt;
+    double u;   // unit roundoff of dt
+    Rng rng;
+} Ctx;
+
+static double unit_roundoff(DType t) {
+    switch (t) {
+    case DTYPE_F32: return 0x1p-24;
+    case DTYPE_BF16: return 0x1p-8;
+    case DTYPE_F16: return 0x1p-11;
+    }
+    return 1.0;
+}
+
+static double tol(double u, int r, int K) { return 2.0 * r * u + 4.0 * sqrt((double)K) * U_F32; }
+
+static float *rand_vec(Ctx *t, size_t n, float mean, float scale) {
+    float *x = xmalloc(n * sizeof(float));  // (n)
+    for (size_t i = 0; i < n; i++) x[i] = mean + scale * rng_normal(&t->rng);
+    return x;
+}
+
+static int *rand_ids(Ctx *t, size_t n, int below) {
+    int *x = xmalloc(n * sizeof(int));  // (n)
+    for (size_t i = 0; i < n; i++) x[i] = (int)rng_below(&t->rng, (uint64_t)below);
+    return x;
+}
+
+// A GPU buffer holding host[0..n) in the compute dtype; host is overwritten with the rounded
+// values, so the CPU reference computes on exactly what the GPU sees.
+static void *dev_from(Ctx *t, float *host, size_t n) {
+    void *d = t->gpu->alloc(t->gpu, n * dtype_size(t->dt));
+    t->gpu->upload_f32(t->gpu, d, host, n);
+    t->gpu->download_f32(t->gpu, host, d, n);
+    return d;
+}
+
+static void *dev_zeros(Ctx *t, size_t n) { return t->gpu->alloc(t->gpu, n * dtype_size(t->dt)); }
+
+static int *dev_ints(Ctx *t, const int *host, size_t n) {
+    int *d = t->gpu->alloc(t->gpu, n * sizeof(int));
+    t->gpu->upload(t->gpu, d, host, n * sizeof(int));
+    return d;
+}
+
+static float *fetch(Ctx *t, const void *d, size_t n) {
+    float *h = xmalloc(n * sizeof(float));  // (n)
+    t->gpu->download_f32(t->gpu, h, d, n);
+    return h;
+}
+
+static float *fetch_f32(Ctx *t, const float *d, size_t n) {
+    float *h = xmalloc(n * sizeof(float));  // (n)
+    t->gpu->download(t->gpu, h, d, n * sizeof(float));
+    return h;
+}
+
+static float *copy_of(const float *x, size_t n) {
+    float *c = xmalloc(n * sizeof(float));
+    memcpy(c, x, n * sizeof(float));
+    return c;
+}
+
+static void expect_close(const Ctx *t, const char *what, const float *got, const float *want,
+                         size_t n, double tolerance) {
+    double e = rel_err_f32(got, want, n);
+    printf("    %-5s %-34s rel err %.3g (tol %.3g)\n", dtype_name(t->dt), what, e, tolerance);
+    EXPECT(e <= tolerance, "%s %s: rel err %.3g > tol %.3g", dtype_name(t->dt), what, e, tolerance);
+}
+
+// ---- memory ----
+
+static void test_memory(Ctx *t) {
+    const size_t n = 1000;
+    float *x = rand_vec(t, n, 0.0f, 1.0f);
+    void *a = dev_from(t, x, n), *b = dev_zeros(t, n);
+    float *zeros = fetch(t, b, n);
+    int all_zero = 1;
+    for (size_t i = 0; i < n; i++) all_zero &= zeros[i] == 0.0f;
+    EXPECT(all_zero, "alloc is zero-filled");
+    t->gpu->copy(t->gpu, b, a, n * dtype_size(t->dt));
+    float *y = fetch(t, b, n);
+    EXPECT(memcmp(x, y, n * sizeof(float)) == 0, "copy, then a download/upload round trip, is exact");
+    t->gpu->fill_zero(t->gpu, b, n * dtype_size(t->dt));
+    float *z = fetch(t, b, n);
+    EXPECT(memcmp(z, zeros, n * sizeof(float)) == 0, "fill_zero");
+    t->gpu->release(t->gpu, a);
+    t->gpu->release(t->gpu, b);
+    free(x), free(y), free(z), free(zeros);
+}
+
+// ---- embedding ----
+
+static void test_embed(Ctx *t) {
+    const int B = 3, T = 50, C = 72, V = 20, maxT = 64, N = B * T;  // V small: many repeats
+    int *tok = rand_ids(t, N, V), *pos = rand_ids(t, N, maxT);
+    float *wte = rand_vec(t, (size_t)V * C, 0.0f, 1.0f), *wpe = rand_vec(t, (size_t)maxT * C, 0.0f, 1.0f);
+    void *d_wte = dev_from(t, wte, (size_t)V * C), *d_wpe = dev_from(t, wpe, (size_t)maxT * C);
+    int *d_tok = dev_ints(t, tok, N), *d_pos = dev_ints(t, pos, N);
+    void *d_out = dev_zeros(t, (size_t)N * C);
+    float *ref = xmalloc((size_t)N * C * sizeof(float));  // (N, C)
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        t->gpu->embed_forward(t->gpu, d_out, d_tok, with_pos ? d_pos : NULL, d_wte, d_wpe, B, T, C);
+        t->cpu->embed_forward(t->cpu, ref, tok, with_pos ? pos : NULL, wte, wpe, B, T, C);
+        float *out = fetch(t, d_out, (size_t)N * C);
+        expect_close(t, with_pos ? "embed_forward (pos)" : "embed_forward", out, ref,
+                     (size_t)N * C, tol(t->u, 1, 2));
+        free(out);
+    }
+    // Backward: the gradients start non-zero to check that they accumulate.
+    float *dout = rand_vec(t, (size_t)N * C, 0.0f, 1.0f);
+    float *dwte0 = rand_vec(t, (size_t)V * C, 0.0f, 1.0f), *dwpe0 = rand_vec(t, (size_t)maxT * C, 0.0f, 1.0f);
+    void *d_dout = dev_from(t, dout, (size_t)N * C);
+    void *d_dwte = dev_from(t, dwte0, (size_t)V * C), *d_dwpe = dev_from(t, dwpe0, (size_t)maxT * C);
+    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C);
+    float *dwte = copy_of(dwte0, (size_t)V * C), *dwpe = copy_of(dwpe0, (size_t)maxT * C);
+    t->cpu->embed_backward(t->cpu, dwte, dwpe, dout, tok, NULL, B, T, C);
+    float *g_dwte = fetch(t, d_dwte, (size_t)V * C), *g_dwpe = fetch(t, d_dwpe, (size_t)maxT * C);
+    // A token row sums up to N contributions, a position row B.
+    expect_close(t, "embed_backward dwte", g_dwte, dwte, (size_t)V * C, tol(t->u, 1, N));
+    expect_close(t, "embed_backward dwpe", g_dwpe, dwpe, (size_t)maxT * C, tol(t->u, 1, B));
+    // Determinism: the same inputs give bitwise the same gradients.
+    t->gpu->upload_f32(t->gpu, d_dwte, dwte0, (size_t)V * C);
+    t->gpu->upload_f32(t->gpu, d_dwpe, dwpe0, (size_t)maxT * C);
+    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C);
+    float *again = fetch(t, d_dwte, (size_t)V * C);
+    EXPECT(memcmp(again, g_dwte, (size_t)V * C * sizeof(float)) == 0, "embed_backward is deterministic");
+    void *bufs[] = {d_wte, d_wpe, d_tok, d_pos, d_out, d_dout, d_dwte, d_dwpe};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
+    free(tok), free(pos), free(wte), free(wpe), free(ref), free(dout), free(dwte0), free(dwpe0);
+    free(dwte), free(dwpe), free(g_dwte), free(g_dwpe), free(again);
+}
+
+// ---- LayerNorm ----
+
+static void test_layernorm(Ctx *t) {
+    const int N = 300, C = 72;  // N over two column-sum chunks, C not a multiple of 32
+    float *x = rand_vec(t, (size_t)N * C, 3.0f, 1.0f);  // a large mean tests the centring
+    float *w = rand_vec(t, C, 1.0f, 0.1f), *b = rand_vec(t, C, 0.0f, 0.1f);
+    void *d_x = dev_from(t, x, (size_t)N * C), *d_w = dev_from(t, w, C), *d_b = dev_from(t, b, C);
+    void *d_out = dev_zeros(t, (size_t)N * C);
+    float *d_mean = t->gpu->alloc(t->gpu, N * sizeof(float)), *d_rstd = t->gpu->alloc(t->gpu, N * sizeof(float));
+    float *out = xmalloc((size_t)N * C * sizeof(float)), *mean = xmalloc(N * sizeof(float)),
+          *rstd = xmalloc(N * sizeof(float));
+    t->gpu->layernorm_forward(t->gpu, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    t->cpu->layernorm_forward(t->cpu, out, mean, rstd, x, w, b, N, C);
+    float *g_out = fetch(t, d_out, (size_t)N * C), *g_mean = fetch_f32(t, d_mean, N),
+          *g_rstd = fetch_f32(t, d_rstd, N);
+    expect_close(t, "layernorm_forward out", g_out, out, (size_t)N * C, tol(t->u, 1, C));
+    expect_close(t, "layernorm_forward mean (fp32)", g_mean, mean, N, tol(U_F32, 1, C));
+    expect_close(t, "layernorm_forward rstd (fp32)", g_rstd, rstd, N, tol(U_F32, 1, C));
+
+    // Backward on the CPU's statistics, so both sides share every input.
+    t->gpu->upload(t->gpu, d_mean, mean, N * sizeof(float));
+    t->gpu->upload(t->gpu, d_rstd, rstd, N * sizeof(float));
+    float *dout = rand_vec(t, (size_t)N * C, 0.0f, 1.0f), *dinp = rand_vec(t, (size_t)N * C, 0.0f, 1.0f);
+    float *dw = rand_vec(t, C, 0.0f, 1.0f), *db = rand_vec(t, C, 0.0f, 1.0f);
+    void *d_dout = dev_from(t, dout, (size_t)N * C), *d_dinp = dev_from(t, dinp, (size_t)N * C);
+    void *d_dw = dev_from(t, dw, C), *d_db = dev_from(t, db, C);
+    t->gpu->layernorm_backward(t->gpu, d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
+    t->cpu->layernorm_backward(t->cpu, dinp, dw, db, dout, x, w, mean, rstd, N, C);
+    float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, C), *g_db = fetch(t, d_db, C);
+    expect_close(t, "layernorm_backward dinp (+=)", g_dinp, dinp, (size_t)N * C, tol(t->u, 1, C));
+    expect_close(t, "layernorm_backward dw (+=)", g_dw, dw, C, tol(t->u, 1, N));
+    expect_close(t, "layernorm_backward db (+=)", g_db, db, C, tol(t->u, 1, N));
+    void *bufs[] = {d_x, d_w, d_b, d_out, d_mean, d_rstd, d_dout, d_dinp, d_dw, d_db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
+    free(x), free(w), free(b), free(out), free(mean), free(rstd), free(g_out), free(g_mean);
+    free(g_rstd), free(dout), free(dinp), free(dw), free(db), free(g_dinp), free(g_dw), free(g_db);
+}
+
+// ---- add ----
+
+static void test_add(Ctx *t) {
+    const size_t n = 1001;
+    float *a = rand_vec(t, n, 0.0f, 1.0f), *b = rand_vec(t, n, 0.0f, 1.0f);
+    void *d_a = dev_from(t, a, n), *d_b = dev_from(t, b, n);
+    float *ref = xmalloc(n * sizeof(float));
+    t->cpu->add(t->cpu, ref, a, b, n);
+    t->gpu->add(t->gpu, d_a, d_a, d_b, n);  // out aliasing a
+    float *out = fetch(t, d_a, n);
+    expect_close(t, "add (out aliases a)", out, ref, n, tol(t->u, 1, 2));
+    t->gpu->release(t->gpu, d_a);
+    t->gpu->release(t->gpu, d_b);
+    free(a), free(b), free(ref), free(out);
+}
+
+// ---- matmul ----
+
+static void test_matmul_case(Ctx *t, int OC, Epilogue epi, int with_bias) {
+    const int N = 300, C = 72;
+    char name[96];
+    const int r = epi == EPI_GELU ? 2 : 1;  // GELU: pre rounded, then GELU(pre) / d(pre) rounded
+    float *x = rand_vec(t, (size_t)N * C, 0.0f, 1.0f), *w = rand_vec(t, (size_t)OC * C, 0.0f, 0.1f);
+    float *bias = with_bias ? rand_vec(t, OC, 0.0f, 0.1f) : NULL;
+    void *d_x = dev_from(t, x, (size_t)N * C), *d_w = dev_from(t, w, (size_t)OC * C);
+    void *d_bias = with_bias ? dev_from(t, bias, OC) : NULL;
+    void *d_out = dev_zeros(t, (size_t)N * OC), *d_pre = epi == EPI_GELU ? dev_zeros(t, (size_t)N * OC) : NULL;
+    float *out = xmalloc((size_t)N * OC * sizeof(float));
+    float *pre = epi == EPI_GELU ? xmalloc((size_t)N * OC * sizeof(float)) : NULL;
+    t->gpu->matmul_forward(t->gpu, d_out, d_pre, d_x, d_w, d_bias, N, C, OC, epi);
+    t->cpu->matmul_forward(t->cpu, out, pre, x, w, bias, N, C, OC, epi);
+    const char *tag = epi == EPI_GELU ? (with_bias ? "gelu+bias" : "gelu") : (with_bias ? "bias" : "plain");
+    float *g_out = fetch(t, d_out, (size_t)N * OC);
+    snprintf(name, sizeof name, "matmul_forward OC=%d %s out", OC, tag);
+    expect_close(t, name, g_out, out, (size_t)N * OC, tol(t->u, r, C));
+    if (epi == EPI_GELU) {
+        float *g_pre = fetch(t, d_pre, (size_t)N * OC);
+        snprintf(name, sizeof name, "matmul_forward OC=%d %s pre", OC, tag);
+        expect_close(t, name, g_pre, pre, (size_t)N * OC, tol(t->u, 1, C));
+        // Backward from the CPU's pre-activation, so both sides share every input.
+        free(g_pre);
+        t->gpu->download_f32(t->gpu, pre, d_pre, (size_t)N * OC);
+    }
+
+    float *dout = rand_vec(t, (size_t)N * OC, 0.0f, 1.0f);
+    float *dw = rand_vec(t, (size_t)OC * C, 0.0f, 1.0f), *dbias = with_bias ? rand_vec(t, OC, 0.0f, 1.0f) : NULL;
+    float *dinp = xmalloc((size_t)N * C * sizeof(float));
+    void *d_dout = dev_from(t, dout, (size_t)N * OC), *d_dw = dev_from(t, dw, (size_t)OC * C);
+    void *d_dbias = with_bias ? dev_from(t, dbias, OC) : NULL, *d_dinp = dev_zeros(t, (size_t)N * C);
+    t->gpu->matmul_backward(t->gpu, d_dinp, d_dw, d_dbias, d_dout, d_pre, d_x, d_w, N, C, OC, epi);
+    t->cpu->matmul_backward(t->cpu, dinp, dw, dbias, dout, pre, x, w, N, C, OC, epi);
+    float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, (size_t)OC * C);
+    snprintf(name, sizeof name, "matmul_backward OC=%d %s dinp", OC, tag);
+    expect_close(t, name, g_dinp, dinp, (size_t)N * C, tol(t->u, r, OC));
+    snprintf(name, sizeof name, "matmul_backward OC=%d %s dw (+=)", OC, tag);
+    expect_close(t, name, g_dw, dw, (size_t)OC * C, tol(t->u, r, N));
+    if (with_bias) {
+        float *g_dbias = fetch(t, d_dbias, OC);
+        snprintf(name, sizeof name, "matmul_backward OC=%d %s dbias (+=)", OC, tag);
+        expect_close(t, name, g_dbias, dbias, OC, tol(t->u, r, N));
+        free(g_dbias);
+    }
+    void *bufs[] = {d_x, d_w, d_bias, d_out, d_pre, d_dout, d_dw, d_dbias, d_dinp};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) t->gpu->release(t->gpu, bufs[i]);
+    free(x), free(w), free(bias), free(out), free(pre), free(g_out), free(dout), free(dw);
+    free(dbias), free(dinp), free(g_dinp), free(g_dw);
+}
+
+static void test_matmul(Ctx *t) {
+    // OC = 100 is not a multiple of 8: cuBLASLt's GELU aux layout needs one, so it also runs the
+    // unfused fallback; 96 runs the fused epilogue.
+    const int ocs[] = {96, 100};
+    for (int i = 0; i < 2; i++) {
+        test_matmul_case(t, ocs[i], EPI_NONE, 0);
+        test_matmul_case(t, ocs[i], EPI_NONE, 1);
+        test_matmul_case(t, ocs[i], EPI_GELU, 0);
+        test_matmul_case(t, ocs[i], EPI_GELU, 1);
+    }
+}
+
+// ---- softmax cross-entropy ----
+
+static void test_softmax_xent(Ctx *t) {
+    const int N = 37, V = 1000, Vp = 1024;
+    float *z = rand_vec(t, (size_t)N * Vp, 0.0f, 2.0f);
+    int *tgt = rand_ids(t, N, V);
+    tgt[3] = tgt[10] = -1;   // ignored rows
+    void *d_z = dev_from(t, z, (size_t)N * Vp);
+    int *d_tgt = dev_ints(t, tgt, N);
+    float *d_loss = t->gpu->alloc(t->gpu, N * sizeof(float));
+    float *loss = xmalloc(N * sizeof(float)), *zc = copy_of(z, (size_t)N * Vp);
+    // Losses are fp32 on both sides. Per row the GPU adds <= V/512 terms per thread, each add and
+    // rescale costing <= 2 roundings, then 9 tree levels; expf is within 2 ulp and logf 1 ulp:
+    // the sum is within (2 (2 + 9) + 3) 2^-24 relative, the loss within that absolutely; 64 2^-24
+    // bounds it relative to losses of order 1 and more.
+    const double tol_loss = 64 * U_F32;
+    t->gpu->softmax_xent(t->gpu, d_z, d_loss, d_tgt, N, V, Vp, 0.0f);
+    t->cpu->softmax_xent(t->cpu, zc, loss, tgt, N, V, Vp, 0.0f);
+    float *g_loss = fetch_f32(t, d_loss, N), *g_z = fetch(t, d_z, (size_t)N * Vp);
+    expect_close(t, "softmax_xent loss", g_loss, loss, N, tol_loss);
+    EXPECT(memcmp(g_z, z, (size_t)N * Vp * sizeof(float)) == 0, "dscale 0 leaves the logits alone");
+    EXPECT(g_loss[3] == 0.0f && g_loss[10] == 0.0f, "ignored rows have loss 0");
+
+    const float dscale = 0.25f;
+    t->gpu->softmax_xent(t->gpu, d_z, d_loss, d_tgt, N, V, Vp, dscale);
+    t->cpu->softmax_xent(t->cpu, zc, loss, tgt, N, V, Vp, dscale);
+    free(g_loss), free(g_z);
+    g_loss = fetch_f32(t, d_loss, N);
+    g_z = fetch(t, d_z, (size_t)N * Vp);
+    expect_close(t, "softmax_xent loss (with dlogits)", g_loss, loss, N, tol_loss);
+    // dlogits = dscale (exp(z - lse) - onehot): the error of lse (above) and of z - lse (|z - lse|
+    // <= ~16 here, each ulp of it one ulp of p) enter exp; then one rounding to the dtype.
+    expect_close(t, "softmax_xent dlogits", g_z, zc, (size_t)N * Vp, 2 * t->u + 16 * tol_loss);
+    int pad_zero = 1;
+    for (int i = 0; i < N; i++)
+        for (int j = (tgt[i] < 0 ? 0 : V); j < Vp; j++) pad_zero &= g_z[(size_t)i * Vp + j] == 0.0f;
+    EXPECT(pad_zero, "padded columns and ignored rows get dlogits 0");
+    t->gpu->release(t->gpu, d_z);
+    t->gpu->release(t->gpu, d_tgt);
+    t->gpu->release(t->gpu, d_loss);
+    free(z), free(tgt), free(loss), free(zc), free(g_loss), free(g_z);
+}
+
+// ---- attention through the backend (the kernels themselves: tests/gpu/test_attention_gpu.c) ----
+
+static void test_attention(Ctx *t) {
+    const int B = 2, T = 67, NH = 4, NKV = 2, HS = 64;  // T not a multiple of any tile, GQA
+    const size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS, nl = (size_t)B * NH * T;
+    float *q = rand_vec(t, nq, 0.0f, 1.0f), *k = rand_vec(t, nk, 0.0f, 1.0f), *v = rand_vec(t, nk, 0.0f, 1.0f);
+    float *dout = rand_vec(t, nq, 0.0f, 1.0f);
+    void *d_q = dev_from(t, q, nq), *d_k = dev_from(t, k, nk), *d_v = dev_from(t, v, nk);
+    void *d_do = dev_from(t, dout, nq), *d_out = dev_zeros(t, nq);
+    void *d_dq = dev_zeros(t, nq), *d_dk = dev_zeros(t, nk), *d_dv = dev_zeros(t, nk);
+    float *d_lse = t->gpu->alloc(t->gpu, nl * sizeof(float));
+    float *out = xmalloc(nq * sizeof(float)), *lse = xmalloc(nl * sizeof(float));
+    float *dq = xmalloc(nq * sizeof(float)), *dk = xmalloc(nk * sizeof(float)), *dv = xmalloc(nk * sizeof(float));
+
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.q_st = p.o_st = p.do_st = p.dq_st = (AttnStrides){(int64_t)T * NH * HS, (int64_t)NH * HS, HS};
+    p.k_st = p.v_st = p.dk_st = p.dv_st = (AttnStrides){(int64_t)T * NKV * HS, (int64_t)NKV * HS, HS};
+    p.B = B, p.T_q = p.T_k = T, p.NH = NH, p.NKV = NKV, p.HS = HS;
+    p.scale = 1.0f / sqrtf((float)HS);
+    p.causal = 1;
+    p.window_left = p.window_right = -1;
+    p.impl = ATTN_IMPL_FLASH;
+    p.deterministic = 1;
+    AttnParams pc = p, pg = p;
+    pc.q = q, pc.k = k, pc.v = v, pc.out = out, pc.lse = lse;
+    pc.dout = dout, pc.dq = dq, pc.dk = dk, pc.dv = dv;
+    pg.q = d_q, pg.k = d_k, pg.v = d_v, pg.out = d_out, pg.lse = d_lse;
+    pg.dout = d_do, pg.dq = d_dq, pg.dk = d_dk, pg.dv = d_dv;
+    t->cpu->attention_forward(t->cpu, &pc);
+    t->gpu->attention_forward(t->gpu, &pg);
+    t->cpu->attention_backward(t->cpu, &pc);
+    t->gpu->attention_backward(t->gpu, &pg);
+    float *g_out = fetch(t, d_out, nq), *g_lse = fetch_f32(t, d_lse, nl);
+    float *g_dq = fetch(t, d_dq, nq), *g_dk = fetch(t, d_dk, nk), *g_dv = fetch(t, d_dv, nk);
+    // Forward: P rounded before P V, then out: 2 roundings over K = T keys. Backward: P and dS
+    // rounded before their matmuls, then the result; dS = P (dP - D) cancels: 4 roundings.
+    expect_close(t, "attention out", g_out, out, nq, tol(t->u, 2, T));
+    expect_close(t, "attention lse (fp32)", g_lse, lse, nl, tol(U_F32, 1, HS * T));
+    expect_close(t, "attention dq", g_dq, dq, nq, tol(t->u, 4, T));
+    expect_close(t, "attention dk", g_dk, dk, nk, tol(t->u, 4, T * NH / NKV));
+    expect_close(t, "attention dv", g_dv, dv, nk, tol(t->u, 4, T * NH / NKV));
+    void *bufs[] = {d_q, d_k, d_v, d_do, d_out, d_dq, d_dk, d_dv, d_lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(g_out), free(g_lse), free(g_dq), free(g_dk), free(g_dv);
+}
+
+// ---- the whole model ----
+
+static void small_config(Config *c) {
+    config_defaults(c);
+    c->model.n_layer = 2;
+    c->model.n_head = 2;
+    c->model.n_kv_head = 1;   // GQA through the fused qkv views
+    c->model.n_embd = 128;    // head size 64: a size the CUDA flash kernels support
+    c->model.vocab_size = 100;
+    c->model.max_seq_len = 64;
+    strcpy(c->model.pos_embedding, "learned");
+    c->attention.dropout = 0.0f;
+    c->attention.deterministic = 1;
+}
+
+static void test_model(Ctx *t) {
+    Config c;
+    small_config(&c);
+    const int B = 2, T = 40, N = B * T;
+    GPTConfig g = gpt_config_from(&c);
+    GPT *mg = gpt_create(&g, t->gpu, B, T, &c), *mc = gpt_create(&g, t->cpu, B, T, &c);
+    const size_t np = gpt_num_params(mg);
+    float *w = xmalloc(np * sizeof(float));  // (np)
+    gpt_init_weights_host(mg, w, 42);
+    gpt_set_params_f32(mg, w);
+    gpt_get_params_f32(mg, w);  // rounded to the dtype: the CPU model gets the same weights
+    gpt_set_params_f32(mc, w);
+    int *tok = rand_ids(t, N, g.V), *tgt = rand_ids(t, N, g.V);
+    tgt[5] = -1;
+
+    // Stages on the path to the logits: embedding, 9 per block (ln1, qkv, attention, proj, add,
+    // ln2, fc, fcproj, add), lnf, the classifier matmul; the gradients add as many backwards.
+    const int S_fwd = 2 + 9 * g.L + 1, S_bwd = 2 * S_fwd + 1;
+    const double k_term = 4.0 * sqrt(4.0 * g.C) * U_F32;   // longest fp32 sum: K = 4C
+    const double tol_fwd = 3.0 * sqrt((double)S_fwd) * (t->u + k_term);
+    const double tol_bwd = 3.0 * sqrt((double)S_bwd) * (t->u + k_term);
+
+    const float loss_g = gpt_forward(mg, tok, tgt, B, T), loss_c = gpt_forward(mc, tok, tgt, B, T);
+    printf("    %-5s loss gpu %.6f cpu %.6f\n", dtype_name(t->dt), loss_g, loss_c);
+    EXPECT(fabsf(loss_g - loss_c) <= tol_fwd * fabsf(loss_c), "model loss %g vs %g", loss_g, loss_c);
+    float *lg = xmalloc((size_t)N * g.V * sizeof(float)), *lc = xmalloc((size_t)N * g.V * sizeof(float));
+    gpt_logits_f32(mg, lg);
+    gpt_logits_f32(mc, lc);
+    expect_close(t, "model logits", lg, lc, (size_t)N * g.V, tol_fwd);
+    float *pl_g = xmalloc(N * sizeof(float)), *pl_c = xmalloc(N * sizeof(float));
+    gpt_losses_f32(mg, pl_g);
+    gpt_losses_f32(mc, pl_c);
+    expect_close(t, "model per-token losses", pl_g, pl_c, N, tol_fwd);
+
+    gpt_zero_grad(mg);
+    gpt_zero_grad(mc);
+    gpt_backward(mg, 1.0f);
+    gpt_backward(mc, 1.0f);
+    float *gg = xmalloc(np * sizeof(float)), *gc = xmalloc(np * sizeof(float));
+    gpt_get_grads_f32(mg, gg);
+    gpt_get_grads_f32(mc, gc);
+    for (int i = 0; i < gpt_num_tensors(mg); i++) {
+        const ParamTensor *pt = gpt_tensor(mg, i);
+        char name[96];
+        snprintf(name, sizeof name, "grad %s", pt->name);
+        expect_close(t, name, gg + pt->offset, gc + pt->offset, pt->numel, tol_bwd);
+    }
+    // Determinism: the same step again gives bitwise the same gradients.
+    gpt_forward(mg, tok, tgt, B, T);
+    gpt_zero_grad(mg);
+    gpt_backward(mg, 1.0f);
+    float *gg2 = xmalloc(np * sizeof(float));
+    gpt_get_grads_f32(mg, gg2);
+    EXPECT(memcmp(gg, gg2, np * sizeof(float)) == 0, "model gradients are bitwise reproducible");
+    gpt_free(mg);
+    gpt_free(mc);
+    free(w), free(tok), free(tgt), free(lg), free(lc), free(pl_g), free(pl_c), free(gg), free(gc), free(gg2);
+}
+
+// ---- AdamW and the gradient sum of squares ----
+
+static void test_adamw(Ctx *t) {
+    Config c;
+    config_defaults(&c);
+    c.optim.beta1 = 0.9f;
+    c.optim.beta2 = 0.95f;
+    c.optim.eps = 1e-8f;
+    c.optim.weight_decay = 0.1f;
+    // Spans with and without decay, one longer than a kernel chunk, and a gap left untouched.
+    const OptimSpan spans[] = {{0, 1000, 1}, {1000, 37, 0}, {1100, 40000, 1}};
+    const size_t n = 41100;
+    float *master = rand_vec(t, n, 0.0f, 0.5f), *grads = rand_vec(t, n, 0.0f, 1.0f);
+    void *d_grads = dev_from(t, grads, n);   // grads now hold the dtype's values on both sides
+    void *d_params = dev_from(t, master, n);
+    float *rounded_start = copy_of(master, n);
+    AdamWCuda og;
+    AdamW oc;
+    adamw_cuda_init(&og, n, spans, 3, &c, (OptimDtype)t->dt, NULL);
+    adamw_init(&oc, n, spans, 3, &c);
+    adamw_cuda_upload(&og, master, NULL, NULL);
+    const float lrs[] = {1e-3f, 6e-4f, 3e-4f}, mults[] = {1.0f, 0.5f, 1.0f / 1024.0f};
+    for (int s = 0; s < 3; s++) {
+        t->gpu->synchronize(t->gpu);
+        adamw_cuda_step(&og, d_params, d_grads, lrs[s], mults[s]);
+        adamw_step_cpu(&oc, master, grads, lrs[s], mults[s]);
+    }
+    float *g_master = xmalloc(n * sizeof(float)), *g_m = xmalloc(n * sizeof(float)), *g_v = xmalloc(n * sizeof(float));
+    adamw_cuda_download(&og, g_master, g_m, g_v);
+    EXPECT(memcmp(g_master, master, n * sizeof(float)) == 0, "%s AdamW master weights bitwise as the CPU", dtype_name(t->dt));
+    EXPECT(memcmp(g_m, oc.m, n * sizeof(float)) == 0 && memcmp(g_v, oc.v, n * sizeof(float)) == 0,
+           "%s AdamW moments bitwise as the CPU", dtype_name(t->dt));
+    EXPECT(og.t == oc.t, "step counts %lld vs %lld", og.t, oc.t);
+    // The compute-dtype parameters are the master weights rounded once; the gap between the
+    // spans keeps its starting values.
+    float *g_params = fetch(t, d_params, n);
+    void *d_round = dev_from(t, master, n);   // master now rounded to the dtype
+    int same = 1;
+    for (size_t i = 0; i < n; i++) same &= g_params[i] == master[i];
+    for (size_t i = 1037; i < 1100; i++) same &= g_params[i] == rounded_start[i];
+    EXPECT(same, "%s AdamW params are the rounded master weights", dtype_name(t->dt));
+
+    // Sum of squares: double sums in another order differ by at most n 2^-53 relative.
+    const double ss_g = adamw_cuda_grad_sumsq(&og, d_grads), ss_c = sumsq_cpu(grads, n);
+    EXPECT(fabs(ss_g - ss_c) <= (double)n * 0x1p-53 * ss_c, "sumsq %.17g vs %.17g", ss_g, ss_c);
+    grads[777] = INFINITY;
+    t->gpu->upload_f32(t->gpu, d_grads, grads, n);
+    EXPECT(!isfinite(adamw_cuda_grad_sumsq(&og, d_grads)), "an inf gradient makes the sum non-finite");
+    grads[777] = NAN;
+    t->gpu->upload_f32(t->gpu, d_grads, grads, n);
+    EXPECT(!isfinite(adamw_cuda_grad_sumsq(&og, d_grads)), "a NaN gradient makes the sum non-finite");
+
+    adamw_cuda_free(&og);
+    adamw_free(&oc);
+    t->gpu->release(t->gpu, d_grads);
+    t->gpu->release(t->gpu, d_params);
+    t->gpu->release(t->gpu, d_round);
+    free(master), free(grads), free(rounded_start), free(g_master), free(g_m), free(g_v), free(g_params);
+}
+
+int main(void) {
+    const DType dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    for (int i = 0; i < 3; i++) {
+        Ctx t;
+        memset(&t, 0, sizeof t);
+        t.dt = dts[i];
+        t.u = unit_roundoff(t.dt);
+        t.gpu = backend_cuda_create(t.dt, 0);
+        t.cpu = backend_cpu_create();
+        rng_seed(&t.rng, 1234 + (uint64_t)i);
+        char name[64];
+#define RUN(label, fn)                                                  \
+    snprintf(name, sizeof name, "%s %s", label, dtype_name(t.dt));      \
+    TEST_CASE(name, fn(&t))
+        RUN("memory", test_memory);
+        RUN("embedding", test_embed);
+        RUN("layernorm", test_layernorm);
+        RUN("add", test_add);
+        RUN("matmul", test_matmul);
+        RUN("softmax_xent", test_softmax_xent);
+        RUN("attention", test_attention);
+        RUN("model", test_model);
+        RUN("adamw", test_adamw);
+#undef RUN
+        t.gpu->destroy(t.gpu);
+        t.cpu->destroy(t.cpu);
+    }
+    return TEST_SUMMARY();
+}
