@@ -43,9 +43,9 @@ static uint32_t ptr_alignment(const void *p) {
     return al;
 }
 
-// Runs one gemm; returns 0, or -1 when cuBLASLt offers no algorithm for this epilogue and
-// layout (the caller then uses an unfused path).
-static int lt_gemm(Backend *be, const LtGemm *g) {
+// Runs one gemm; returns 0, or -1 with cuBLASLt's answer in *why when it offers no algorithm
+// for this epilogue and layout (the caller then uses an unfused path).
+static int lt_gemm(Backend *be, const LtGemm *g, cublasStatus_t *why) {
     CudaCtx *ctx = cuda_ctx(be);
     const cudaDataType_t t = lt_type(be->dtype);
     cublasLtMatmulDesc_t op;
@@ -97,14 +97,15 @@ static int lt_gemm(Backend *be, const LtGemm *g) {
     int found = 0;
     cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &heur, &found);
+    // Any refusal (NOT_SUPPORTED, or INVALID_VALUE for an aux layout it cannot take) is
+    // reported to the caller, which has an unfused path or names the shapes.
     int rc = -1;
+    *why = st == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : st;
     if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
         const float alpha = 1.0f;
         CUBLAS_CHECK(cublasLtMatmul(ctx->lt, op, &alpha, g->a, la, g->b, lb, &g->beta, g->d, ld, g->d,
                                     ld, &heur.algo, ctx->lt_ws, ctx->lt_ws_bytes, ctx->stream));
         rc = 0;
-    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
-        CUBLAS_CHECK(st);
     }
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
@@ -116,9 +117,12 @@ static int lt_gemm(Backend *be, const LtGemm *g) {
 
 // A gemm that must run: no algorithm at all is a bug or an unsupported GPU, reported with shapes.
 static void lt_gemm_or_die(Backend *be, const LtGemm *g) {
-    if (lt_gemm(be, g) != 0)
-        fatal(EXIT_RUNTIME, "cuBLASLt found no algorithm for a %s gemm m=%d n=%d k=%d (epilogue %d)",
-              dtype_name(be->dtype), g->m, g->n, g->k, (int)g->epi);
+    cublasStatus_t why;
+    if (lt_gemm(be, g, &why) != 0)
+        fatal(EXIT_RUNTIME, "cuBLASLt found no algorithm for a %s gemm m=%d n=%d k=%d (epilogue %d, "
+                            "pointer alignments %u/%u/%u bytes): %s",
+              dtype_name(be->dtype), g->m, g->n, g->k, (int)g->epi, ptr_alignment(g->a),
+              ptr_alignment(g->b), ptr_alignment(g->d), cublasLtGetStatusString(why));
 }
 
 void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
@@ -140,7 +144,8 @@ void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, con
         g.d = out;
         g.aux = pre;
         g.epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        if (lt_gemm(be, &g) == 0) return;
+        cublasStatus_t why;
+        if (lt_gemm(be, &g, &why) == 0) return;
         // No fused algorithm (e.g. OC not a multiple of 8, which the aux layout needs): write
         // pre with the bias epilogue, then GELU element-wise.
         g.aux = NULL;
