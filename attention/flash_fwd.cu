@@ -6,12 +6,14 @@
 #include "attention/flash_tiles.cuh"
 
 template <typename T, int HS, bool EXTRAS>
-__global__ void __launch_bounds__(FwdTile<HS>::NTHREADS) flash_fwd_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS)
+    flash_fwd_kernel(const AttnParams p) {
     using Tile = FwdTile<HS>;
-    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS, MT = Tile::MT;
+    constexpr int WROWS = 16 * MT;   // query rows per warp
     constexpr int KSTEPS = HS / 16;  // k-steps of S = Q K^T
-    constexpr int NS = BN / 8;       // n8 tiles of the scores per warp
-    constexpr int NO = HS / 8;       // n8 tiles of the output per warp
+    constexpr int NS = BN / 8;       // n8 tiles of the scores per m-tile
+    constexpr int NO = HS / 8;       // n8 tiles of the output per m-tile
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);  // (BM, HS), later the staging area for O
     T *sK = sQ + BM * HS;                     // (BN, HS)
@@ -31,10 +33,13 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS) flash_fwd_kernel(const 
     const int nb_begin = max(first.lo, 0) / BN;
     const int nb_end = max(cdiv(min(last.hi, p.T_k), BN), nb_begin);
 
-    // This thread's two rows (g and g+8 of the warp's 16), clamped for the ragged last tile.
-    const int row0 = m0 + warp * 16 + g;
-    RowRange rr[2] = {row_range(p, b, min(row0, p.T_q - 1)), row_range(p, b, min(row0 + 8, p.T_q - 1))};
-    const int pos0 = row0 + (p.T_k - p.T_q);
+    // This thread's rows: g and g+8 of each of the warp's m-tiles (clamped for the ragged tail).
+    const int wrow0 = m0 + warp * WROWS;
+    RowRange rr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) rr[mt][r] = row_range(p, b, min(wrow0 + mt * 16 + 8 * r + g, p.T_q - 1));
     const float scale_log2 = p.scale * LOG2E_F;
     float slope_log2 = 0.f, keep_scale = 1.f;
     if (EXTRAS) {
@@ -51,15 +56,24 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS) flash_fwd_kernel(const 
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    uint32_t qf[KSTEPS][4];  // this warp's 16 x HS slice of Q as A fragments
+    // Q as A fragments: kept in registers when they fit beside O (HS 64), else re-read per tile.
+    uint32_t qf[Tile::Q_IN_REGS ? MT : 1][Tile::Q_IN_REGS ? KSTEPS : 1][4];
+    if (Tile::Q_IN_REGS) {
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ks++) ldmatrix_x4(qf[ks], frag_addr_a<HS>(sQ, warp * 16, ks * 16, lane));
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++)
+                ldmatrix_x4(qf[mt][ks], frag_addr_a<HS>(sQ, warp * WROWS + mt * 16, ks * 16, lane));
+    }
 
-    float o[NO][4];  // (16, HS) output accumulator
+    float o[MT][NO][4];  // (WROWS, HS) output accumulator
 #pragma unroll
-    for (int i = 0; i < NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY};  // running max, log2 domain
-    float row_sum[2] = {0.f, 0.f};              // this thread's share of the running sum
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    float row_max[MT][2], row_sum[MT][2];  // running max (log2 domain); this thread's share of the sum
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.f;
 
     // Key tiles from last to first: the partial (diagonal, ragged) tiles come first, then the bulk.
     for (int nb = nb_end - 1; nb >= nb_begin; nb--) {
@@ -69,62 +83,81 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS) flash_fwd_kernel(const 
         tile_load_async<BN, HS, NT>(sV, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
         cp_async_commit();
 
-        float s[NS][4];  // (16, BN) scores of this warp
+        float s[MT][NS][4];  // (WROWS, BN) scores of this warp
 #pragma unroll
-        for (int i = 0; i < NS; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < NS; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
+            uint32_t qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (Tile::Q_IN_REGS) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) qa[mt][e] = qf[Tile::Q_IN_REGS ? mt : 0][Tile::Q_IN_REGS ? ks : 0][e];
+                } else {
+                    ldmatrix_x4(qa[mt], frag_addr_a<HS>(sQ, warp * WROWS + mt * 16, ks * 16, lane));
+                }
+            }
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
                 uint32_t kb[4];
                 ldmatrix_x4(kb, frag_addr_b_nk<HS>(sK, np * 16, ks * 16, lane));
-                mma_16816<T>(s[2 * np], qf[ks], kb[0], kb[1]);
-                mma_16816<T>(s[2 * np + 1], qf[ks], kb[2], kb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+                    mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                }
             }
         }
 
         const bool partial = tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL;
 #pragma unroll
-        for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                float x = s[nt][e] * scale_log2;
-                if (EXTRAS && p.alibi_slopes) x += alibi_bias_log2(slope_log2, pos0 + 8 * r, j);
-                if (partial && (j < rr[r].lo || j >= rr[r].hi)) x = -INFINITY;
-                s[nt][e] = x;
-            }
-        }
-
-        // Online softmax: rescale what was accumulated under the old max. A row that has seen
-        // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = row_max[r];
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_use = mx == -INFINITY ? 0.f : mx;
-            const float corr = exp2f(row_max[r] - m_use);
-            row_max[r] = mx;
-            row_sum[r] *= corr;
-#pragma unroll
-            for (int i = 0; i < NO; i++) {
-                o[i][2 * r] *= corr;
-                o[i][2 * r + 1] *= corr;
-            }
+        for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
             for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float pr = exp2f(s[nt][2 * r + c] - m_use);
-                    row_sum[r] += pr;
-                    if (EXTRAS && p.dropout_p > 0.f) {
-                        const int j = n0 + nt * 8 + 2 * t + c;
-                        pr = dropout_keep(p, b, h, row0 + 8 * r, j) ? pr * keep_scale : 0.f;
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                    float x = s[mt][nt][e] * scale_log2;
+                    if (EXTRAS && p.alibi_slopes)
+                        x += alibi_bias_log2(slope_log2, wrow0 + mt * 16 + 8 * r + g + (p.T_k - p.T_q), j);
+                    if (partial && (j < rr[mt][r].lo || j >= rr[mt][r].hi)) x = -INFINITY;
+                    s[mt][nt][e] = x;
+                }
+            }
+
+            // Online softmax: rescale what was accumulated under the old max. A row that has seen
+            // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = row_max[mt][r];
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_use = mx == -INFINITY ? 0.f : mx;
+                const float corr = exp2f(row_max[mt][r] - m_use);
+                row_max[mt][r] = mx;
+                row_sum[mt][r] *= corr;
+#pragma unroll
+                for (int i = 0; i < NO; i++) {
+                    o[mt][i][2 * r] *= corr;
+                    o[mt][i][2 * r + 1] *= corr;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        float pr = exp2f(s[mt][nt][2 * r + c] - m_use);
+                        row_sum[mt][r] += pr;
+                        if (EXTRAS && p.dropout_p > 0.f) {
+                            const int j = n0 + nt * 8 + 2 * t + c;
+                            pr = dropout_keep(p, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
+                        }
+                        s[mt][nt][2 * r + c] = pr;
                     }
-                    s[nt][2 * r + c] = pr;
                 }
             }
         }
@@ -139,40 +172,46 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS) flash_fwd_kernel(const 
 
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[4];
-            c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) c_to_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
             for (int dp = 0; dp < HS / 16; dp++) {
                 uint32_t vb[4];
                 ldmatrix_x4_trans(vb, frag_addr_b_kn<HS>(sV, kk * 16, dp * 16, lane));
-                mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-                mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                    mma_16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                }
             }
         }
     }
 
     // Finish: O /= rowsum; a fully masked row (sum 0) writes 0 and LSE +inf.
-    T *sO = sQ + warp * 16 * HS;  // this warp's own rows of sQ (only it ever read them)
+    __syncthreads();  // with Q re-read from shared memory, every warp must be done with it
+    T *sO = sQ + warp * WROWS * HS;  // this warp's own rows of sQ
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = row_sum[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const int row = row0 + 8 * r;
-        if (p.lse && t == 0 && row < p.T_q)
-            p.lse[((int64_t)b * p.NH + h) * p.T_q + row] =
-                sum > 0.f ? (row_max[r] + log2f(sum)) * LN2_F : INFINITY;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < NO; i++) {
-            *reinterpret_cast<uint32_t *>(sO + SwizzledTile<HS>::offset(g + 8 * r, i * 8 + 2 * t)) =
-                ElemTraits<T>::pack(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+        for (int r = 0; r < 2; r++) {
+            float sum = row_sum[mt][r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const int row = wrow0 + mt * 16 + 8 * r + g;
+            if (p.lse && t == 0 && row < p.T_q)
+                p.lse[((int64_t)b * p.NH + h) * p.T_q + row] =
+                    sum > 0.f ? (row_max[mt][r] + log2f(sum)) * LN2_F : INFINITY;
+#pragma unroll
+            for (int i = 0; i < NO; i++) {
+                *reinterpret_cast<uint32_t *>(sO + SwizzledTile<HS>::offset(mt * 16 + g + 8 * r, i * 8 + 2 * t)) =
+                    ElemTraits<T>::pack(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+            }
         }
-    }
     __syncwarp();
-    T *out = static_cast<T *>(p.out) + b * p.o_st.batch + (int64_t)(m0 + warp * 16) * p.o_st.row +
-             h * p.o_st.head;
-    tile_store<16, HS, 32>(out, p.o_st.row, sO, p.T_q - (m0 + warp * 16), lane);
+    T *out = static_cast<T *>(p.out) + b * p.o_st.batch + (int64_t)wrow0 * p.o_st.row + h * p.o_st.head;
+    tile_store<WROWS, HS, 32>(out, p.o_st.row, sO, p.T_q - wrow0, lane);
 }
 
 template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s) {

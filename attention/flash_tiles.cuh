@@ -11,17 +11,22 @@
 // Shared memory one block may use on sm80 (A100: 163 KB) and sm90 (H100/H200: 227 KB).
 #define SM80_SMEM_LIMIT (163 * 1024)
 
-// Forward: each of NWARPS warps owns 16 query rows (BM = 16 * NWARPS) and keeps them, with its
-// O accumulator (16 x HS fp32) and its scores (16 x BN fp32), in registers. Q, one K tile and
-// one V tile live in shared memory; the V load overlaps QK^T and the next K load overlaps PV.
-//   HS 64:  BM 128, BN 64, 8 warps: ~100 registers, 48 KB shared, two blocks per SM.
-//   HS 128: BM 128, BN 64, 8 warps: O alone is 64 registers per thread, so BN stays at 64 to
-//           keep the scores at 32; one block of 96 KB per SM.
+// Forward: each of NWARPS warps owns MT m16 tiles of query rows (BM = 16 * MT * NWARPS) and keeps
+// them, with its O accumulator (16*MT x HS fp32) and its scores (16*MT x BN fp32), in registers.
+// Q, one K tile and one V tile live in shared memory; the V load overlaps QK^T and the next K
+// load overlaps PV. MT = 2 matters most: every K/V fragment read from shared memory (ldmatrix.x4,
+// 4 cycles of shared-memory bandwidth) then feeds 4 MMAs instead of 2, which is what keeps the
+// tensor cores busy (MT = 1 measured 160 TFLOP/s at HS 64, shared-memory bound).
+//   HS 64:  BM 128, BN 64, 4 warps, Q fragments in registers.
+//   HS 128: BM 128, BN 64, 4 warps: O takes 128 registers, so Q is re-read from shared memory.
 template <int HS> struct FwdTile {
-    static constexpr int NWARPS = 8;
-    static constexpr int BM = 16 * NWARPS;
-    static constexpr int BN = 64;
+    static constexpr int NWARPS = 4;
+    static constexpr int MT = 2;
+    static constexpr int BM = 16 * MT * NWARPS;
+    static constexpr int BN = HS <= 64 ? 64 : 32;
     static constexpr int NTHREADS = 32 * NWARPS;
+    static constexpr bool Q_IN_REGS = false;
+    static constexpr int MIN_BLOCKS = 1;
     static constexpr size_t SMEM = (size_t)(BM + 2 * BN) * HS * 2;
     static_assert(HS % 16 == 0 && BN % 16 == 0, "MMA k-steps of 16");
     static_assert(SMEM <= SM80_SMEM_LIMIT, "forward tile exceeds shared memory");
