@@ -6,6 +6,10 @@
 // Channels per thread chunk of the column-parallel reductions (parameter gradients that many rows
 // add into): 16 floats = one 64-byte cache line, so two threads never write the same line.
 #define COL_CHUNK 16
+// Loops with less work than this many elements run on the calling thread: waking the OpenMP
+// team costs microseconds (and far more when the cores are oversubscribed), more than such a
+// loop takes. Decoding (N = 1) and small test models stay serial; training batches do not.
+#define CPU_PAR_MIN 32768
 
 void cpu_embed_forward(Backend *be, void *out, const int *tokens, const int *pos, const void *wte,
                        const void *wpe, int B, int T, int C);

@@ -13,7 +13,7 @@ void cpu_embed_forward(Backend *be, void *out_, const int *tokens, const int *po
     float *out = out_;          // (B, T, C)
     const float *wte = wte_;    // (Vp, C)
     const float *wpe = wpe_;    // (maxT, C) or NULL
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)B * T * C >= CPU_PAR_MIN)
     for (long i = 0; i < (long)B * T; i++) {
         const float *te = wte + (size_t)tokens[i] * C;
         float *o = out + (size_t)i * C;
@@ -31,7 +31,7 @@ void cpu_embed_backward(Backend *be, void *dwte_, void *dwpe_, const void *dout_
     float *dwte = dwte_;        // (Vp, C)
     float *dwpe = dwpe_;        // (maxT, C) or NULL
     const float *dout = dout_;  // (B, T, C)
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)B * T * C >= CPU_PAR_MIN)
     for (int c0 = 0; c0 < C; c0 += COL_CHUNK) {
         int c1 = c0 + COL_CHUNK < C ? c0 + COL_CHUNK : C;
         for (long i = 0; i < (long)B * T; i++) {
@@ -52,7 +52,7 @@ void cpu_layernorm_forward(Backend *be, void *out_, float *mean, float *rstd, co
     const float *inp = inp_;    // (N, C)
     const float *w = w_, *b = b_;  // (C)
     const double eps = 1e-5;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * C >= CPU_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
         double m = 0, v = 0;
@@ -75,7 +75,7 @@ void cpu_layernorm_backward(Backend *be, void *dinp_, void *dw_, void *db_, cons
     const float *dout = dout_, *inp = inp_;  // (N, C)
     const float *w = w_;        // (C)
     // dinp = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) with dnorm = dout * w.
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * C >= CPU_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C, *d = dout + (size_t)i * C;
         float m = mean[i], s = rstd[i];
@@ -89,7 +89,7 @@ void cpu_layernorm_backward(Backend *be, void *dinp_, void *dw_, void *db_, cons
         float *di = dinp + (size_t)i * C;
         for (int c = 0; c < C; c++) di[c] += s * (d[c] * w[c] - a - (x[c] - m) * s * bb);
     }
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * C >= CPU_PAR_MIN)
     for (int c0 = 0; c0 < C; c0 += COL_CHUNK) {
         int c1 = c0 + COL_CHUNK < C ? c0 + COL_CHUNK : C;
         for (int i = 0; i < N; i++) {
@@ -105,14 +105,14 @@ void cpu_layernorm_backward(Backend *be, void *dinp_, void *dw_, void *db_, cons
 void cpu_add(Backend *be, void *out_, const void *a_, const void *b_, size_t n) {
     float *out = out_;
     const float *a = a_, *b = b_;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 void cpu_softmax_xent(Backend *be, void *logits_, float *losses, const int *targets, int N, int V,
                       int Vp, float dscale) {
     float *logits = logits_;    // (N, Vp); the first V columns are real
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * Vp >= CPU_PAR_MIN)
     for (int i = 0; i < N; i++) {
         float *z = logits + (size_t)i * Vp;
         int tgt = targets[i];

@@ -31,7 +31,7 @@ void cpu_matmul_forward(Backend *be, void *out_, void *pre_, const void *inp, co
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, acc,
                 OC);
     if (!bias && epi == EPI_NONE) return;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * OC >= CPU_PAR_MIN)
     for (int i = 0; i < N; i++) {
         float *a = acc + (size_t)i * OC, *o = out + (size_t)i * OC;
         if (bias)
@@ -48,7 +48,7 @@ void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias_, void *
     const float *pre = pre_;    // (N, OC) with EPI_GELU
     float *dbias = dbias_;      // (OC) or NULL, accumulates
     if (epi == EPI_GELU) {
-        #pragma omp parallel for schedule(static)
+        #pragma omp parallel for schedule(static) if ((size_t)N * OC >= CPU_PAR_MIN)
         for (size_t i = 0; i < (size_t)N * OC; i++) dout[i] *= gelu_grad(pre[i]);
     }
     // dinp (N, C) = dout (N, OC) @ w (OC, C)
@@ -60,7 +60,7 @@ void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias_, void *
                 C);
     if (!dbias) return;
     // Column sums, split by output channel so each thread owns its dbias entries.
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * OC >= CPU_PAR_MIN)
     for (int j0 = 0; j0 < OC; j0 += COL_CHUNK) {
         int j1 = j0 + COL_CHUNK < OC ? j0 + COL_CHUNK : OC;
         for (int i = 0; i < N; i++) {

@@ -49,8 +49,10 @@ static double gelu_grad_d(double x) {
 // ---------------------------------------------------------------------------------------------
 // ops
 
-static void test_embed(Backend *be, Rng *r) {
-    const int B = 3, T = 7, C = 13, V = 11, maxT = 9;
+// Sizes below and above CPU_PAR_MIN elements (model/ops_cpu.h) run the serial and the threaded
+// paths of each op.
+static void test_embed(Backend *be, Rng *r, int B, int T, int C) {
+    const int V = 11, maxT = T + 2;
     int tokens[B * T], pos[B * T];
     for (int i = 0; i < B * T; i++) {
         tokens[i] = (int)rng_below(r, 4);   // few distinct ids: the scatter must add repeats
@@ -68,7 +70,7 @@ static void test_embed(Backend *be, Rng *r) {
         const int *pp = with_pos ? pos : NULL;
         for (int i = 0; i < B * T; i++)
             for (int c = 0; c < C; c++)
-                ref[i * C + c] = wte[tokens[i] * C + c] + wpe[(pp ? pp[i] : i % T) * C + c];  // one fp32 rounding
+                ref[i * C + c] = wte[tokens[i] * C + c] + wpe[(pp ? pp[i] : i % T) * C + c];  // fp32 sum
         be->embed_forward(be, out, tokens, pp, wte, wpe, B, T, C);
         EXPECT(max_abs_diff(out, ref, B * T * C) == 0, "embed forward (pos %d) differs", with_pos);
 
@@ -93,8 +95,7 @@ static void test_embed(Backend *be, Rng *r) {
     EXPECT(same, "embed forward without wpe must copy the token rows");
 }
 
-static void test_layernorm(Backend *be, Rng *r) {
-    enum { N = 19, C = 37 };
+static void test_layernorm(Backend *be, Rng *r, int N, int C) {
     float inp[N * C], w[C], b[C], out[N * C], mean[N], rstd[N], dout[N * C], dinp[N * C], dw[C], db[C];
     double out_ref[N * C], mean_ref[N], rstd_ref[N], dinp_ref[N * C], dw_ref[C], db_ref[C];
     fill_normal(r, inp, N * C, 2.0f);
@@ -140,12 +141,10 @@ static void test_layernorm(Backend *be, Rng *r) {
     EXPECT(rel_err_d(db, db_ref, C) < OP_TOL, "ln db rel err %g", rel_err_d(db, db_ref, C));
 }
 
-static void test_matmul(Backend *be, Rng *r, Epilogue epi, int with_bias) {
-    enum { N = 37, C = 29, OC = 51 };
-    static float inp[N * C], w[OC * C], bias[OC], out[N * OC], pre[N * OC], dout[N * OC];
-    static float dinp[N * C], dw[OC * C], db[OC];
-    static double out_ref[N * OC], pre_ref[N * OC], dpre[N * OC], dinp_ref[N * C], dw_ref[OC * C],
-        db_ref[OC];
+static void test_matmul(Backend *be, Rng *r, Epilogue epi, int with_bias, int N, int C, int OC) {
+    float inp[N * C], w[OC * C], bias[OC], out[N * OC], pre[N * OC], dout[N * OC];
+    float dinp[N * C], dw[OC * C], db[OC];
+    double out_ref[N * OC], pre_ref[N * OC], dpre[N * OC], dinp_ref[N * C], dw_ref[OC * C], db_ref[OC];
     fill_normal(r, inp, N * C, 1.0f);
     fill_normal(r, w, OC * C, 0.3f);
     fill_normal(r, bias, OC, 1.0f);
@@ -199,10 +198,9 @@ static void test_matmul(Backend *be, Rng *r, Epilogue epi, int with_bias) {
            dw[3 * C + 5], dw1);
 }
 
-static void test_add(Backend *be, Rng *r) {
-    enum { n = 1001 };
-    static float a[n], b[n], out[n];
-    static double ref[n];
+static void test_add(Backend *be, Rng *r, int n) {
+    float a[n], b[n], out[n];
+    double ref[n];
     fill_normal(r, a, n, 1.0f);
     fill_normal(r, b, n, 1.0f);
     for (int i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
@@ -212,10 +210,10 @@ static void test_add(Backend *be, Rng *r) {
     EXPECT(max_abs_diff(a, ref, n) < 1e-6, "in-place add differs");
 }
 
-static void test_softmax_xent(Backend *be, Rng *r) {
-    enum { N = 13, V = 101, Vp = 128 };
-    static float logits[N * Vp], losses[N];
-    static double loss_ref[N], dref[N * Vp];
+static void test_softmax_xent(Backend *be, Rng *r, int N) {
+    enum { V = 101, Vp = 128 };
+    float logits[N * Vp], losses[N];
+    double loss_ref[N], dref[N * Vp];
     int targets[N];
     fill_normal(r, logits, N * Vp, 3.0f);
     for (int i = 0; i < N; i++) {
@@ -258,8 +256,8 @@ static void test_softmax_xent(Backend *be, Rng *r) {
 // against a double reference of softmax(q k^T * scale) v and its backward.
 static void test_attention(Backend *be, Rng *r) {
     enum { B = 2, T = 11, NH = 4, NKV = 2, HS = 8, OC = (NH + 2 * NKV) * HS, C = NH * HS };
-    static float qkv[B * T * OC], out[B * T * C], lse[B * NH * T], dout[B * T * C], dqkv[B * T * OC];
-    static double out_ref[B * T * C], lse_ref[B * NH * T], dqkv_ref[B * T * OC];
+    float qkv[B * T * OC], out[B * T * C], lse[B * NH * T], dout[B * T * C], dqkv[B * T * OC];
+    double out_ref[B * T * C], lse_ref[B * NH * T], dqkv_ref[B * T * OC];
     fill_normal(r, qkv, B * T * OC, 1.0f);
     fill_normal(r, dout, B * T * C, 1.0f);
     memset(dqkv_ref, 0, sizeof dqkv_ref);
@@ -579,7 +577,7 @@ static void test_loss_and_small_batch(void) {
     rng_seed(&r, 8);
     random_batch(&r, tokens, targets, MB * MT, g.V);
     float loss = gpt_forward(m, tokens, targets, MB, MT);
-    static float losses[MB * MT], logits[MB * MT * 101], logits_small[20 * 101];
+    float losses[MB * MT], logits[MB * MT * 101], logits_small[20 * 101];
     gpt_losses_f32(m, losses);
     gpt_logits_f32(m, logits);
     double s = 0, ref = 0;
@@ -622,7 +620,7 @@ static void test_decode(PosEmbedding pos, int window) {
     Rng r;
     rng_seed(&r, 13);
     for (int i = 0; i < MT; i++) tokens[i] = (int)rng_below(&r, g.V);
-    static float full[MT * 101], step[MT * 101];
+    float full[MT * 101], step[MT * 101];
     for (int rep = 0; rep < 2; rep++) {   // the second pass checks that pos 0 resets the cache
         gpt_forward(m, tokens, NULL, 1, MT);
         gpt_logits_f32(m, full);
@@ -740,13 +738,18 @@ int main(void) {
                "sizes");
         EXPECT(strcmp(dtype_name(DTYPE_BF16), "bf16") == 0, "name %s", dtype_name(DTYPE_BF16));
     });
-    TEST_CASE("cpu embed forward/backward", test_embed(be, &r));
-    TEST_CASE("cpu layernorm forward/backward", test_layernorm(be, &r));
-    TEST_CASE("cpu matmul (no epilogue, no bias)", test_matmul(be, &r, EPI_NONE, 0));
-    TEST_CASE("cpu matmul (bias)", test_matmul(be, &r, EPI_NONE, 1));
-    TEST_CASE("cpu matmul (bias + gelu)", test_matmul(be, &r, EPI_GELU, 1));
-    TEST_CASE("cpu add", test_add(be, &r));
-    TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r));
+    TEST_CASE("cpu embed forward/backward", test_embed(be, &r, 3, 7, 13));
+    TEST_CASE("cpu embed forward/backward (threaded)", test_embed(be, &r, 4, 130, 70));
+    TEST_CASE("cpu layernorm forward/backward", test_layernorm(be, &r, 19, 37));
+    TEST_CASE("cpu layernorm forward/backward (threaded)", test_layernorm(be, &r, 300, 131));
+    TEST_CASE("cpu matmul (no epilogue, no bias)", test_matmul(be, &r, EPI_NONE, 0, 37, 29, 51));
+    TEST_CASE("cpu matmul (bias)", test_matmul(be, &r, EPI_NONE, 1, 37, 29, 51));
+    TEST_CASE("cpu matmul (bias + gelu)", test_matmul(be, &r, EPI_GELU, 1, 37, 29, 51));
+    TEST_CASE("cpu matmul (bias + gelu, threaded)", test_matmul(be, &r, EPI_GELU, 1, 263, 67, 131));
+    TEST_CASE("cpu add", test_add(be, &r, 1001));
+    TEST_CASE("cpu add (threaded)", test_add(be, &r, 40009));
+    TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r, 13));
+    TEST_CASE("cpu softmax cross-entropy (threaded)", test_softmax_xent(be, &r, 301));
     TEST_CASE("cpu attention on fused qkv (GQA)", test_attention(be, &r));
     be->destroy(be);
     TEST_CASE("gpt parameter layout and init", test_layout_and_init());
