@@ -25,7 +25,8 @@ from oracle_gpt import RefGPT, train_reference
 from oracle_st import read_safetensors
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOL = ROOT / os.environ.get("BUILD", "build") / "tests" / "tools" / "gpt_oracle"
+TOOL_TARGET = os.environ.get("BUILD", "build") + "/tests/tools/gpt_oracle"  # as the Makefile names it
+TOOL = ROOT / TOOL_TARGET
 
 GRAD_RTOL = 1e-5   # logits, loss, gradients, per-step loss and grad norm (see the module doc)
 LR_RTOL = 1e-6     # the schedule is the same formula in double, rounded once to fp32 (6e-8)
@@ -46,7 +47,7 @@ def rel_err(a, b):
 def run_oracle(tmp_path, *settings):
     """Runs the C driver with --set overrides; returns (tensors, config dict, decayed names)."""
     # Build (or refresh) the driver so a plain `pytest tests` tests the current sources.
-    subprocess.run(["make", "-s", "-C", str(ROOT), str(TOOL.relative_to(ROOT))], check=True)
+    subprocess.run(["make", "-s", "-C", str(ROOT), TOOL_TARGET], check=True)
     out = tmp_path / "oracle.safetensors"
     args = [str(TOOL), str(out)]
     for s in settings:
