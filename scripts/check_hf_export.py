@@ -14,7 +14,8 @@ transformers.GPT2LMHeadModel.from_pretrained and compares, on the same random to
   2. loss: transformers' mean cross-entropy over the windows `train_gpt eval` reads against the
      val_loss that `train_gpt eval` prints (flashgpt's forward);
   3. greedy tokens: transformers' argmax decoding against `train_gpt sample --temperature 0`
-     (flashgpt's KV-cache decoder), when the checkpoint has no tokenizer (sample then prints ids).
+     (flashgpt's KV-cache decoder), when the checkpoint has no tokenizer (sample then prints ids);
+  4. import: the model transformers saves (save_pretrained) imports back to the same weights.
 It prints one line per check and PASS or FAIL with the max logit difference; exit code 0 on PASS.
 """
 import argparse
@@ -171,6 +172,16 @@ def main():
                                  eos_token_id=None)[0, 1:].tolist()
         report("greedy", flash == gen, f"{n} tokens from token 0: train_gpt sample "
                                        f"{'==' if flash == gen else '!='} transformers generate")
+
+    # 4. what transformers saves imports back to the same weights
+    saved, back = os.path.join(work, "hf_saved"), os.path.join(work, "imported")
+    transformers.GPT2LMHeadModel.from_pretrained(hf_dir).save_pretrained(saved, safe_serialization=True)
+    sh([bin_, "import", "--from", "hf", saved, "--out", back])
+    again, _ = read_safetensors(os.path.join(back, "model.safetensors"))
+    same = set(again) == set(ours) and all(
+        np.array_equal(again[k][:V], ours[k][:V]) if k == "wte" else np.array_equal(again[k], ours[k])
+        for k in ours)
+    report("import", same, f"transformers' save_pretrained imported back {'bitwise equal' if same else 'DIFFERS'}")
 
     verdict = "PASS" if all(results) else "FAIL"
     print(f"{verdict}: max logit difference {max_diff:.3e} (checkpoint {ckpt}, export {hf_dir}, "
