@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "model/gpt.h"
+#include "model/train_step.h"
 #include "optim/optim.h"
 #include "tests/testlib.h"
 
@@ -204,10 +206,66 @@ static void test_scaler(void) {
     EXPECT(scaler_update(&s, 0) == 1 && s.scale == 1.0f && s.skipped == 1, "unscaled mode must still skip");
 }
 
+// A fixed micro-batch: token i % V, target (i + 1) % V.
+static void fixed_batch(void *ctx, int *inputs, int *targets) {
+    const int *bt = ctx;  // {B*T, V}
+    for (int i = 0; i < bt[0]; i++) {
+        inputs[i] = i % bt[1];
+        targets[i] = (i + 1) % bt[1];
+    }
+}
+
+// The shared train step: a non-finite gradient skips the step without touching the weights,
+// the moments or the step count; the next finite step runs normally.
+static void test_trainer_skip(void) {
+    Config c;
+    config_defaults(&c);
+    const char *sets[] = {"model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.vocab_size=17",
+                          "model.max_seq_len=8", "train.batch_size=2", "train.seq_len=8", "train.grad_accum=2",
+                          "train.steps=4", "optim.warmup_steps=2", "data.synthetic=copy"};
+    char err[256];
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) CHECK(config_set(&c, sets[i], err, sizeof err) == 0);
+    CHECK(config_validate(&c, err, sizeof err) == 0);
+    const GPTConfig g = gpt_config_from(&c);
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, 2, 8, &c);
+    const size_t n = gpt_num_params(m);
+    float *w = xmalloc(n * sizeof(float)), *after = xmalloc(n * sizeof(float));  // (n)
+    gpt_init_weights_host(m, w, 7);
+    for (int i = 0; i < gpt_num_tensors(m); i++)  // lnf.weight[0] = inf makes the gradients NaN
+        if (strcmp(gpt_tensor(m, i)->name, "lnf.weight") == 0) w[gpt_tensor(m, i)->offset] = INFINITY;
+    gpt_set_params_f32(m, w);
+    Trainer *t = trainer_create(m, &c);
+    int bt[2] = {16, 17};
+    StepStats st = trainer_step(t, 0, fixed_batch, bt);
+    gpt_get_params_f32(m, after);
+    const AdamW *opt = trainer_optimizer(t);
+    EXPECT(st.skipped == 1 && !isfinite(st.grad_norm), "non-finite step not skipped (norm %g)", st.grad_norm);
+    EXPECT(memcmp(w, after, n * sizeof(float)) == 0, "a skipped step changed the weights");
+    EXPECT(opt->t == 0 && sumsq_cpu(opt->m, n) == 0 && sumsq_cpu(opt->v, n) == 0, "a skipped step moved AdamW");
+    EXPECT(trainer_scaler(t)->skipped == 1 && st.loss_scale == 1.0f, "cpu scaler: skipped %lld, scale %g",
+           trainer_scaler(t)->skipped, st.loss_scale);
+
+    gpt_init_weights_host(m, w, 7);
+    gpt_set_params_f32(m, w);
+    st = trainer_step(t, 1, fixed_batch, bt);
+    gpt_get_params_f32(m, after);
+    EXPECT(st.skipped == 0 && isfinite(st.loss) && st.grad_norm > 0, "finite step: loss %g norm %g", st.loss,
+           st.grad_norm);
+    EXPECT(opt->t == 1 && memcmp(w, after, n * sizeof(float)) != 0, "finite step did not update");
+    EXPECT(st.lr == lr_at(&c, 1, 4), "lr %g, schedule says %g", st.lr, lr_at(&c, 1, 4));
+    trainer_free(t);
+    gpt_free(m);
+    be->destroy(be);
+    free(w);
+    free(after);
+}
+
 int main(void) {
     TEST_CASE("lr schedule at warmup and decay boundaries", test_schedule());
     TEST_CASE("AdamW against a hand-computed step (decay only on decayed spans)", test_adamw());
     TEST_CASE("global norm, non-finite detection, clipping multiplier", test_grad_norm());
     TEST_CASE("loss scaler: growth, backoff, skip, fixed and unscaled modes", test_scaler());
+    TEST_CASE("train step skips non-finite gradients, leaving weights and AdamW untouched", test_trainer_skip());
     return TEST_SUMMARY();
 }
