@@ -428,7 +428,7 @@ static void encode_segments(const Gpt2Bpe *t, const char *text, const Segments *
     }
     first[n_items] = segs->n;
     int **part = xcalloc(n_items, sizeof(int *));
-    size_t *part_n = xcalloc(n_items, sizeof(size_t)), *part_cap = xcalloc(n_items, sizeof(size_t));
+    size_t *part_n = xcalloc(n_items, sizeof(size_t));
     if (n_threads <= 0) n_threads = omp_get_max_threads();
     if ((size_t)n_threads > n_items) n_threads = (int)(n_items ? n_items : 1);
 #pragma omp parallel num_threads(n_threads)
@@ -437,12 +437,18 @@ static void encode_segments(const Gpt2Bpe *t, const char *text, const Segments *
         state_init(t, &st);
 #pragma omp for schedule(dynamic, 1)
         for (size_t w = 0; w < n_items; w++) {
-            IdSink sink = {&part[w], &part_n[w], &part_cap[w]};
+            // The sink works on locals: neighbouring items run on other threads, and their
+            // counters in part_n[] share cache lines (false sharing on every id costs 4x).
+            int *ids = NULL;
+            size_t n = 0, cap = 0;
+            IdSink sink = {&ids, &n, &cap};
             for (size_t i = first[w]; i < first[w + 1]; i++) {
                 const Segment *g = &segs->seg[i];
                 if (g->eot_first) sink_push(&sink, &t->eot, 1);
                 encode_text(t, &st, text + g->start, g->end - g->start, &sink);
             }
+            part[w] = ids;
+            part_n[w] = n;
         }
         state_free(&st);
     }
@@ -452,7 +458,6 @@ static void encode_segments(const Gpt2Bpe *t, const char *text, const Segments *
     }
     free(part);
     free(part_n);
-    free(part_cap);
     free(first);
 }
 
