@@ -5,7 +5,7 @@ CC      ?= gcc
 PYTHON  ?= /usr/bin/python3
 BUILD   ?= build
 OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
-CFLAGS  = -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -fPIC -I. \
+CFLAGS  = -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -fPIC -I. \
           -I$(OPENBLAS_INC) $(CFLAGS_EXTRA)
 LDLIBS  = -lcjson -lpcre2-8 -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
 

@@ -7,20 +7,12 @@
 #include <stdio.h>
 
 #include "attention/attention.h"
+#include "common/check.h"
 
 #define ATTN_CPU_MAX_HS 1024
 #define ATTN_CUDA_MAX_HS 256
 // Alignment the CUDA kernels' vector loads need for every base pointer and stride (bytes).
 #define ATTN_CUDA_ALIGN 16
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static const char *dtype_name(AttnDtype t) {
     switch (t) {
@@ -74,13 +66,13 @@ typedef struct {
 
 static int check_tensor(const TensorDesc *t, const AttnParams *p, AttnDevice dev, char *err,
                         size_t errlen) {
-    if (!t->ptr) return fail(err, errlen, "attention: tensor '%s' is NULL", t->name);
+    if (!t->ptr) return set_error(err, errlen, "attention: tensor '%s' is NULL", t->name);
     if (t->st.batch < 0 || t->st.row < 0 || t->st.head < 0)
-        return fail(err, errlen,
+        return set_error(err, errlen,
                     "attention: tensor '%s' has a negative stride (batch %lld, row %lld, head %lld)",
                     t->name, (long long)t->st.batch, (long long)t->st.row, (long long)t->st.head);
     if (t->written && !strides_disjoint(t->st, p->B, t->T, t->H, p->HS))
-        return fail(err, errlen,
+        return set_error(err, errlen,
                     "attention: output '%s' strides (batch %lld, row %lld, head %lld) make elements "
                     "overlap for B=%d, T=%d, heads=%d, HS=%d",
                     t->name, (long long)t->st.batch, (long long)t->st.row, (long long)t->st.head,
@@ -89,11 +81,11 @@ static int check_tensor(const TensorDesc *t, const AttnParams *p, AttnDevice dev
         size_t eb = dtype_bytes(p->dtype);
         int64_t all[3] = {t->st.batch, t->st.row, t->st.head};
         if ((uintptr_t)t->ptr % ATTN_CUDA_ALIGN != 0)
-            return fail(err, errlen, "attention: tensor '%s' is not %d-byte aligned", t->name,
+            return set_error(err, errlen, "attention: tensor '%s' is not %d-byte aligned", t->name,
                         ATTN_CUDA_ALIGN);
         for (int i = 0; i < 3; i++)
             if ((all[i] * (int64_t)eb) % ATTN_CUDA_ALIGN != 0)
-                return fail(err, errlen,
+                return set_error(err, errlen,
                             "attention: tensor '%s' stride %lld is not a multiple of %d bytes "
                             "(CUDA kernels load 16-byte vectors)",
                             t->name, (long long)all[i], ATTN_CUDA_ALIGN);
@@ -106,18 +98,18 @@ static int check_docs(const AttnParams *p, char *err, size_t errlen) {
     const int *cu = p->cu_seqlens;
     int64_t total = (int64_t)p->B * p->T_q;
     if (cu[0] != 0)
-        return fail(err, errlen, "attention: cu_seqlens[0] is %d, must be 0", cu[0]);
+        return set_error(err, errlen, "attention: cu_seqlens[0] is %d, must be 0", cu[0]);
     if (cu[p->n_docs] != total)
-        return fail(err, errlen, "attention: cu_seqlens[%d] (the last) is %d, must be B*T = %lld",
+        return set_error(err, errlen, "attention: cu_seqlens[%d] (the last) is %d, must be B*T = %lld",
                     p->n_docs, cu[p->n_docs], (long long)total);
     int next_row = 1;  // the next batch-row start (in rows) that must appear in the list
     for (int d = 1; d <= p->n_docs; d++) {
         if (cu[d] < cu[d - 1])
-            return fail(err, errlen, "attention: cu_seqlens decreases at index %d (%d after %d)", d,
+            return set_error(err, errlen, "attention: cu_seqlens decreases at index %d (%d after %d)", d,
                         cu[d], cu[d - 1]);
         while (next_row < p->B && (int64_t)next_row * p->T_q < cu[d]) {
             if ((int64_t)next_row * p->T_q != cu[d - 1])
-                return fail(err, errlen,
+                return set_error(err, errlen,
                             "attention: a document (cu_seqlens[%d..%d] = %d..%d) crosses the start "
                             "of batch row %d (token %lld): split it there",
                             d - 1, d, cu[d - 1], cu[d], next_row, (long long)next_row * p->T_q);
@@ -128,60 +120,60 @@ static int check_docs(const AttnParams *p, char *err, size_t errlen) {
 }
 
 int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, size_t errlen) {
-    if (!p) return fail(err, errlen, "attention: params are NULL");
+    if (!p) return set_error(err, errlen, "attention: params are NULL");
     const char *devname = dev == ATTN_CPU ? "cpu" : "cuda";
     if (dev != ATTN_CPU && dev != ATTN_CUDA)
-        return fail(err, errlen, "attention: unknown device %d", (int)dev);
+        return set_error(err, errlen, "attention: unknown device %d", (int)dev);
     if (p->B < 1 || p->T_q < 1 || p->T_k < 1)
-        return fail(err, errlen, "attention: sizes must be positive, got B=%d, T_q=%d, T_k=%d", p->B,
+        return set_error(err, errlen, "attention: sizes must be positive, got B=%d, T_q=%d, T_k=%d", p->B,
                     p->T_q, p->T_k);
     if (p->NH < 1 || p->NKV < 1)
-        return fail(err, errlen, "attention: head counts must be positive, got NH=%d, NKV=%d", p->NH,
+        return set_error(err, errlen, "attention: head counts must be positive, got NH=%d, NKV=%d", p->NH,
                     p->NKV);
     if (p->NH % p->NKV != 0)
-        return fail(err, errlen,
+        return set_error(err, errlen,
                     "attention: the %d query heads cannot be shared evenly by %d key/value heads: "
                     "n_kv_head must divide n_head",
                     p->NH, p->NKV);
     if (!hs_supported(dev, p->HS)) {
         if (dev == ATTN_CPU)
-            return fail(err, errlen, "attention: head size %d is not supported on cpu: use 1..%d",
+            return set_error(err, errlen, "attention: head size %d is not supported on cpu: use 1..%d",
                         p->HS, ATTN_CPU_MAX_HS);
-        return fail(err, errlen,
+        return set_error(err, errlen,
                     "attention: head size %d is not supported on cuda: use 1..%d, best 64 or 128 "
                     "(n_embd / n_head), which have flash kernels",
                     p->HS, ATTN_CUDA_MAX_HS);
     }
     if (!isfinite(p->scale))
-        return fail(err, errlen, "attention: scale %g is not finite", p->scale);
+        return set_error(err, errlen, "attention: scale %g is not finite", p->scale);
     if (p->impl != ATTN_IMPL_FLASH && p->impl != ATTN_IMPL_NAIVE)
-        return fail(err, errlen, "attention: unknown implementation %d: use flash or naive", (int)p->impl);
+        return set_error(err, errlen, "attention: unknown implementation %d: use flash or naive", (int)p->impl);
     if (p->dtype != ATTN_F32 && p->dtype != ATTN_BF16 && p->dtype != ATTN_F16)
-        return fail(err, errlen, "attention: unknown dtype %d", (int)p->dtype);
+        return set_error(err, errlen, "attention: unknown dtype %d", (int)p->dtype);
     if (dev == ATTN_CPU && p->dtype != ATTN_F32)
-        return fail(err, errlen, "attention: the cpu implementation is fp32 only, got %s: use "
+        return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got %s: use "
                                  "precision.dtype = fp32 with --device cpu",
                     dtype_name(p->dtype));
     if (p->causal && p->T_q > p->T_k)
-        return fail(err, errlen,
+        return set_error(err, errlen,
                     "attention: causal attention needs T_q <= T_k (queries align to the last keys), "
                     "got T_q=%d, T_k=%d",
                     p->T_q, p->T_k);
     if (p->window_left < -1 || p->window_right < -1)
-        return fail(err, errlen,
+        return set_error(err, errlen,
                     "attention: window (left %d, right %d) must be -1 (unbounded) or >= 0",
                     p->window_left, p->window_right);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
-        return fail(err, errlen, "attention: dropout %g must be in [0, 1)", p->dropout_p);
+        return set_error(err, errlen, "attention: dropout %g must be in [0, 1)", p->dropout_p);
     if (p->cu_seqlens) {
         if (p->T_q != p->T_k)
-            return fail(err, errlen, "attention: documents (cu_seqlens) need T_q == T_k, got %d and %d",
+            return set_error(err, errlen, "attention: documents (cu_seqlens) need T_q == T_k, got %d and %d",
                         p->T_q, p->T_k);
         if (p->n_docs < 1)
-            return fail(err, errlen, "attention: cu_seqlens is set but n_docs is %d", p->n_docs);
+            return set_error(err, errlen, "attention: cu_seqlens is set but n_docs is %d", p->n_docs);
         if (dev == ATTN_CPU && check_docs(p, err, errlen) != 0) return -1;
     }
-    if (!p->lse) return fail(err, errlen, "attention: lse (B, NH, T_q) fp32 buffer is NULL");
+    if (!p->lse) return set_error(err, errlen, "attention: lse (B, NH, T_q) fp32 buffer is NULL");
 
     TensorDesc t[8] = {
         {"q", p->q, p->q_st, p->T_q, p->NH, 0},
@@ -199,7 +191,7 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
 
     size_t need = attn_workspace_bytes(p, dev);
     if (need > 0 && (!p->workspace || p->workspace_bytes < need))
-        return fail(err, errlen, "attention: %s needs a workspace of %zu bytes, got %zu", devname, need,
+        return set_error(err, errlen, "attention: %s needs a workspace of %zu bytes, got %zu", devname, need,
                     p->workspace ? p->workspace_bytes : (size_t)0);
     return 0;
 }

@@ -23,6 +23,16 @@ void warnf(const char *fmt, ...) {
     va_end(ap);
 }
 
+int set_error(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) fatal(EXIT_RUNTIME, "out of host memory allocating %zu bytes", n);

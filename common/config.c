@@ -112,14 +112,6 @@ static const CfgKey KEYS[] = {
 };
 #define N_KEYS ((int)(sizeof(KEYS) / sizeof(KEYS[0])))
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static const CfgKey *find_key(const char *key) {
     for (int i = 0; i < N_KEYS; i++)
         if (strcmp(KEYS[i].key, key) == 0) return &KEYS[i];
@@ -166,9 +158,9 @@ static int set_from_text(Config *c, const CfgKey *k, const char *v, char *err, s
         errno = 0;
         long long x = strtoll(v, &end, 10);
         if (*v == '\0' || *end != '\0' || errno)
-            return errorf(err, errlen, "%s: expected an integer, got '%s'", k->key, v);
+            return set_error(err, errlen, "%s: expected an integer, got '%s'", k->key, v);
         if (x < k->min || x > k->max)
-            return errorf(err, errlen, "%s: %lld is out of range %s", k->key, x, range);
+            return set_error(err, errlen, "%s: %lld is out of range %s", k->key, x, range);
         if (k->offset == OFF(train.seed)) *(long long *)field = x;
         else *(int *)field = (int)x;
         return 0;
@@ -178,24 +170,24 @@ static int set_from_text(Config *c, const CfgKey *k, const char *v, char *err, s
         errno = 0;
         double x = strtod(v, &end);
         if (*v == '\0' || *end != '\0' || errno || !isfinite(x))
-            return errorf(err, errlen, "%s: expected a number, got '%s'", k->key, v);
+            return set_error(err, errlen, "%s: expected a number, got '%s'", k->key, v);
         if (x < k->min || x > k->max)
-            return errorf(err, errlen, "%s: %g is out of range %s", k->key, x, range);
+            return set_error(err, errlen, "%s: %g is out of range %s", k->key, x, range);
         *(float *)field = (float)x;
         return 0;
     }
     case CFG_BOOL:
         if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) *(int *)field = 1;
         else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) *(int *)field = 0;
-        else return errorf(err, errlen, "%s: expected true or false, got '%s'", k->key, v);
+        else return set_error(err, errlen, "%s: expected true or false, got '%s'", k->key, v);
         return 0;
     case CFG_ENUM:
         if (!choice_ok(k->choices, v))
-            return errorf(err, errlen, "%s: '%s' is not one of %s", k->key, v, k->choices);
+            return set_error(err, errlen, "%s: '%s' is not one of %s", k->key, v, k->choices);
         /* fall through */
     case CFG_STR:
         if (strlen(v) >= (k->type == CFG_STR ? CFG_PATH_MAX : CFG_NAME_MAX))
-            return errorf(err, errlen, "%s: value is too long", k->key);
+            return set_error(err, errlen, "%s: value is too long", k->key);
         strcpy(field, v);
         return 0;
     case CFG_SCALE: {
@@ -203,7 +195,7 @@ static int set_from_text(Config *c, const CfgKey *k, const char *v, char *err, s
         double x = strtod(v, &end);
         int is_num = *v != '\0' && *end == '\0' && isfinite(x);
         if (strcmp(v, "dynamic") != 0 && !(is_num && x > 0))
-            return errorf(err, errlen, "%s: expected \"dynamic\" or a positive number, got '%s'",
+            return set_error(err, errlen, "%s: expected \"dynamic\" or a positive number, got '%s'",
                           k->key, v);
         snprintf(field, CFG_NAME_MAX, "%s", v);
         return 0;
@@ -222,14 +214,14 @@ void config_defaults(Config *c) {
 
 int config_set(Config *c, const char *kv, char *err, size_t errlen) {
     const char *eq = strchr(kv, '=');
-    if (!eq) return errorf(err, errlen, "--set '%s': expected key=value, e.g. --set train.steps=100", kv);
+    if (!eq) return set_error(err, errlen, "--set '%s': expected key=value, e.g. --set train.steps=100", kv);
     char key[128];
     size_t n = (size_t)(eq - kv);
     if (n >= sizeof key) n = sizeof key - 1;
     memcpy(key, kv, n);
     key[n] = '\0';
     const CfgKey *k = find_key(key);
-    if (!k) return errorf(err, errlen, "--set: unknown key '%s' (train_gpt train --help lists every key)", key);
+    if (!k) return set_error(err, errlen, "--set: unknown key '%s' (train_gpt train --help lists every key)", key);
     return set_from_text(c, k, eq + 1, err, errlen);
 }
 
@@ -252,20 +244,20 @@ static int set_from_json(Config *c, const CfgKey *k, const cJSON *item, const ch
     case CFG_INT:
     case CFG_FLOAT:
         if (!cJSON_IsNumber(item))
-            return errorf(err, errlen, "%s: %s must be a %s", where, k->key, type_name(k));
+            return set_error(err, errlen, "%s: %s must be a %s", where, k->key, type_name(k));
         if (k->type == CFG_INT && item->valuedouble != floor(item->valuedouble))
-            return errorf(err, errlen, "%s: %s must be an integer, got %g", where, k->key, item->valuedouble);
+            return set_error(err, errlen, "%s: %s must be an integer, got %g", where, k->key, item->valuedouble);
         snprintf(text, sizeof text, k->type == CFG_INT ? "%.0f" : "%.9g", item->valuedouble);
         v = text;
         break;
     case CFG_BOOL:
-        if (!cJSON_IsBool(item)) return errorf(err, errlen, "%s: %s must be true or false", where, k->key);
+        if (!cJSON_IsBool(item)) return set_error(err, errlen, "%s: %s must be true or false", where, k->key);
         v = cJSON_IsTrue(item) ? "true" : "false";
         break;
     case CFG_STR:
     case CFG_ENUM:
         if (!cJSON_IsString(item))
-            return errorf(err, errlen, "%s: %s must be a string (%s)", where, k->key, type_name(k));
+            return set_error(err, errlen, "%s: %s must be a string (%s)", where, k->key, type_name(k));
         v = item->valuestring;
         break;
     case CFG_SCALE:
@@ -275,13 +267,13 @@ static int set_from_json(Config *c, const CfgKey *k, const cJSON *item, const ch
         } else if (cJSON_IsString(item)) {
             v = item->valuestring;
         } else {
-            return errorf(err, errlen, "%s: %s must be \"dynamic\" or a number", where, k->key);
+            return set_error(err, errlen, "%s: %s must be \"dynamic\" or a number", where, k->key);
         }
         break;
     }
     char inner[384];
     if (set_from_text(c, k, v, inner, sizeof inner) != 0)
-        return errorf(err, errlen, "%s: %s", where, inner);
+        return set_error(err, errlen, "%s: %s", where, inner);
     return 0;
 }
 
@@ -292,11 +284,11 @@ int config_load_json(Config *c, const char *json, const char *origin, char *err,
         int line = 1;
         if (at)
             for (const char *s = json; s < at && *s; s++) line += *s == '\n';
-        return errorf(err, errlen, "%s:%d: malformed JSON near '%.20s'", origin, line, at ? at : "");
+        return set_error(err, errlen, "%s:%d: malformed JSON near '%.20s'", origin, line, at ? at : "");
     }
     int rc = 0;
     if (!cJSON_IsObject(root)) {
-        rc = errorf(err, errlen, "%s: the config must be a JSON object of sections", origin);
+        rc = set_error(err, errlen, "%s: the config must be a JSON object of sections", origin);
         goto done;
     }
     for (const cJSON *sec = root->child; sec && rc == 0; sec = sec->next) {
@@ -305,13 +297,13 @@ int config_load_json(Config *c, const char *json, const char *origin, char *err,
         for (int i = 0; i < N_KEYS; i++)
             known |= strncmp(KEYS[i].key, sec->string, sl) == 0 && KEYS[i].key[sl] == '.';
         if (!known) {
-            rc = errorf(err, errlen,
+            rc = set_error(err, errlen,
                         "%s:%d: unknown section '%s' (expected model, data, train, optim, precision, "
                         "attention, log)", origin, line_of(json, sec->string), sec->string);
             break;
         }
         if (!cJSON_IsObject(sec)) {
-            rc = errorf(err, errlen, "%s:%d: section '%s' must be an object", origin,
+            rc = set_error(err, errlen, "%s:%d: section '%s' must be an object", origin,
                         line_of(json, sec->string), sec->string);
             break;
         }
@@ -321,7 +313,7 @@ int config_load_json(Config *c, const char *json, const char *origin, char *err,
             snprintf(where, sizeof where, "%s:%d", origin, line_of(json, item->string));
             const CfgKey *k = find_key(key);
             if (!k) {
-                rc = errorf(err, errlen, "%s: unknown key '%s' (train_gpt train --help lists every key)",
+                rc = set_error(err, errlen, "%s: unknown key '%s' (train_gpt train --help lists every key)",
                             where, key);
                 break;
             }
@@ -335,7 +327,7 @@ done:
 
 int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) return errorf(err, errlen, "cannot open config '%s': %s", path, strerror(errno));
+    if (!f) return set_error(err, errlen, "cannot open config '%s': %s", path, strerror(errno));
     fclose(f);
     char *text = read_file_or_die(path, NULL);
     int rc = config_load_json(c, text, path, err, errlen);
@@ -347,22 +339,22 @@ int config_validate(Config *c, char *err, size_t errlen) {
     if (c->model.n_kv_head == 0) c->model.n_kv_head = c->model.n_head;
     const int C = c->model.n_embd, NH = c->model.n_head, NKV = c->model.n_kv_head;
     if (C % NH != 0)
-        return errorf(err, errlen, "model.n_embd (%d) must be divisible by model.n_head (%d)", C, NH);
+        return set_error(err, errlen, "model.n_embd (%d) must be divisible by model.n_head (%d)", C, NH);
     if (NH % NKV != 0)
-        return errorf(err, errlen, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", NH, NKV);
+        return set_error(err, errlen, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", NH, NKV);
     if ((C / NH) % 2 != 0 && strcmp(c->model.pos_embedding, "rope") == 0)
-        return errorf(err, errlen, "model.pos_embedding = rope needs an even head size, got %d", C / NH);
+        return set_error(err, errlen, "model.pos_embedding = rope needs an even head size, got %d", C / NH);
     if (c->train.seq_len > c->model.max_seq_len)
-        return errorf(err, errlen, "train.seq_len (%d) must not exceed model.max_seq_len (%d)",
+        return set_error(err, errlen, "train.seq_len (%d) must not exceed model.max_seq_len (%d)",
                       c->train.seq_len, c->model.max_seq_len);
     if (c->optim.min_lr > c->optim.lr)
-        return errorf(err, errlen, "optim.min_lr (%g) must not exceed optim.lr (%g)", c->optim.min_lr,
+        return set_error(err, errlen, "optim.min_lr (%g) must not exceed optim.lr (%g)", c->optim.min_lr,
                       c->optim.lr);
     if (strcmp(c->data.synthetic, "none") == 0 && c->data.train[0] == '\0')
-        return errorf(err, errlen, "data.train is empty: give a shard pattern (see train_gpt prepare) "
+        return set_error(err, errlen, "data.train is empty: give a shard pattern (see train_gpt prepare) "
                                    "or a built-in task with data.synthetic");
     if (c->data.eot_token >= c->model.vocab_size)
-        return errorf(err, errlen, "data.eot_token (%d) must be below model.vocab_size (%d)",
+        return set_error(err, errlen, "data.eot_token (%d) must be below model.vocab_size (%d)",
                       c->data.eot_token, c->model.vocab_size);
     return 0;
 }
@@ -376,7 +368,7 @@ int config_same_model(const Config *a, const Config *b, char *err, size_t errlen
         const CfgKey *k = find_key(MODEL_KEYS[i]);
         size_t sz = k->type == CFG_ENUM ? CFG_NAME_MAX : (k->type == CFG_FLOAT ? sizeof(float) : sizeof(int));
         if (memcmp((const char *)a + k->offset, (const char *)b + k->offset, sz) != 0)
-            return errorf(err, errlen, "%s differs from the checkpoint's", k->key);
+            return set_error(err, errlen, "%s differs from the checkpoint's", k->key);
     }
     return 0;
 }

@@ -9,20 +9,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+#include "common/check.h"
 
 int write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return errorf(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
+    if (fd < 0) return set_error(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
     const char *p = data;
     size_t left = len;
     while (left > 0) {
@@ -32,7 +25,7 @@ int write_file_atomic(const char *path, const void *data, size_t len, char *err,
             int e = errno;
             close(fd);
             unlink(tmp);
-            return errorf(err, errlen, "cannot write '%s': %s%s", tmp, strerror(e),
+            return set_error(err, errlen, "cannot write '%s': %s%s", tmp, strerror(e),
                           e == ENOSPC ? " (disk full: free space or choose another log.dir)" : "");
         }
         p += w;
@@ -41,12 +34,12 @@ int write_file_atomic(const char *path, const void *data, size_t len, char *err,
     if (fsync(fd) != 0 || close(fd) != 0) {
         int e = errno;
         unlink(tmp);
-        return errorf(err, errlen, "cannot flush '%s': %s", tmp, strerror(e));
+        return set_error(err, errlen, "cannot flush '%s': %s", tmp, strerror(e));
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return errorf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
+        return set_error(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
     }
     return 0;
 }
@@ -58,12 +51,12 @@ int mkdir_p(const char *path, char *err, size_t errlen) {
         if (*s != '/') continue;
         *s = '\0';
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return errorf(err, errlen, "cannot create directory '%s': %s", buf, strerror(errno));
+            return set_error(err, errlen, "cannot create directory '%s': %s", buf, strerror(errno));
         *s = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return errorf(err, errlen, "cannot create directory '%s': %s", buf, strerror(errno));
-    if (!is_dir(buf)) return errorf(err, errlen, "'%s' exists and is not a directory", buf);
+        return set_error(err, errlen, "cannot create directory '%s': %s", buf, strerror(errno));
+    if (!is_dir(buf)) return set_error(err, errlen, "'%s' exists and is not a directory", buf);
     return 0;
 }
 

@@ -30,14 +30,6 @@ static const char *const DTYPE_NAMES[] = {"F32", "BF16", "F16", "I32", "I64", "U
 static const size_t DTYPE_SIZES[] = {4, 2, 2, 4, 8, 1};
 #define N_DTYPES ((int)(sizeof DTYPE_SIZES / sizeof DTYPE_SIZES[0]))
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 size_t st_dtype_size(StDtype dt) {
     CHECK((int)dt >= 0 && (int)dt < N_DTYPES);
     return DTYPE_SIZES[dt];
@@ -183,7 +175,7 @@ int st_write(const StFile *f, const char *path, char *err, size_t errlen) {
     int rc = 0;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        rc = errorf(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
+        rc = set_error(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
         goto done;
     }
     int bad = write_all(fd, hdr, hlen);
@@ -193,14 +185,14 @@ int st_write(const StFile *f, const char *path, char *err, size_t errlen) {
     }
     if (bad) {
         int e = errno;
-        rc = errorf(err, errlen, "cannot write '%s': %s%s", tmp, strerror(e),
+        rc = set_error(err, errlen, "cannot write '%s': %s%s", tmp, strerror(e),
                     e == ENOSPC ? " (disk full: free space or write elsewhere)" : "");
     } else if (fsync(fd) != 0) {
-        rc = errorf(err, errlen, "cannot flush '%s': %s", tmp, strerror(errno));
+        rc = set_error(err, errlen, "cannot flush '%s': %s", tmp, strerror(errno));
     }
-    if (close(fd) != 0 && rc == 0) rc = errorf(err, errlen, "cannot close '%s': %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = set_error(err, errlen, "cannot close '%s': %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
-        rc = errorf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        rc = set_error(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
     if (rc != 0) unlink(tmp);
 done:
     free(hdr);
@@ -212,11 +204,11 @@ done:
 
 static int read_whole(const char *path, void **data, size_t *size, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return errorf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0) return set_error(err, errlen, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return errorf(err, errlen, "'%s' is not a regular file", path);
+        return set_error(err, errlen, "'%s' is not a regular file", path);
     }
     size_t n = (size_t)st.st_size;
     char *buf = xmalloc(n ? n : 1);
@@ -228,7 +220,7 @@ static int read_whole(const char *path, void **data, size_t *size, char *err, si
             int e = r < 0 ? errno : EIO;
             close(fd);
             free(buf);
-            return errorf(err, errlen, "cannot read '%s': %s", path, strerror(e));
+            return set_error(err, errlen, "cannot read '%s': %s", path, strerror(e));
         }
         got += (size_t)r;
     }
@@ -261,43 +253,43 @@ static int parse_entry(const char *path, const cJSON *e, size_t data_size, StTen
                        char *err, size_t errlen) {
     const char *name = e->string;
     if (strlen(name) >= sizeof t->name)
-        return errorf(err, errlen, "%s: tensor name '%.40s...' is longer than %zu bytes", path, name,
+        return set_error(err, errlen, "%s: tensor name '%.40s...' is longer than %zu bytes", path, name,
                       sizeof t->name - 1);
     if (!cJSON_IsObject(e))
-        return errorf(err, errlen, "%s: tensor '%s' must be an object with dtype, shape, data_offsets",
+        return set_error(err, errlen, "%s: tensor '%s' must be an object with dtype, shape, data_offsets",
                       path, name);
     snprintf(t->name, sizeof t->name, "%s", name);
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!cJSON_IsString(dtype)) return errorf(err, errlen, "%s: tensor '%s' has no dtype string", path, name);
+    if (!cJSON_IsString(dtype)) return set_error(err, errlen, "%s: tensor '%s' has no dtype string", path, name);
     if (!parse_dtype(dtype->valuestring, &t->dtype))
-        return errorf(err, errlen, "%s: tensor '%s' has unknown dtype '%s' (supported: F32 BF16 F16 I32 I64 U8)",
+        return set_error(err, errlen, "%s: tensor '%s' has unknown dtype '%s' (supported: F32 BF16 F16 I32 I64 U8)",
                       path, name, dtype->valuestring);
-    if (!cJSON_IsArray(shape)) return errorf(err, errlen, "%s: tensor '%s' has no shape array", path, name);
+    if (!cJSON_IsArray(shape)) return set_error(err, errlen, "%s: tensor '%s' has no shape array", path, name);
     t->ndim = cJSON_GetArraySize(shape);
     if (t->ndim > 4)
-        return errorf(err, errlen, "%s: tensor '%s' has %d dimensions (at most 4 supported)", path, name, t->ndim);
+        return set_error(err, errlen, "%s: tensor '%s' has %d dimensions (at most 4 supported)", path, name, t->ndim);
     double numel = 1;
     for (int d = 0; d < t->ndim; d++) {
         double v;
         if (!json_uint(cJSON_GetArrayItem(shape, d), &v))
-            return errorf(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, d);
+            return set_error(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, d);
         t->shape[d] = (int64_t)v;
         numel *= v;
     }
     double b, en;
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !json_uint(cJSON_GetArrayItem(offs, 0), &b) ||
         !json_uint(cJSON_GetArrayItem(offs, 1), &en))
-        return errorf(err, errlen, "%s: tensor '%s': data_offsets must be [begin, end] non-negative integers",
+        return set_error(err, errlen, "%s: tensor '%s': data_offsets must be [begin, end] non-negative integers",
                       path, name);
-    if (b > en) return errorf(err, errlen, "%s: tensor '%s': data_offsets begin %.0f > end %.0f", path, name, b, en);
+    if (b > en) return set_error(err, errlen, "%s: tensor '%s': data_offsets begin %.0f > end %.0f", path, name, b, en);
     if (en > (double)data_size)
-        return errorf(err, errlen, "%s: tensor '%s': data_offsets [%.0f, %.0f) out of range: the data section has "
+        return set_error(err, errlen, "%s: tensor '%s': data_offsets [%.0f, %.0f) out of range: the data section has "
                       "%zu bytes (file truncated?)", path, name, b, en, data_size);
     const double expect = numel * (double)st_dtype_size(t->dtype);
     if (expect != en - b)
-        return errorf(err, errlen, "%s: tensor '%s': shape and dtype %s need %.0f bytes but data_offsets span %.0f",
+        return set_error(err, errlen, "%s: tensor '%s': shape and dtype %s need %.0f bytes but data_offsets span %.0f",
                       path, name, dtype->valuestring, expect, en - b);
     t->nbytes = (size_t)(en - b);
     *begin = (size_t)b;
@@ -305,10 +297,10 @@ static int parse_entry(const char *path, const cJSON *e, size_t data_size, StTen
 }
 
 static int parse_meta(const char *path, StFile *f, const cJSON *m, char *err, size_t errlen) {
-    if (!cJSON_IsObject(m)) return errorf(err, errlen, "%s: __metadata__ must be an object of strings", path);
+    if (!cJSON_IsObject(m)) return set_error(err, errlen, "%s: __metadata__ must be an object of strings", path);
     for (const cJSON *x = m->child; x; x = x->next)
         if (!cJSON_IsString(x))
-            return errorf(err, errlen, "%s: __metadata__ value '%s' is not a string", path, x->string);
+            return set_error(err, errlen, "%s: __metadata__ value '%s' is not a string", path, x->string);
     f->meta = cJSON_Duplicate(m, 1);
     refresh_meta_json(f);
     return 0;
@@ -331,16 +323,16 @@ static int check_coverage(const char *path, const StFile *f, const size_t *begin
     for (int k = 0; k < f->n && rc == 0; k++) {
         const int i = idx[k];
         if (begin[i] < pos)
-            rc = errorf(err, errlen, "%s: tensors '%s' and '%s' overlap (data_offsets [%zu, ...) starts before %zu)",
+            rc = set_error(err, errlen, "%s: tensors '%s' and '%s' overlap (data_offsets [%zu, ...) starts before %zu)",
                         path, f->tensors[prev].name, f->tensors[i].name, begin[i], pos);
         else if (begin[i] > pos)
-            rc = errorf(err, errlen, "%s: bytes [%zu, %zu) of the data section belong to no tensor", path, pos,
+            rc = set_error(err, errlen, "%s: bytes [%zu, %zu) of the data section belong to no tensor", path, pos,
                         begin[i]);
         pos = begin[i] + f->tensors[i].nbytes;
         prev = i;
     }
     if (rc == 0 && pos != data_size)
-        rc = errorf(err, errlen, "%s: %zu bytes after the last tensor (data section %zu bytes, tensors end at %zu)",
+        rc = set_error(err, errlen, "%s: %zu bytes after the last tensor (data section %zu bytes, tensors end at %zu)",
                     path, data_size - pos, data_size, pos);
     free(idx);
     return rc;
@@ -352,12 +344,12 @@ static int parse_header(const char *path, StFile *f, const char *json, size_t da
     cJSON *root = cJSON_ParseWithOpts(json, &end, 1);
     if (!root) {
         const long at = end ? (long)(end - json) : 0;
-        return errorf(err, errlen, "%s: bad JSON header near byte %ld: '%.20s'", path, at, end ? end : "");
+        return set_error(err, errlen, "%s: bad JSON header near byte %ld: '%.20s'", path, at, end ? end : "");
     }
     int rc = 0;
     size_t *begin = NULL;
     if (!cJSON_IsObject(root)) {
-        rc = errorf(err, errlen, "%s: the JSON header is not an object", path);
+        rc = set_error(err, errlen, "%s: the JSON header is not an object", path);
         goto done;
     }
     const int n = cJSON_GetArraySize(root);
@@ -366,12 +358,12 @@ static int parse_header(const char *path, StFile *f, const char *json, size_t da
     begin = xcalloc((size_t)(n ? n : 1), sizeof(size_t));
     for (const cJSON *e = root->child; e && rc == 0; e = e->next) {
         if (strcmp(e->string, "__metadata__") == 0) {
-            rc = f->meta ? errorf(err, errlen, "%s: __metadata__ appears twice", path)
+            rc = f->meta ? set_error(err, errlen, "%s: __metadata__ appears twice", path)
                          : parse_meta(path, f, e, err, errlen);
             continue;
         }
         if (st_find(f, e->string)) {
-            rc = errorf(err, errlen, "%s: tensor '%s' appears twice in the header", path, e->string);
+            rc = set_error(err, errlen, "%s: tensor '%s' appears twice in the header", path, e->string);
             break;
         }
         rc = parse_entry(path, e, data_size, &f->tensors[f->n], &begin[f->n], err, errlen);
@@ -394,19 +386,19 @@ int st_read(StFile *f, const char *path, char *err, size_t errlen) {
     const unsigned char *b = f->file_data;
     int rc = 0;
     if (f->file_size < 8) {
-        rc = errorf(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path,
+        rc = set_error(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path,
                     f->file_size);
         goto done;
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | b[i];
     if (hlen > ST_MAX_HEADER) {
-        rc = errorf(err, errlen, "%s: header length %llu exceeds %u bytes: not a safetensors file?", path,
+        rc = set_error(err, errlen, "%s: header length %llu exceeds %u bytes: not a safetensors file?", path,
                     (unsigned long long)hlen, ST_MAX_HEADER);
         goto done;
     }
     if (hlen > f->file_size - 8) {
-        rc = errorf(err, errlen, "%s: truncated: the header needs %llu bytes but only %zu follow", path,
+        rc = set_error(err, errlen, "%s: truncated: the header needs %llu bytes but only %zu follow", path,
                     (unsigned long long)hlen, f->file_size - 8);
         goto done;
     }
@@ -414,7 +406,7 @@ int st_read(StFile *f, const char *path, char *err, size_t errlen) {
     memcpy(json, b + 8, hlen);
     json[hlen] = '\0';
     if (strlen(json) != hlen)
-        rc = errorf(err, errlen, "%s: bad JSON header: it contains a NUL byte", path);
+        rc = set_error(err, errlen, "%s: bad JSON header: it contains a NUL byte", path);
     else
         rc = parse_header(path, f, json, f->file_size - 8 - hlen, err, errlen);
     free(json);

@@ -32,14 +32,6 @@ struct Dataset {
     Synthetic *synth;
 };
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static uint64_t mix64(uint64_t x) {   // splitmix64's finaliser: a bijective 64-bit hash
     x ^= x >> 30;
     x *= 0xBF58476D1CE4E5B9ull;
@@ -77,15 +69,15 @@ static const char *split_key(Split s) { return s == SPLIT_TRAIN ? "data.train" :
 static int open_shards(Dataset *d, const char *pattern, int vocab_size, char *err, size_t errlen) {
     const char *key = split_key(d->split);
     if (pattern[0] == '\0')
-        return errorf(err, errlen, "%s is empty: give a glob pattern of token shards (see train_gpt prepare)",
+        return set_error(err, errlen, "%s is empty: give a glob pattern of token shards (see train_gpt prepare)",
                       key);
     glob_t g;
     int rc = glob(pattern, GLOB_ERR, NULL, &g);
     if (rc == GLOB_NOMATCH)
-        return errorf(err, errlen, "%s: no file matches '%s' (missing file or empty glob)", key, pattern);
+        return set_error(err, errlen, "%s: no file matches '%s' (missing file or empty glob)", key, pattern);
     if (rc != 0) {
         globfree(&g);
-        return errorf(err, errlen, "%s: cannot expand '%s' (read error or out of memory)", key, pattern);
+        return set_error(err, errlen, "%s: cannot expand '%s' (read error or out of memory)", key, pattern);
     }
     d->n_shards = (int)g.gl_pathc;
     d->shards = xcalloc((size_t)d->n_shards, sizeof(Shard));
@@ -93,7 +85,7 @@ static int open_shards(Dataset *d, const char *pattern, int vocab_size, char *er
     char sub[1024];
     for (int i = 0; i < d->n_shards; i++) {
         if (shard_open(&d->shards[i], g.gl_pathv[i], vocab_size, sub, sizeof sub) != 0) {
-            errorf(err, errlen, "%s: %s", key, sub);
+            set_error(err, errlen, "%s: %s", key, sub);
             globfree(&g);
             return -1;
         }
@@ -104,7 +96,7 @@ static int open_shards(Dataset *d, const char *pattern, int vocab_size, char *er
     globfree(&g);
     d->n_windows = d->first_window[d->n_shards];
     if (d->n_windows == 0)
-        return errorf(err, errlen,
+        return set_error(err, errlen,
                       "%s: the %llu tokens in %d shard(s) matching '%s' give no sequence: a window needs "
                       "train.seq_len + 1 = %d tokens inside one shard; prepare more data or lower train.seq_len",
                       key, (unsigned long long)d->n_tokens, d->n_shards, pattern, d->T + 1);
@@ -115,7 +107,7 @@ static int open_shards(Dataset *d, const char *pattern, int vocab_size, char *er
 Dataset *dataset_open(const Config *c, Split split, int B, int T, int rank, int world, char *err,
                       size_t errlen) {
     if (B < 1 || T < 1 || world < 1 || rank < 0 || rank >= world) {
-        errorf(err, errlen, "dataset: bad batch shape B=%d T=%d or rank %d of world %d", B, T, rank, world);
+        set_error(err, errlen, "dataset: bad batch shape B=%d T=%d or rank %d of world %d", B, T, rank, world);
         return NULL;
     }
     Dataset *d = xcalloc(1, sizeof *d);

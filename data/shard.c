@@ -16,14 +16,6 @@
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * sizeof(int32_t))
 #define SHARD_CHECK_CHUNK_BYTES (64u << 20)   // validation window: bounds the resident set
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static size_t token_bytes(ShardVersion v) { return v == SHARD_U16 ? sizeof(uint16_t) : sizeof(uint32_t); }
 
 static uint32_t token_at(const Shard *s, uint64_t i) {
@@ -41,21 +33,21 @@ static uint32_t token_at(const Shard *s, uint64_t i) {
 static int check_header(const char *path, const int32_t *h, ShardVersion *v, char *err, size_t errlen) {
     if (h[0] == SHARD_MAGIC_U16) {
         if (h[1] != SHARD_VERSION_U16)
-            return errorf(err, errlen, "shard '%s': magic %d needs version %d, found version %d", path,
+            return set_error(err, errlen, "shard '%s': magic %d needs version %d, found version %d", path,
                           SHARD_MAGIC_U16, SHARD_VERSION_U16, h[1]);
         *v = SHARD_U16;
     } else if (h[0] == SHARD_MAGIC_U32) {
         if (h[1] != SHARD_VERSION_U32)
-            return errorf(err, errlen, "shard '%s': magic %d needs version %d, found version %d", path,
+            return set_error(err, errlen, "shard '%s': magic %d needs version %d, found version %d", path,
                           SHARD_MAGIC_U32, SHARD_VERSION_U32, h[1]);
         *v = SHARD_U32;
     } else {
-        return errorf(err, errlen,
+        return set_error(err, errlen,
                       "shard '%s': bad magic %d (expected %d or %d): not an llm.c token shard "
                       "(make one with train_gpt prepare)",
                       path, h[0], SHARD_MAGIC_U16, SHARD_MAGIC_U32);
     }
-    if (h[2] < 0) return errorf(err, errlen, "shard '%s': negative token count %d in the header", path, h[2]);
+    if (h[2] < 0) return set_error(err, errlen, "shard '%s': negative token count %d in the header", path, h[2]);
     return 0;
 }
 
@@ -75,7 +67,7 @@ static int check_tokens(const Shard *s, int vocab_size, char *err, size_t errlen
         madvise(s->map, done, MADV_DONTNEED);   // read-only file pages: re-read on the next access
     }
     if (first_bad == UINT64_MAX) return 0;
-    return errorf(err, errlen,
+    return set_error(err, errlen,
                   "shard '%s': token %u at token offset %llu (byte offset %llu) is not below "
                   "model.vocab_size %d",
                   s->path, token_at(s, first_bad), (unsigned long long)first_bad,
@@ -84,20 +76,20 @@ static int check_tokens(const Shard *s, int vocab_size, char *err, size_t errlen
 
 static int open_mapped(Shard *s, const char *path, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return errorf(err, errlen, "cannot open shard '%s': %s", path, strerror(errno));
+    if (fd < 0) return set_error(err, errlen, "cannot open shard '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return errorf(err, errlen, "cannot stat shard '%s': %s", path, strerror(e));
+        return set_error(err, errlen, "cannot stat shard '%s': %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return errorf(err, errlen, "shard '%s' is not a regular file", path);
+        return set_error(err, errlen, "shard '%s' is not a regular file", path);
     }
     if ((size_t)st.st_size < SHARD_HEADER_BYTES) {
         close(fd);
-        return errorf(err, errlen, "shard '%s' is truncated: %lld bytes, smaller than the %zu-byte header",
+        return set_error(err, errlen, "shard '%s' is truncated: %lld bytes, smaller than the %zu-byte header",
                       path, (long long)st.st_size, SHARD_HEADER_BYTES);
     }
     s->map_len = (size_t)st.st_size;
@@ -106,7 +98,7 @@ static int open_mapped(Shard *s, const char *path, char *err, size_t errlen) {
     close(fd);
     if (s->map == MAP_FAILED) {
         s->map = NULL;
-        return errorf(err, errlen, "cannot map shard '%s': %s", path, strerror(e));
+        return set_error(err, errlen, "cannot map shard '%s': %s", path, strerror(e));
     }
     return 0;
 }
@@ -122,13 +114,13 @@ int shard_open(Shard *s, const char *path, int vocab_size, char *err, size_t err
     s->tokens = (const unsigned char *)s->map + SHARD_HEADER_BYTES;
     uint64_t want = SHARD_HEADER_BYTES + s->n_tokens * token_bytes(s->version);
     if (s->map_len < want) {
-        errorf(err, errlen, "shard '%s' is truncated: the header says %llu tokens (%llu bytes) but the file "
+        set_error(err, errlen, "shard '%s' is truncated: the header says %llu tokens (%llu bytes) but the file "
                             "has %zu bytes",
                path, (unsigned long long)s->n_tokens, (unsigned long long)want, s->map_len);
         goto fail;
     }
     if (s->map_len > want) {
-        errorf(err, errlen, "shard '%s' has %zu bytes but its header says %llu tokens (%llu bytes): "
+        set_error(err, errlen, "shard '%s' has %zu bytes but its header says %llu tokens (%llu bytes): "
                             "trailing data or a corrupt header",
                path, s->map_len, (unsigned long long)s->n_tokens, (unsigned long long)want);
         goto fail;
@@ -158,7 +150,7 @@ ShardVersion shard_version_for_vocab(long vocab_size) {
 int shard_write(const char *path, const int *tokens, size_t n, ShardVersion version, char *err,
                 size_t errlen) {
     if (n > INT32_MAX)
-        return errorf(err, errlen, "shard '%s': %zu tokens do not fit the header's int32 count (max %d); "
+        return set_error(err, errlen, "shard '%s': %zu tokens do not fit the header's int32 count (max %d); "
                                    "split the data into several shards", path, n, INT32_MAX);
     long limit = version == SHARD_U16 ? 65536L : 2147483647L;
     size_t tb = token_bytes(version);
@@ -172,7 +164,7 @@ int shard_write(const char *path, const int *tokens, size_t n, ShardVersion vers
     for (size_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= limit) {
             free(buf);
-            return errorf(err, errlen, "shard '%s': token %d at offset %zu does not fit a version-%d shard",
+            return set_error(err, errlen, "shard '%s': token %d at offset %zu does not fit a version-%d shard",
                           path, tokens[i], i, version);
         }
         if (version == SHARD_U16) {

@@ -28,14 +28,6 @@ struct Synthetic {
     double floor;
 };
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static double uniform_open(Rng *r) {   // (0, 1], so its log is finite
     return ((double)(rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
 }
@@ -127,16 +119,16 @@ Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t se
     if (strcmp(name, "copy") == 0) kind = TASK_COPY;
     else if (strcmp(name, "markov") == 0) kind = TASK_MARKOV;
     else {
-        errorf(err, errlen, "data.synthetic: unknown task '%s' (expected copy or markov)", name);
+        set_error(err, errlen, "data.synthetic: unknown task '%s' (expected copy or markov)", name);
         return NULL;
     }
     if (kind == TASK_COPY && T < 2) {
-        errorf(err, errlen, "data.synthetic=copy needs train.seq_len >= 2 (got %d): the second half "
+        set_error(err, errlen, "data.synthetic=copy needs train.seq_len >= 2 (got %d): the second half "
                             "must repeat a non-empty first half", T);
         return NULL;
     }
     if (vocab_size < 2) {
-        errorf(err, errlen, "data.synthetic=%s needs model.vocab_size >= 2 (got %d)", name, vocab_size);
+        set_error(err, errlen, "data.synthetic=%s needs model.vocab_size >= 2 (got %d)", name, vocab_size);
         return NULL;
     }
     Synthetic *s = xcalloc(1, sizeof *s);

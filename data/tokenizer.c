@@ -26,14 +26,6 @@ struct Tokenizer {
     int *sorted;           // (n,) ids ordered by their bytes, for encoding lookups
 };
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 // Orders byte strings like memcmp, shorter first on a common prefix.
 static int cmp_bytes(const unsigned char *a, int la, const unsigned char *b, int lb) {
     int c = memcmp(a, b, (size_t)(la < lb ? la : lb));
@@ -79,39 +71,39 @@ void tokenizer_free(Tokenizer *t) {
 
 static Tokenizer *parse(const char *path, const unsigned char *buf, size_t size, char *err, size_t errlen) {
     if (size < TOK_HEADER_BYTES) {
-        errorf(err, errlen, "tokenizer '%s' is truncated: %zu bytes, smaller than the %zu-byte header", path,
+        set_error(err, errlen, "tokenizer '%s' is truncated: %zu bytes, smaller than the %zu-byte header", path,
                size, TOK_HEADER_BYTES);
         return NULL;
     }
     uint32_t h[TOK_HEADER_INTS];
     memcpy(h, buf, sizeof h);
     if (h[0] != TOK_MAGIC) {
-        errorf(err, errlen, "tokenizer '%s': bad magic %u (expected %d): not an llm.c tokenizer file", path,
+        set_error(err, errlen, "tokenizer '%s': bad magic %u (expected %d): not an llm.c tokenizer file", path,
                h[0], TOK_MAGIC);
         return NULL;
     }
     if (h[1] != 1 && h[1] != 2) {
-        errorf(err, errlen, "tokenizer '%s': unsupported version %u (expected 1 or 2)", path, h[1]);
+        set_error(err, errlen, "tokenizer '%s': unsupported version %u (expected 1 or 2)", path, h[1]);
         return NULL;
     }
     uint32_t n = h[2];
     if (n == 0 || n > INT32_MAX) {
-        errorf(err, errlen, "tokenizer '%s': bad token count %u in the header", path, n);
+        set_error(err, errlen, "tokenizer '%s': bad token count %u in the header", path, n);
         return NULL;
     }
     if (h[1] == 1 && n != TOK_GPT2_VOCAB) {
-        errorf(err, errlen, "tokenizer '%s': version 1 files are GPT-2's (%d tokens), this one has %u", path,
+        set_error(err, errlen, "tokenizer '%s': version 1 files are GPT-2's (%d tokens), this one has %u", path,
                TOK_GPT2_VOCAB, n);
         return NULL;
     }
     uint32_t eot = h[1] == 1 ? TOK_GPT2_VOCAB - 1 : h[3];
     if (eot != TOK_NO_EOT && eot >= n) {
-        errorf(err, errlen, "tokenizer '%s': end-of-text id %u is not below the %u tokens (0xFFFFFFFF means none)",
+        set_error(err, errlen, "tokenizer '%s': end-of-text id %u is not below the %u tokens (0xFFFFFFFF means none)",
                path, eot, n);
         return NULL;
     }
     if (n > (size - TOK_HEADER_BYTES) / 2) {   // every token takes a length byte and >= 1 byte
-        errorf(err, errlen, "tokenizer '%s' is truncated: %u tokens need at least %llu bytes after the header, "
+        set_error(err, errlen, "tokenizer '%s' is truncated: %u tokens need at least %llu bytes after the header, "
                             "the file has %zu", path, n, 2ull * n, size - TOK_HEADER_BYTES);
         return NULL;
     }
@@ -120,17 +112,17 @@ static Tokenizer *parse(const char *path, const unsigned char *buf, size_t size,
     size_t pos = TOK_HEADER_BYTES, blob = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pos >= size) {
-            errorf(err, errlen, "tokenizer '%s' is truncated: it ends before token %u of %u", path, i, n);
+            set_error(err, errlen, "tokenizer '%s' is truncated: it ends before token %u of %u", path, i, n);
             goto fail;
         }
         int len = buf[pos++];
         if (len == 0) {   // llm.c asserts every token has at least one byte
-            errorf(err, errlen, "tokenizer '%s': token %u has length 0 at byte offset %zu (llm.c requires at "
+            set_error(err, errlen, "tokenizer '%s': token %u has length 0 at byte offset %zu (llm.c requires at "
                                 "least one byte per token)", path, i, pos - 1);
             goto fail;
         }
         if (size - pos < (size_t)len) {
-            errorf(err, errlen, "tokenizer '%s' is truncated: token %u needs %d bytes at byte offset %zu", path,
+            set_error(err, errlen, "tokenizer '%s' is truncated: token %u needs %d bytes at byte offset %zu", path,
                    i, len, pos);
             goto fail;
         }
@@ -141,7 +133,7 @@ static Tokenizer *parse(const char *path, const unsigned char *buf, size_t size,
         pos += (size_t)len;
     }
     if (pos != size) {
-        errorf(err, errlen, "tokenizer '%s' has %zu bytes after its last token: trailing data or a wrong token count",
+        set_error(err, errlen, "tokenizer '%s' has %zu bytes after its last token: trailing data or a wrong token count",
                path, size - pos);
         goto fail;
     }
@@ -155,7 +147,7 @@ fail:
 Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        errorf(err, errlen, "cannot open tokenizer '%s': %s (make one with train_gpt prepare)", path,
+        set_error(err, errlen, "cannot open tokenizer '%s': %s (make one with train_gpt prepare)", path,
                strerror(errno));
         return NULL;
     }
@@ -168,7 +160,7 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
     int bad = ferror(f);
     fclose(f);
     Tokenizer *t = NULL;
-    if (bad) errorf(err, errlen, "cannot read tokenizer '%s'", path);
+    if (bad) set_error(err, errlen, "cannot read tokenizer '%s'", path);
     else t = parse(path, buf, size, err, errlen);
     free(buf);
     return t;
@@ -264,7 +256,7 @@ static int utf8_encode(uint32_t cp, unsigned char *out) {
 
 Tokenizer *tokenizer_build_char(const char *text, size_t len, char *err, size_t errlen) {
     if (len == 0) {
-        errorf(err, errlen, "the text is empty: a char vocabulary needs at least one character");
+        set_error(err, errlen, "the text is empty: a char vocabulary needs at least one character");
         return NULL;
     }
     unsigned char *seen = xcalloc(UNICODE_MAX + 1, 1);   // (0x110000,) code point present
@@ -272,7 +264,7 @@ Tokenizer *tokenizer_build_char(const char *text, size_t len, char *err, size_t 
     for (size_t i = 0; i < len;) {
         int l = tokenizer_utf8_char_len(text + i, len - i);
         if (l < 0) {
-            errorf(err, errlen, "the text is not valid UTF-8 at byte offset %zu (byte 0x%02X): use --tokenizer "
+            set_error(err, errlen, "the text is not valid UTF-8 at byte offset %zu (byte 0x%02X): use --tokenizer "
                                 "byte for binary or non-UTF-8 input", i, (unsigned char)text[i]);
             free(seen);
             return NULL;
@@ -310,17 +302,17 @@ Tokenizer *tokenizer_build_byte(void) {
 Tokenizer *tokenizer_build_table(int n, const unsigned char *const *bytes, const int *lens, int eot,
                                  char *err, size_t errlen) {
     if (n < 1) {
-        errorf(err, errlen, "a tokenizer needs at least one token (got %d)", n);
+        set_error(err, errlen, "a tokenizer needs at least one token (got %d)", n);
         return NULL;
     }
     if (eot < -1 || eot >= n) {
-        errorf(err, errlen, "end-of-text id %d is not below the %d tokens (-1 means none)", eot, n);
+        set_error(err, errlen, "end-of-text id %d is not below the %d tokens (-1 means none)", eot, n);
         return NULL;
     }
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         if (lens[i] < 1 || lens[i] > TOK_MAX_LEN) {
-            errorf(err, errlen, "token %d has %d bytes: the tokenizer file stores 1..%d bytes per token", i,
+            set_error(err, errlen, "token %d has %d bytes: the tokenizer file stores 1..%d bytes per token", i,
                    lens[i], TOK_MAX_LEN);
             return NULL;
         }

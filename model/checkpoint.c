@@ -16,14 +16,6 @@
 
 #define CKPT_PREFIX "ckpt_"
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static int write_model(const char *dir, GPT *m, const Config *c, char *err, size_t errlen) {
     float *host = xmalloc(gpt_num_params(m) * sizeof(float));
     gpt_get_params_f32(m, host);
@@ -177,7 +169,7 @@ int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainSt
         int e = errno;
         if (had_old) rename(old, final);
         remove_tree(tmp);
-        return errorf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
+        return set_error(err, errlen, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
     }
     if (had_old) remove_tree(old);
     fsync_dir(run_dir);
@@ -207,7 +199,7 @@ static cJSON *read_state_json(const char *dir, char *err, size_t errlen) {
     snprintf(path, sizeof path, "%s/state.json", dir);
     FILE *f = fopen(path, "rb");
     if (!f) {
-        errorf(err, errlen, "checkpoint '%s' has no readable state.json (%s): it is incomplete or "
+        set_error(err, errlen, "checkpoint '%s' has no readable state.json (%s): it is incomplete or "
                             "damaged; remove it to resume from an older one", dir, strerror(errno));
         return NULL;
     }
@@ -217,7 +209,7 @@ static cJSON *read_state_json(const char *dir, char *err, size_t errlen) {
     free(text);
     if (!o || !cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        errorf(err, errlen, "'%s' is not valid JSON: the checkpoint is damaged", path);
+        set_error(err, errlen, "'%s' is not valid JSON: the checkpoint is damaged", path);
         return NULL;
     }
     return o;
@@ -229,7 +221,7 @@ int checkpoint_read_config(const char *dir, Config *c, char *err, size_t errlen)
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(o, "config");
     char *text = cfg ? cJSON_PrintUnformatted(cfg) : NULL;
     cJSON_Delete(o);
-    if (!text) return errorf(err, errlen, "%s/state.json has no config", dir);
+    if (!text) return set_error(err, errlen, "%s/state.json has no config", dir);
     char origin[4096 + 32];
     snprintf(origin, sizeof origin, "%s/state.json", dir);
     config_defaults(c);
@@ -250,7 +242,7 @@ static int load_state(const char *dir, TrainState *st, char *err, size_t errlen)
     if (!cJSON_IsNumber(step) || !cJSON_IsNumber(tok) || !cJSON_IsNumber(ws) || !cJSON_IsObject(sc) ||
         read_u64_array(cJSON_GetObjectItemCaseSensitive(o, "rng"), st->rng, 4) != 0 ||
         read_u64_array(cJSON_GetObjectItemCaseSensitive(o, "data"), st->data, 3) != 0) {
-        rc = errorf(err, errlen, "%s/state.json is missing fields or has wrong types: damaged checkpoint", dir);
+        rc = set_error(err, errlen, "%s/state.json is missing fields or has wrong types: damaged checkpoint", dir);
     } else {
         st->step = (long long)step->valuedouble;
         st->tokens_seen = (long long)tok->valuedouble;
@@ -262,7 +254,7 @@ static int load_state(const char *dir, TrainState *st, char *err, size_t errlen)
         const cJSON *sk = cJSON_GetObjectItemCaseSensitive(sc, "skipped");
         if (!cJSON_IsNumber(s) || !cJSON_IsBool(dyn) || !cJSON_IsNumber(win) || !cJSON_IsNumber(cl) ||
             !cJSON_IsNumber(sk)) {
-            rc = errorf(err, errlen, "%s/state.json: loss_scaler is incomplete: damaged checkpoint", dir);
+            rc = set_error(err, errlen, "%s/state.json: loss_scaler is incomplete: damaged checkpoint", dir);
         } else {
             st->scaler.scale = (float)s->valuedouble;
             st->scaler.dynamic = cJSON_IsTrue(dyn);
@@ -285,9 +277,9 @@ static int load_model(const char *dir, GPT *m, char *err, size_t errlen) {
     for (int i = 0; i < gpt_num_tensors(m) && rc == 0; i++) {
         const ParamTensor *t = gpt_tensor(m, i);
         const StTensor *s = st_find(&f, t->name);
-        if (!s) rc = errorf(err, errlen, "%s: tensor '%s' is missing", path, t->name);
+        if (!s) rc = set_error(err, errlen, "%s: tensor '%s' is missing", path, t->name);
         else if (s->dtype != ST_F32 || s->nbytes != t->numel * sizeof(float))
-            rc = errorf(err, errlen, "%s: tensor '%s' has the wrong dtype or size (expected F32 with "
+            rc = set_error(err, errlen, "%s: tensor '%s' has the wrong dtype or size (expected F32 with "
                                      "%zu elements)", path, t->name, t->numel);
         else memcpy(host + t->offset, s->data, s->nbytes);
     }
@@ -307,7 +299,7 @@ static int load_optimizer(const char *dir, AdamW *opt, char *err, size_t errlen)
     int rc = 0;
     if (!m || !v || !t || m->dtype != ST_F32 || v->dtype != ST_F32 ||
         m->nbytes != opt->n * sizeof(float) || v->nbytes != opt->n * sizeof(float)) {
-        rc = errorf(err, errlen, "%s: expected F32 tensors m and v of %zu elements and metadata t",
+        rc = set_error(err, errlen, "%s: expected F32 tensors m and v of %zu elements and metadata t",
                     path, opt->n);
     } else {
         memcpy(opt->m, m->data, m->nbytes);
