@@ -73,8 +73,16 @@ static Backend *open_backend(const char *device) {
 
 static void next_batch(void *ctx, int *inputs, int *targets) { dataset_next(ctx, inputs, targets); }
 
-// Mean loss over the non-ignored targets of n_batches batches from the start of d (all when
-// n_batches <= 0 means "one pass over the data").
+// Batches of B x T that cover at most `tokens` tokens of d without reading a window twice
+// (at least 1); synthetic data (0 tokens) is unbounded.
+static long long eval_batches(const Dataset *d, int B, int T, long long tokens) {
+    long long n = tokens / ((long long)B * T);
+    long long avail = (long long)dataset_num_tokens(d);
+    if (avail > 0 && n > (avail - 1) / T / B) n = (avail - 1) / T / B;
+    return n < 1 ? 1 : n;
+}
+
+// Mean loss over the non-ignored targets of n_batches batches from the start of d.
 static double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches) {
     int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
     float *losses = xmalloc((size_t)B * T * sizeof(float));  // (B*T)
@@ -270,8 +278,7 @@ static void close_run(Run *r) {
 static void run_eval(Run *r, long long step) {
     const Config *c = &r->cfg;
     const int B = c->train.batch_size, T = c->train.seq_len;
-    long long n_batches = c->log.eval_tokens / ((long long)B * T);
-    if (n_batches < 1) n_batches = 1;
+    long long n_batches = eval_batches(r->val, B, T, c->log.eval_tokens);
     double t0 = now_seconds();
     double loss = eval_loss(r->model, r->val, B, T, n_batches);
     double floor = dataset_loss_floor(r->val);
@@ -393,10 +400,7 @@ static int cmd_eval(int argc, char **argv) {
     snprintf(c.data.synthetic, sizeof c.data.synthetic, "none");
     Dataset *d = dataset_open(&c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
     if (!d) fatal(EXIT_USAGE, "%s", err);
-    long long avail = (long long)dataset_num_tokens(d);
-    long long use = tokens > 0 && tokens < avail ? tokens : avail;
-    long long n_batches = use / ((long long)B * T);
-    if (n_batches < 1) n_batches = 1;
+    long long n_batches = eval_batches(d, B, T, tokens > 0 ? tokens : (long long)dataset_num_tokens(d));
     printf("val_loss: %.6f\n", eval_loss(m, d, B, T, n_batches));
     dataset_close(d);
     gpt_free(m);
