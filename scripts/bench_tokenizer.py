@@ -5,8 +5,8 @@ driver) against tiktoken's "gpt2" encoding, on the same text, in the same run.
     make build/tests/tools/bpe_encode && /usr/bin/python3 scripts/bench_tokenizer.py
 
 Both sides are timed single-threaded (tiktoken's encode_ordinary on one str; our
-gpt2_bpe_encode), best of --repeat runs, loading the vocabulary not included; the C side also runs
-gpt2_bpe_encode_parallel on all cores as prepare does. Texts: tinyshakespeare and a generated mix
+gpt2_bpe_encode), best of --repeat interleaved rounds, loading the vocabulary not included; the C
+side also runs gpt2_bpe_encode_parallel on all cores as prepare does. Texts: tinyshakespeare and a generated mix
 of code, numbers, accented and CJK text and emoji. The ids are checked equal before any number
 is printed. MB/s counts UTF-8 input bytes (1 MB = 1e6 bytes).
 """
@@ -29,6 +29,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "..", "shared", "data")
 
 
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def mixed_text(n_bytes, seed=0):
     rng = random.Random(seed)
     words = ["the", "model", "tokenizer", "for", "i", "in", "range", "(", ")", ":", "return",
@@ -45,19 +55,17 @@ def mixed_text(n_bytes, seed=0):
     return "".join(out)
 
 
-def bench_tiktoken(enc, text, repeat):
-    best, ids = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        ids = enc.encode_ordinary(text)
-        best = min(best, time.perf_counter() - t0)
-    return best, ids
+def time_tiktoken(enc, text):
+    t0 = time.perf_counter()
+    ids = enc.encode_ordinary(text)
+    return time.perf_counter() - t0, ids
 
 
-def bench_ours(tool, args, path, repeat, threads):
+def time_ours(tool, args, path, threads):
+    """One encode in a fresh bpe_encode process; the time excludes loading the vocabulary."""
     out = path + ".ids"
-    cmd = [tool, "--encoder", args.encoder, "--vocab", args.vocab, "--bench", str(repeat),
-           "--out", out, path]
+    cmd = [tool, "--encoder", args.encoder, "--vocab", args.vocab, "--bench", "1", "--out", out,
+           path]
     if threads is not None:
         cmd[1:1] = ["--threads", str(threads)]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -72,7 +80,7 @@ def main():
     ap.add_argument("--vocab", default=os.path.join(DATA, "gpt2", "vocab.bpe"))
     ap.add_argument("--text", action="append", help="text file(s) (default: tinyshakespeare "
                     "and a generated 4 MB mix)")
-    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--tool", default=os.path.join(ROOT, "build", "tests", "tools", "bpe_encode"))
     args = ap.parse_args()
     if not os.path.exists(args.tool):
@@ -87,17 +95,26 @@ def main():
             texts.append((os.path.basename(path), open(path, "rb").read()))
         if not args.text:
             texts.append(("mixed (generated)", mixed_text(4_000_000).encode()))
-        print(f"# {time.strftime('%Y-%m-%d')} {platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores, tiktoken {tiktoken.__version__}, best of {args.repeat}")
+        print(f"# {time.strftime('%Y-%m-%d %H:%M')} {cpu_name()}, {os.cpu_count()} cores, "
+              f"load average {os.getloadavg()[0]:.1f}, tiktoken {tiktoken.__version__}, "
+              f"best of {args.repeat} rounds")
         print("| text | MB | tokens | tiktoken MB/s | flashgpt MB/s (1 thread) | speed-up "
               f"| flashgpt MB/s ({os.cpu_count()} threads) |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for i, (name, data) in enumerate(texts):
             path = os.path.join(tmp, f"text{i}.txt")
             open(path, "wb").write(data)
-            t_tk, ids_tk = bench_tiktoken(enc, data.decode("utf-8", errors="replace"), args.repeat)
-            t_one, ids_one = bench_ours(args.tool, args, path, args.repeat, None)
-            t_all, ids_all = bench_ours(args.tool, args, path, args.repeat, 0)
+            # Rounds interleave the three, so that load from other processes on the machine
+            # falls on all of them alike; each keeps its best round.
+            t_tk = t_one = t_all = float("inf")
+            text = data.decode("utf-8", errors="replace")
+            for _ in range(args.repeat):
+                t, ids_tk = time_tiktoken(enc, text)
+                t_tk = min(t_tk, t)
+                t, ids_one = time_ours(args.tool, args, path, None)
+                t_one = min(t_one, t)
+                t, ids_all = time_ours(args.tool, args, path, 0)
+                t_all = min(t_all, t)
             if not ids_tk == ids_one == ids_all:
                 sys.exit(f"error: ids differ from tiktoken on {name}: fix that before timing")
             mb = len(data) / 1e6
