@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,14 +21,6 @@
 #define ERR_LEN 1024
 #define TOKENIZER_MAGIC 20240328   // llm.c's tokenizer file (header of 256 int32)
 
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 // ----------------------------------------------------------------------------------------------
 // the imported model's config and the host model
 
@@ -38,7 +29,7 @@ static int set_key(Config *c, const char *key, long long value, const char *sour
     char kv[128], why[512];
     snprintf(kv, sizeof kv, "%s=%lld", key, value);
     if (config_set(c, kv, why, sizeof why) == 0) return 0;
-    return errorf(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
+    return set_error(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
 }
 
 int interop_import_config(Config *c, const GPTConfig *g, const char *source, char *err, size_t errlen) {
@@ -58,7 +49,7 @@ int interop_import_config(Config *c, const GPTConfig *g, const char *source, cha
     snprintf(c->data.train, sizeof c->data.train, "(imported model: set data.train)");
     char why[512];
     if (config_validate(c, why, sizeof why) != 0)
-        return errorf(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
+        return set_error(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
     return 0;
 }
 
@@ -71,7 +62,7 @@ void interop_model_create(HostModel *hm, const Config *c) {
 }
 
 int interop_model_load(HostModel *hm, const char *ckpt_dir, char *err, size_t errlen) {
-    if (!is_dir(ckpt_dir)) return errorf(err, errlen, "--checkpoint '%s' is not a directory", ckpt_dir);
+    if (!is_dir(ckpt_dir)) return set_error(err, errlen, "--checkpoint '%s' is not a directory", ckpt_dir);
     Config c;
     if (checkpoint_read_config(ckpt_dir, &c, err, errlen) != 0) return -1;
     interop_model_create(hm, &c);
@@ -154,16 +145,16 @@ static void split_path(const char *path, char *parent, size_t plen, char *base, 
 }
 
 int interop_check_out(const char *out, char *err, size_t errlen) {
-    if (!out || !*out) return errorf(err, errlen, "--out DIR is required");
+    if (!out || !*out) return set_error(err, errlen, "--out DIR is required");
     char parent[4096], base[1024];
     split_path(out, parent, sizeof parent, base, sizeof base);
     if (!*base || strcmp(base, ".") == 0 || strcmp(base, "..") == 0 || strcmp(base, "/") == 0)
-        return errorf(err, errlen, "--out '%s': name a new directory", out);
+        return set_error(err, errlen, "--out '%s': name a new directory", out);
     struct stat st;
     if (lstat(out, &st) == 0)
-        return errorf(err, errlen, "--out '%s' already exists: remove it or choose a new directory", out);
+        return set_error(err, errlen, "--out '%s' already exists: remove it or choose a new directory", out);
     if (path_exists(parent) && !is_dir(parent))
-        return errorf(err, errlen, "--out '%s': '%s' is not a directory", out, parent);
+        return set_error(err, errlen, "--out '%s': '%s' is not a directory", out, parent);
     return 0;
 }
 
@@ -182,7 +173,7 @@ int interop_publish(const char *tmp, const char *out, char *err, size_t errlen) 
     if (rename(tmp, out) != 0) {
         int e = errno;
         remove_tree(tmp);
-        return errorf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, out, strerror(e));
+        return set_error(err, errlen, "cannot rename '%s' to '%s': %s", tmp, out, strerror(e));
     }
     char parent[4096], base[1024];
     split_path(out, parent, sizeof parent, base, sizeof base);
@@ -213,16 +204,16 @@ static void usage_import(FILE *f) {
 // The tokenizer file must be llm.c's (magic, version 1 or 2) and cover the model's vocabulary.
 static int check_tokenizer(const char *path, int V, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) return errorf(err, errlen, "--tokenizer '%s': cannot open: %s", path, strerror(errno));
+    if (!f) return set_error(err, errlen, "--tokenizer '%s': cannot open: %s", path, strerror(errno));
     int32_t h[256];
     size_t got = fread(h, sizeof(int32_t), 256, f);
     fclose(f);
     if (got != 256 || h[0] != TOKENIZER_MAGIC || (h[1] != 1 && h[1] != 2))
-        return errorf(err, errlen, "--tokenizer '%s': not an llm.c tokenizer file (expected magic %d, "
-                                   "version 1 or 2)", path, TOKENIZER_MAGIC);
+        return set_error(err, errlen, "--tokenizer '%s': not an llm.c tokenizer file (expected magic %d, "
+                                      "version 1 or 2)", path, TOKENIZER_MAGIC);
     if (h[2] != V)
-        return errorf(err, errlen, "--tokenizer '%s' has %d tokens but the model's vocabulary has %d",
-                      path, h[2], V);
+        return set_error(err, errlen, "--tokenizer '%s' has %d tokens but the model's vocabulary has %d",
+                         path, h[2], V);
     return 0;
 }
 

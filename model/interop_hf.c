@@ -14,7 +14,6 @@
 // our EPI_GELU), layer_norm_epsilon 1e-5 (ops_cpu's LayerNorm), attention scaled by 1/sqrt(HS).
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,14 +46,6 @@ static const NameMap LAYER_MAP[] = {
 #define N_LAYER ((int)(sizeof LAYER_MAP / sizeof LAYER_MAP[0]))
 // Buffers of transformers' attention that some files carry; they hold no weights.
 static const char *const IGNORED_LAYER[] = {"attn.bias", "attn.masked_bias"};
-
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 // The Hugging Face name (without prefix) and layout of our parameter `ours`.
 static void hf_name(const char *ours, char *hf, size_t n, int *transpose) {
@@ -109,17 +100,18 @@ static void usage_export(FILE *f) {
 // GPT-2 computes exactly our model only without the options it lacks.
 static int check_exportable(const Config *c, const char *dir, char *err, size_t errlen) {
     if (strcmp(c->model.pos_embedding, "learned") != 0)
-        return errorf(err, errlen, "%s: model.pos_embedding = %s: Hugging Face GPT-2 has learned absolute "
-                                   "positions only, so no GPT2LMHeadModel computes this model; export "
-                                   "needs pos_embedding = learned", dir, c->model.pos_embedding);
+        return set_error(err, errlen, "%s: model.pos_embedding = %s: Hugging Face GPT-2 has learned absolute "
+                                      "positions only, so no GPT2LMHeadModel computes this model; export "
+                                      "needs pos_embedding = learned", dir, c->model.pos_embedding);
     if (c->model.n_kv_head != c->model.n_head)
-        return errorf(err, errlen, "%s: model.n_kv_head = %d < model.n_head = %d (grouped-query attention): "
-                                   "GPT-2's c_attn has one key/value head per query head; export needs "
-                                   "n_kv_head = n_head", dir, c->model.n_kv_head, c->model.n_head);
+        return set_error(err, errlen, "%s: model.n_kv_head = %d < model.n_head = %d (grouped-query "
+                                      "attention): GPT-2's c_attn has one key/value head per query head; "
+                                      "export needs n_kv_head = n_head", dir, c->model.n_kv_head,
+                         c->model.n_head);
     if (c->attention.window >= 0)
-        return errorf(err, errlen, "%s: attention.window = %d (sliding window): GPT-2 attends to every "
-                                   "earlier position, so its logits would differ; export needs window = -1",
-                      dir, c->attention.window);
+        return set_error(err, errlen, "%s: attention.window = %d (sliding window): GPT-2 attends to every "
+                                      "earlier position, so its logits would differ; export needs "
+                                      "window = -1", dir, c->attention.window);
     return 0;
 }
 
@@ -257,10 +249,10 @@ static const cJSON *json_get(const cJSON *o, const char *key) {
 // An integer field of config.json into *x. Returns 0, or -1 with err naming the key.
 static int json_int(const cJSON *o, const char *key, int *x, const char *path, char *err, size_t errlen) {
     const cJSON *v = json_get(o, key);
-    if (!v) return errorf(err, errlen, "%s: key '%s' is missing", path, key);
+    if (!v) return set_error(err, errlen, "%s: key '%s' is missing", path, key);
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
         v->valuedouble > 2147483647.0)
-        return errorf(err, errlen, "%s: '%s' must be a positive integer", path, key);
+        return set_error(err, errlen, "%s: '%s' must be a positive integer", path, key);
     *x = (int)v->valuedouble;
     return 0;
 }
@@ -269,10 +261,11 @@ static int json_int(const cJSON *o, const char *key, int *x, const char *path, c
 static int json_bool_is(const cJSON *o, const char *key, int def, int want, const char *why,
                         const char *path, char *err, size_t errlen) {
     const cJSON *v = json_get(o, key);
-    if (v && !cJSON_IsBool(v)) return errorf(err, errlen, "%s: '%s' must be true or false", path, key);
+    if (v && !cJSON_IsBool(v)) return set_error(err, errlen, "%s: '%s' must be true or false", path, key);
     int have = v ? cJSON_IsTrue(v) : def;
     if (have != want)
-        return errorf(err, errlen, "%s: %s = %s is not supported: %s", path, key, have ? "true" : "false", why);
+        return set_error(err, errlen, "%s: %s = %s is not supported: %s", path, key,
+                         have ? "true" : "false", why);
     return 0;
 }
 
@@ -280,40 +273,42 @@ static int json_bool_is(const cJSON *o, const char *key, int def, int want, cons
 static int read_hf_config(const char *path, GPTConfig *g, char *err, size_t errlen) {
     FILE *fp = fopen(path, "rb");
     if (!fp)
-        return errorf(err, errlen, "'%s' is missing: a Hugging Face model directory holds config.json "
-                                   "and model.safetensors", path);
+        return set_error(err, errlen, "'%s' is missing: a Hugging Face model directory holds config.json "
+                                      "and model.safetensors", path);
     fclose(fp);
     char *text = read_file_or_die(path, NULL);
     cJSON *o = cJSON_Parse(text);
     free(text);
     if (!o || !cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        return errorf(err, errlen, "%s: not a valid JSON object", path);
+        return set_error(err, errlen, "%s: not a valid JSON object", path);
     }
     memset(g, 0, sizeof *g);
     int rc = 0;
     const cJSON *mt = json_get(o, "model_type"), *act = json_get(o, "activation_function");
     const cJSON *eps = json_get(o, "layer_norm_epsilon"), *inner = json_get(o, "n_inner");
     if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gpt2") != 0))
-        rc = errorf(err, errlen, "%s: model_type '%s' is not supported: only gpt2 models import", path,
-                    cJSON_IsString(mt) ? mt->valuestring : "?");
+        rc = set_error(err, errlen, "%s: model_type '%s' is not supported: only gpt2 models import", path,
+                       cJSON_IsString(mt) ? mt->valuestring : "?");
     if (rc == 0) rc = json_int(o, "n_embd", &g->C, path, err, errlen);
     if (rc == 0) rc = json_int(o, "n_layer", &g->L, path, err, errlen);
     if (rc == 0) rc = json_int(o, "n_head", &g->NH, path, err, errlen);
     if (rc == 0) rc = json_int(o, "vocab_size", &g->V, path, err, errlen);
-    if (rc == 0) rc = json_int(o, json_get(o, "n_positions") ? "n_positions" : "n_ctx", &g->maxT, path, err, errlen);
+    const char *positions = json_get(o, "n_positions") ? "n_positions" : "n_ctx";
+    if (rc == 0) rc = json_int(o, positions, &g->maxT, path, err, errlen);
     // transformers' GPT2Config defaults: gelu_new, 1e-5, n_inner 4 * n_embd.
     if (rc == 0 && act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") != 0 &&
                                                     strcmp(act->valuestring, "gelu_pytorch_tanh") != 0)))
-        rc = errorf(err, errlen, "%s: activation_function '%s' is not supported: flashgpt's MLP uses the "
-                                 "tanh GELU (gelu_new)", path, cJSON_IsString(act) ? act->valuestring : "?");
+        rc = set_error(err, errlen, "%s: activation_function '%s' is not supported: flashgpt's MLP uses the "
+                                    "tanh GELU (gelu_new)", path,
+                        cJSON_IsString(act) ? act->valuestring : "?");
     // 1e-5 stored as a float32 and printed back differs from 1e-5 in the 9th digit at most.
     if (rc == 0 && eps && (!cJSON_IsNumber(eps) || fabs(eps->valuedouble - HF_LN_EPS) > 1e-9))
-        rc = errorf(err, errlen, "%s: layer_norm_epsilon %g is not supported: flashgpt's LayerNorm uses "
-                                 "1e-5", path, cJSON_IsNumber(eps) ? eps->valuedouble : NAN);
+        rc = set_error(err, errlen, "%s: layer_norm_epsilon %g is not supported: flashgpt's LayerNorm uses "
+                                    "1e-5", path, cJSON_IsNumber(eps) ? eps->valuedouble : NAN);
     if (rc == 0 && inner && (!cJSON_IsNumber(inner) || inner->valuedouble != 4.0 * g->C))
-        rc = errorf(err, errlen, "%s: n_inner must be null or 4 * n_embd (%d): flashgpt's MLP is 4C wide",
-                    path, 4 * g->C);
+        rc = set_error(err, errlen, "%s: n_inner must be null or 4 * n_embd (%d): flashgpt's MLP is 4C wide",
+                       path, 4 * g->C);
     if (rc == 0)
         rc = json_bool_is(o, "scale_attn_weights", 1, 1, "flashgpt scales attention by 1/sqrt(head size)",
                           path, err, errlen);
@@ -327,7 +322,7 @@ static int read_hf_config(const char *path, GPTConfig *g, char *err, size_t errl
         rc = json_bool_is(o, "add_cross_attention", 0, 0, "flashgpt is decoder-only", path, err, errlen);
     cJSON_Delete(o);
     if (rc == 0 && g->C % g->NH != 0)
-        rc = errorf(err, errlen, "%s: n_embd %d is not divisible by n_head %d", path, g->C, g->NH);
+        rc = set_error(err, errlen, "%s: n_embd %d is not divisible by n_head %d", path, g->C, g->NH);
     return rc;
 }
 
@@ -352,8 +347,8 @@ static int check_no_strangers(const StFile *f, int L, const char *path, char *er
             for (int k = 0; k < 2 && !known; k++) known = strcmp(name + used, IGNORED_LAYER[k]) == 0;
         }
         if (!known)
-            return errorf(err, errlen, "%s: unexpected tensor '%s': not a weight of a GPT-2 with n_layer = %d",
-                          path, f->tensors[i].name, L);
+            return set_error(err, errlen, "%s: unexpected tensor '%s': not a weight of a GPT-2 with "
+                                          "n_layer = %d", path, f->tensors[i].name, L);
     }
     return 0;
 }
@@ -361,10 +356,10 @@ static int check_no_strangers(const StFile *f, int L, const char *path, char *er
 static int check_tensor(const StTensor *s, const char *hf, int ndim, const int64_t *shape,
                         const char *path, char *err, size_t errlen) {
     char want[64], have[64];
-    if (!s) return errorf(err, errlen, "%s: tensor '%s' (or '" HF_PREFIX "%s') is missing", path, hf, hf);
+    if (!s) return set_error(err, errlen, "%s: tensor '%s' (or '" HF_PREFIX "%s') is missing", path, hf, hf);
     if (s->dtype != ST_F32 && s->dtype != ST_BF16 && s->dtype != ST_F16)
-        return errorf(err, errlen, "%s: tensor '%s' has an integer dtype: expected F32, BF16 or F16", path,
-                      s->name);
+        return set_error(err, errlen, "%s: tensor '%s' has an integer dtype: expected F32, BF16 or F16", path,
+                         s->name);
     int same = s->ndim == ndim;
     for (int d = 0; d < ndim && same; d++) same = s->shape[d] == shape[d];
     if (same) return 0;
@@ -374,8 +369,8 @@ static int check_tensor(const StTensor *s, const char *hf, int ndim, const int64
     for (int d = 0; d < s->ndim && n < (int)sizeof have; d++)
         n += snprintf(have + n, sizeof have - (size_t)n, d ? ", %lld" : "%lld", (long long)s->shape[d]);
     if (n < (int)sizeof have) snprintf(have + n, sizeof have - (size_t)n, ")");
-    return errorf(err, errlen, "%s: tensor '%s' has shape %s, expected %s from config.json", path, s->name,
-                  have, want);
+    return set_error(err, errlen, "%s: tensor '%s' has shape %s, expected %s from config.json", path, s->name,
+                     have, want);
 }
 
 // Validates every tensor against hm's model, then fills hm->params.
@@ -423,13 +418,13 @@ static int fill_from_hf(HostModel *hm, const StFile *f, const char *path, char *
     int same = memcmp(h, interop_param(hm, "wte", NULL), n_wte * sizeof(float)) == 0;
     free(h);
     if (!same)
-        return errorf(err, errlen, "%s: lm_head.weight differs from wte.weight: flashgpt ties the output "
-                                   "head to the token embedding and cannot hold an untied head", path);
+        return set_error(err, errlen, "%s: lm_head.weight differs from wte.weight: flashgpt ties the output "
+                                      "head to the token embedding and cannot hold an untied head", path);
     return 0;
 }
 
 int interop_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen) {
-    if (!is_dir(dir)) return errorf(err, errlen, "--from hf '%s' is not a directory", dir);
+    if (!is_dir(dir)) return set_error(err, errlen, "--from hf '%s' is not a directory", dir);
     char cfg_path[4096], st_path[4096], other[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
     snprintf(st_path, sizeof st_path, "%s/model.safetensors", dir);
@@ -438,10 +433,11 @@ int interop_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen) {
     if (!path_exists(st_path)) {
         snprintf(other, sizeof other, "%s/model.safetensors.index.json", dir);
         if (path_exists(other))
-            return errorf(err, errlen, "'%s': sharded safetensors are not supported: save the model as "
-                                       "one model.safetensors (save_pretrained(..., max_shard_size=\"100GB\"))", dir);
-        return errorf(err, errlen, "'%s' is missing (only safetensors weights are read: save with "
-                                   "save_pretrained(..., safe_serialization=True))", st_path);
+            return set_error(err, errlen, "'%s': sharded safetensors are not supported: save the model as "
+                                          "one model.safetensors (save_pretrained(..., "
+                                          "max_shard_size=\"100GB\"))", dir);
+        return set_error(err, errlen, "'%s' is missing (only safetensors weights are read: save with "
+                                      "save_pretrained(..., safe_serialization=True))", st_path);
     }
     Config c;
     if (interop_import_config(&c, &g, cfg_path, err, errlen) != 0) return -1;

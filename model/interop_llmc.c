@@ -10,7 +10,6 @@
 //   lnf.w (C), lnf.b (C).
 // The per-layer kinds come in the same order as model/gpt.c's per-layer tensors.
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,14 +29,6 @@ static const char *const LAYER_KINDS[] = {
     "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
     "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
 #define N_LAYER_KINDS ((int)(sizeof LAYER_KINDS / sizeof LAYER_KINDS[0]))
-
-static int errorf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 // What other llm.c magics mean, so a user who passed the wrong file learns which one it was.
 static const char *magic_hint(int32_t magic) {
@@ -91,27 +82,27 @@ static int read_all(FILE *f, HostModel *hm, int Vp_file, int bf16) {
 
 int interop_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) return errorf(err, errlen, "cannot open llm.c model file '%s': %s", path, strerror(errno));
+    if (!f) return set_error(err, errlen, "cannot open llm.c model file '%s': %s", path, strerror(errno));
     struct stat st;
     int32_t h[LLMC_HEADER_INTS];
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return errorf(err, errlen, "'%s' is not a regular file", path);
+        return set_error(err, errlen, "'%s' is not a regular file", path);
     }
     if (fread(h, sizeof(int32_t), LLMC_HEADER_INTS, f) != LLMC_HEADER_INTS) {
         fclose(f);
-        return errorf(err, errlen, "'%s' is shorter than llm.c's %d-byte header (%lld bytes)", path,
-                      (int)sizeof h, (long long)st.st_size);
+        return set_error(err, errlen, "'%s' is shorter than llm.c's %d-byte header (%lld bytes)", path,
+                         (int)sizeof h, (long long)st.st_size);
     }
     if (h[0] != LLMC_MAGIC) {
         fclose(f);
-        return errorf(err, errlen, "'%s': bad magic %d, expected %d for an llm.c model file%s", path,
-                      h[0], LLMC_MAGIC, magic_hint(h[0]));
+        return set_error(err, errlen, "'%s': bad magic %d, expected %d for an llm.c model file%s", path,
+                         h[0], LLMC_MAGIC, magic_hint(h[0]));
     }
     if (h[1] != LLMC_V_FP32 && h[1] != LLMC_V_BF16) {
         fclose(f);
-        return errorf(err, errlen, "'%s': unsupported version %d: expected %d (fp32) or %d (bf16)", path,
-                      h[1], LLMC_V_FP32, LLMC_V_BF16);
+        return set_error(err, errlen, "'%s': unsupported version %d: expected %d (fp32) or %d (bf16)", path,
+                         h[1], LLMC_V_FP32, LLMC_V_BF16);
     }
     GPTConfig g;
     memset(&g, 0, sizeof g);
@@ -119,8 +110,9 @@ int interop_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen)
     const int Vp_file = h[7];
     if (g.maxT < 1 || g.V < 2 || g.L < 1 || g.NH < 1 || g.C < 1 || Vp_file < g.V) {
         fclose(f);
-        return errorf(err, errlen, "'%s': bad header: maxT %d, V %d, L %d, NH %d, C %d, Vp %d (need all "
-                                   "positive, V >= 2 and Vp >= V)", path, g.maxT, g.V, g.L, g.NH, g.C, Vp_file);
+        return set_error(err, errlen, "'%s': bad header: maxT %d, V %d, L %d, NH %d, C %d, Vp %d (need all "
+                                      "positive, V >= 2 and Vp >= V)", path, g.maxT, g.V, g.L, g.NH, g.C,
+                         Vp_file);
     }
     // The config table's ranges come first: they also keep the size arithmetic below in range.
     Config c;
@@ -134,17 +126,18 @@ int interop_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen)
     const long long expect = (long long)sizeof h + n_params * (bf16 ? 2 : 4);
     if (st.st_size != expect) {
         fclose(f);
-        return errorf(err, errlen, "'%s': the file has %lld bytes but its header (maxT %d, V %d, Vp %d, L %d, "
-                                   "NH %d, C %d, %s) describes %lld: truncated or not written by llm.c",
-                      path, (long long)st.st_size, g.maxT, g.V, Vp_file, g.L, g.NH, g.C,
-                      bf16 ? "bf16" : "fp32", expect);
+        return set_error(err, errlen, "'%s': the file has %lld bytes but its header (maxT %d, V %d, Vp %d, "
+                                      "L %d, NH %d, C %d, %s) describes %lld: truncated or not written "
+                                      "by llm.c",
+                         path, (long long)st.st_size, g.maxT, g.V, Vp_file, g.L, g.NH, g.C,
+                         bf16 ? "bf16" : "fp32", expect);
     }
     interop_model_create(hm, &c);
     int rc = read_all(f, hm, Vp_file, bf16);
     fclose(f);
     if (rc != 0) {
         interop_model_free(hm);
-        return errorf(err, errlen, "'%s': read error (the file changed while it was read?)", path);
+        return set_error(err, errlen, "'%s': read error (the file changed while it was read?)", path);
     }
     return 0;
 }
