@@ -6,6 +6,10 @@
 #include "common/check.h"
 #include "optim/optim.h"
 
+// Spans shorter than this (biases, LayerNorm) update on one thread: a parallel region costs
+// more than their few thousand multiply-adds.
+enum { ADAMW_PARALLEL_MIN = 1 << 14 };
+
 void adamw_init(AdamW *opt, size_t n, const OptimSpan *spans, int n_spans, const Config *c) {
     memset(opt, 0, sizeof *opt);
     opt->n = n;
@@ -40,7 +44,7 @@ void adamw_step_cpu(AdamW *opt, float *params, const float *grads, float lr, flo
         const float decay = sp.decay ? (float)(1.0 - (double)lr * opt->weight_decay) : 1.0f;
         float *p = params + sp.offset, *m = opt->m + sp.offset, *v = opt->v + sp.offset;
         const float *g = grads + sp.offset;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (sp.n >= ADAMW_PARALLEL_MIN)
         for (size_t i = 0; i < sp.n; i++) {
             const float gi = g[i] * grad_mult;
             const float pi = p[i] * decay;

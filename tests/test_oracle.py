@@ -78,9 +78,9 @@ def reference(tensors, cfg, dtype, key="param."):
     return RefGPT(cfg, {n: tensors[key + n] for n in names}, dtype)
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
-def test_forward_backward_matches_autograd(tmp_path, impl):
-    t, cfg, decayed = run_oracle(tmp_path, f"attention.impl={impl}")
+@pytest.mark.parametrize("impl,window", [("naive", -1), ("flash", -1), ("flash", 8)])
+def test_forward_backward_matches_autograd(tmp_path, impl, window):
+    t, cfg, decayed = run_oracle(tmp_path, f"attention.impl={impl}", f"attention.window={window}")
     m = cfg["model"]
     assert (m["n_layer"], m["n_head"], m["n_kv_head"], m["n_embd"], m["vocab_size"]) == (2, 4, 2, 64, 101)
     assert t["logits"].shape == (3, 37, 101) and t["param.wte"].shape == (128, 64)
@@ -102,7 +102,7 @@ def test_forward_backward_matches_autograd(tmp_path, impl):
         errs[k] = rel_err(t[k], ref[k])
         errs32[k] = rel_err(f32[k], ref[k])
     worst = max(errs, key=errs.get)
-    print(f"\n[{impl}] worst rel err {errs[worst]:.2e} ({worst}); logits {errs['logits']:.2e}, "
+    print(f"\n[{impl}, window {window}] worst rel err {errs[worst]:.2e} ({worst}); logits {errs['logits']:.2e}, "
           f"loss {errs['loss']:.2e}; PyTorch-fp32 worst {max(errs32.values()):.2e}")
     bad = {k: v for k, v in errs.items() if not v < GRAD_RTOL}
     assert not bad, f"relative error above {GRAD_RTOL}: {bad}"
