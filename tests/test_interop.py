@@ -535,3 +535,51 @@ def test_export_and_import_bad_usage(trained, tmp_path):
     write_llmc(model, llmc_params(1, **d), 3, **d)
     expect_refusal(["import", "--from", "llmc", model, "--out", str(tmp_path / "o2"), "--tokenizer", str(tok)],
                    [str(tok), "99 tokens", "50"], tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling with the GPT-2 tokenizer from an imported GPT-2-vocabulary model
+
+GPT2_DIR = os.path.join(os.path.dirname(ROOT), "shared", "data", "gpt2")
+
+
+def read_llmc_tokenizer(path):
+    blob = open(path, "rb").read()
+    header = np.frombuffer(blob[:1024], np.uint32)
+    tokens, pos = [], 1024
+    for _ in range(header[2]):
+        n = blob[pos]
+        tokens.append(blob[pos + 1:pos + 1 + n])
+        pos += 1 + n
+    return tokens, int(header[3])
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(GPT2_DIR, "encoder.json")),
+                    reason="GPT-2's encoder.json and vocab.bpe are not in ../shared/data/gpt2")
+def test_gpt2_tokenizer_sample_prints_text(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("Hello world, this is a GPT-2 tokenized sample.\n" * 20)
+    ok(["prepare", "--tokenizer", "gpt2", "--input", str(text), "--out", str(tmp_path / "g")])
+    tok = str(tmp_path / "g_tokenizer.bin")
+    vocab, eot = read_llmc_tokenizer(tok)
+    assert len(vocab) == 50257 and eot == 50256
+    d = dict(V=50257, Vp=50304, maxT=16, L=1, NH=2, C=16)
+    path, ckpt = str(tmp_path / "gpt2ish.bin"), str(tmp_path / "ckpt")
+    params = llmc_params(8, **d)
+    write_llmc(path, params, 3, **d)
+    ok(["import", "--from", "llmc", path, "--out", ckpt, "--tokenizer", tok])
+    assert os.path.exists(os.path.join(ckpt, "tokenizer.bin"))
+    # The sample starts from end-of-text and prints the tokens' bytes: the reference decodes its
+    # greedy ids through the same table.
+    w = llmc_to_hf(params, d["V"], d["L"])
+    cfg = {"n_embd": d["C"], "n_head": d["NH"], "n_layer": d["L"]}
+    seq, gaps = [eot], []
+    for _ in range(d["maxT"] - 1):
+        top = hf_forward(w, cfg, seq)[-1].topk(2)
+        gaps.append((top.values[0] - top.values[1]).item())
+        seq.append(int(top.indices[0]))
+    assert min(gaps) > 1e-4, "the reference has a near-tie: pick another seed"
+    r = subprocess.run([BIN, "sample", "--checkpoint", ckpt, "--tokens", str(d["maxT"] - 1), "--temperature", "0",
+                        "--device", "cpu"], capture_output=True, cwd=ROOT, timeout=300, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"".join(vocab[i] for i in seq[1:]) + b"\n"
