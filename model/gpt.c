@@ -3,6 +3,12 @@
 //
 // Per block (pre-LayerNorm):  x' = x + proj(attention(qkv(ln1(x))));  x'' = x' + fcproj(gelu(fc(ln2(x'))))
 // Head: logits = lnf(x_L) @ wte^T over Vp padded columns, of which the first V are real.
+//
+// train.recompute trades compute for activation memory: attn_gelu keeps one attention output and
+// one GELU output for all layers and recomputes them in backward (16C -> 11C values per token
+// and layer); block keeps only each block's output and reruns the whole block forward in
+// backward (16C -> 1C). Recomputation reuses the forward's dropout masks, so gradients are
+// bitwise those of recompute = none.
 #include "model/gpt.h"
 
 #include <math.h>
@@ -18,7 +24,10 @@ enum {
     N_LAYER_TENSORS
 };
 
-// Activations of one block for N = B*T tokens (decode uses one set with N = 1).
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN_GELU = 1, RECOMPUTE_BLOCK = 2 } Recompute;
+
+// Activations of one block for N = B*T tokens (decode uses one set with N = 1). With
+// recomputation some of these buffers are shared by every layer.
 typedef struct {
     void *ln1;                    // (N, C)
     float *ln1_mean, *ln1_rstd;   // (N)
@@ -48,8 +57,9 @@ struct GPT {
     // run options
     AttnImpl impl;
     int window, deterministic, training;
+    Recompute recompute;
     float dropout;
-    uint64_t dropout_seed, dropout_calls, dropout_offset;   // offset of the last forward
+    uint64_t dropout_seed, dropout_calls;
     float *alibi;                 // (NH) backend fp32, or NULL
 
     // every backend allocation, released by gpt_free
@@ -76,6 +86,8 @@ struct GPT {
 
     // last forward
     int last_B, last_T, n_valid, has_targets, logits_valid;
+    int last_dropout;             // it applied dropout, from the offset below
+    uint64_t dropout_offset;
 
     // incremental decoding (allocated on first use)
     BlockActs dec;                // N = 1
@@ -184,21 +196,24 @@ static void build_tensors(GPT *m, int decay_wpe) {
     add_tensor(m, &cap, "lnf.bias", C, 0, 0);
 }
 
+static void *need(GPT *m, void *p, size_t bytes) { return p ? p : balloc(m, bytes); }
+
+// Allocates every buffer of `a` that is still NULL (the others are shared with another layer).
 static void alloc_block(GPT *m, BlockActs *a, int B, int T) {
     size_t N = (size_t)B * T, C = m->cfg.C, ds = m->ds;
-    a->ln1 = balloc(m, N * C * ds);
-    a->ln1_mean = balloc(m, N * sizeof(float));
-    a->ln1_rstd = balloc(m, N * sizeof(float));
-    a->qkv = balloc(m, N * m->OCq * ds);
-    a->atty = balloc(m, N * C * ds);
-    a->lse = balloc(m, N * m->cfg.NH * sizeof(float));
-    a->res_attn = balloc(m, N * C * ds);
-    a->ln2 = balloc(m, N * C * ds);
-    a->ln2_mean = balloc(m, N * sizeof(float));
-    a->ln2_rstd = balloc(m, N * sizeof(float));
-    a->fch_pre = balloc(m, N * 4 * C * ds);
-    a->fch = balloc(m, N * 4 * C * ds);
-    a->res_mlp = balloc(m, N * C * ds);
+    a->ln1 = need(m, a->ln1, N * C * ds);
+    a->ln1_mean = need(m, a->ln1_mean, N * sizeof(float));
+    a->ln1_rstd = need(m, a->ln1_rstd, N * sizeof(float));
+    a->qkv = need(m, a->qkv, N * m->OCq * ds);
+    a->atty = need(m, a->atty, N * C * ds);
+    a->lse = need(m, a->lse, N * m->cfg.NH * sizeof(float));
+    a->res_attn = need(m, a->res_attn, N * C * ds);
+    a->ln2 = need(m, a->ln2, N * C * ds);
+    a->ln2_mean = need(m, a->ln2_mean, N * sizeof(float));
+    a->ln2_rstd = need(m, a->ln2_rstd, N * sizeof(float));
+    a->fch_pre = need(m, a->fch_pre, N * 4 * C * ds);
+    a->fch = need(m, a->fch, N * 4 * C * ds);
+    a->res_mlp = need(m, a->res_mlp, N * C * ds);
 }
 
 static void alloc_activations(GPT *m) {
@@ -209,7 +224,19 @@ static void alloc_activations(GPT *m) {
     m->targets_host = xcalloc(N, sizeof(int));
     m->encoded = balloc(m, N * C * ds);
     m->acts = xcalloc((size_t)m->cfg.L, sizeof(BlockActs));
-    for (int l = 0; l < m->cfg.L; l++) alloc_block(m, &m->acts[l], m->B, m->T);
+    alloc_block(m, &m->acts[0], m->B, m->T);
+    const BlockActs *first = &m->acts[0];   // its recomputed buffers serve every layer
+    for (int l = 1; l < m->cfg.L; l++) {
+        BlockActs *a = &m->acts[l];
+        if (m->recompute == RECOMPUTE_BLOCK) {
+            *a = *first;
+            a->res_mlp = NULL;   // each block keeps its output: the next block's input
+        } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
+            a->atty = first->atty;
+            a->fch = first->fch;
+        }
+        alloc_block(m, a, m->B, m->T);
+    }
     m->lnf = balloc(m, N * C * ds);
     m->lnf_mean = balloc(m, N * sizeof(float));
     m->lnf_rstd = balloc(m, N * sizeof(float));
@@ -243,6 +270,12 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         m->deterministic = run->attention.deterministic;
         m->dropout = run->attention.dropout;
         m->dropout_seed = (uint64_t)run->train.seed;
+        const char *rc = run->train.recompute;
+        m->recompute = strcmp(rc, "attn_gelu") == 0 ? RECOMPUTE_ATTN_GELU
+                       : strcmp(rc, "block") == 0   ? RECOMPUTE_BLOCK
+                                                    : RECOMPUTE_NONE;
+        if (m->recompute == RECOMPUTE_NONE && strcmp(rc, "none") != 0)
+            fatal(EXIT_USAGE, "train.recompute = %s is not known: use none, attn_gelu or block", rc);
     }
     build_tensors(m, run ? run->optim.decay_embeddings : 0);
     m->params = balloc(m, m->n_params * m->ds);
@@ -342,6 +375,17 @@ static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T) {
     return p;
 }
 
+// The attention of layer l over a (B, T) training batch, with the last forward's dropout mask.
+static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
+    AttnParams p = attn_params(m, a, B, T);
+    if (m->last_dropout) {
+        p.dropout_p = m->dropout;
+        p.seed = m->dropout_seed;
+        p.offset = m->dropout_offset + (uint64_t)l;   // a fresh mask per layer and per call
+    }
+    return p;
+}
+
 // One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe
 // the attention with q/out/lse in `a`; with kv_row set (decoding), this token's k and v are
 // first copied there (p's k and v already point into the cache).
@@ -391,19 +435,14 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     memcpy(m->tokens_host, tokens, (size_t)N * sizeof(int));
     be->upload(be, m->tokens, tokens, (size_t)N * sizeof(int));
 
-    int drop = targets && m->training && m->dropout > 0.0f;
-    if (drop) m->dropout_offset = m->dropout_calls++ * (uint64_t)g->L;
+    m->last_dropout = targets && m->training && m->dropout > 0.0f;
+    if (m->last_dropout) m->dropout_offset = m->dropout_calls++ * (uint64_t)g->L;
     void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
     be->embed_forward(be, m->encoded, m->tokens, NULL, tensor_ptr(m, m->params, m->wte_i), wpe, B, T, C);
     const void *x = m->encoded;
     for (int l = 0; l < g->L; l++) {
         BlockActs *a = &m->acts[l];
-        AttnParams p = attn_params(m, a, B, T);
-        if (drop) {
-            p.dropout_p = m->dropout;
-            p.seed = m->dropout_seed;
-            p.offset = m->dropout_offset + (uint64_t)l;  // a fresh mask per layer and per call
-        }
+        AttnParams p = layer_attn(m, a, B, T, l);
         block_forward(m, l, a, x, a->res_mlp, m->scratch, N, &p, NULL);
         x = a->res_mlp;
     }
@@ -456,6 +495,15 @@ void gpt_backward(GPT *m, float grad_scale) {
     for (int l = g->L - 1; l >= 0; l--) {
         BlockActs *a = &m->acts[l];
         const void *x_in = l == 0 ? m->encoded : m->acts[l - 1].res_mlp;
+        AttnParams p = layer_attn(m, a, B, T, l);
+        if (m->recompute == RECOMPUTE_BLOCK) {
+            // dtmp is free until the MLP branch below; the block output itself is not needed.
+            block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, &p, NULL);
+        } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
+            be->attention_forward(be, &p);
+            be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
+                               layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
+        }
         // MLP branch. matmul_backward may use its dout as scratch, and dres is still needed for
         // the residual path, so it gets a copy.
         be->copy(be, m->dtmp, m->dres, NC);
@@ -470,12 +518,6 @@ void gpt_backward(GPT *m, float grad_scale) {
         be->copy(be, m->dtmp, m->dres, NC);
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
-        AttnParams p = attn_params(m, a, B, T);
-        if (m->training && m->dropout > 0.0f) {
-            p.dropout_p = m->dropout;
-            p.seed = m->dropout_seed;
-            p.offset = m->dropout_offset + (uint64_t)l;
-        }
         p.dout = m->datty;
         p.do_st = p.o_st;
         p.dq = m->dqkv;

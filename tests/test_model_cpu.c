@@ -729,6 +729,45 @@ static void test_dropout(void) {
     be->destroy(be);
 }
 
+// train.recompute: recomputing activations in backward (with the forward's dropout masks) gives
+// bitwise the gradients of keeping them, since every CPU op is deterministic.
+static void test_recompute(const char *mode) {
+    GPTConfig g = small_config(POS_LEARNED);
+    Config run;
+    config_defaults(&run);
+    run.attention.dropout = 0.1f;
+    Backend *be = backend_cpu_create();
+    GPT *ref = gpt_create(&g, be, MB, MT, &run);
+    snprintf(run.train.recompute, sizeof run.train.recompute, "%s", mode);
+    GPT *m = gpt_create(&g, be, MB, MT, &run);
+    size_t n = gpt_num_params(m);
+    float *params = test_params(m, 31), *g0 = xmalloc(n * sizeof(float)), *g1 = xmalloc(n * sizeof(float));
+    int tokens[MB * MT], targets[MB * MT];
+    Rng r;
+    rng_seed(&r, 32);
+    random_batch(&r, tokens, targets, MB * MT, g.V);
+    float loss[2];
+    GPT *models[2] = {ref, m};
+    for (int k = 0; k < 2; k++) {
+        gpt_set_params_f32(models[k], params);
+        gpt_zero_grad(models[k]);
+        for (int step = 0; step < 2; step++) {   // the second call draws fresh dropout masks
+            loss[k] = gpt_forward(models[k], tokens, targets, MB, MT);
+            gpt_backward(models[k], 1.0f);
+        }
+        gpt_get_grads_f32(models[k], k ? g1 : g0);
+    }
+    EXPECT(loss[0] == loss[1], "recompute %s: loss %.7f vs %.7f", mode, loss[1], loss[0]);
+    EXPECT(memcmp(g0, g1, n * sizeof(float)) == 0, "recompute %s: gradients differ, rel err %g", mode,
+           rel_err_f32(g1, g0, n));
+    free(params);
+    free(g0);
+    free(g1);
+    gpt_free(m);
+    gpt_free(ref);
+    be->destroy(be);
+}
+
 int main(void) {
     Backend *be = backend_cpu_create();
     Rng r;
@@ -762,5 +801,7 @@ int main(void) {
     TEST_CASE("gpt decode == forward (learned, window 8)", test_decode(POS_LEARNED, 8));
     TEST_CASE("gpt decode == forward (alibi)", test_decode(POS_ALIBI, -1));
     TEST_CASE("gpt attention dropout", test_dropout());
+    TEST_CASE("gpt recompute attn_gelu == none", test_recompute("attn_gelu"));
+    TEST_CASE("gpt recompute block == none", test_recompute("block"));
     return TEST_SUMMARY();
 }
