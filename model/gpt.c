@@ -68,7 +68,6 @@ struct GPT {
 
     // forward activations and backward scratch, sized for B x T
     int *tokens, *targets;        // (B, T) backend int32
-    int *tokens_host, *targets_host;  // (B, T) host copies of the last forward
     void *encoded;                // (N, C) embeddings
     BlockActs *acts;              // (L)
     void *lnf;                    // (N, C)
@@ -220,8 +219,6 @@ static void alloc_activations(GPT *m) {
     size_t N = (size_t)m->B * m->T, C = m->cfg.C, ds = m->ds;
     m->tokens = balloc(m, N * sizeof(int));
     m->targets = balloc(m, N * sizeof(int));
-    m->tokens_host = xcalloc(N, sizeof(int));
-    m->targets_host = xcalloc(N, sizeof(int));
     m->encoded = balloc(m, N * C * ds);
     m->acts = xcalloc((size_t)m->cfg.L, sizeof(BlockActs));
     alloc_block(m, &m->acts[0], m->B, m->T);
@@ -297,8 +294,6 @@ void gpt_free(GPT *m) {
     for (int i = 0; i < m->n_allocs; i++) m->be->release(m->be, m->allocs[i]);
     free(m->allocs);
     free(m->acts);
-    free(m->tokens_host);
-    free(m->targets_host);
     free(m->losses_host);
     free(m->tensors);
     free(m);
@@ -432,7 +427,6 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     const int N = B * T, C = g->C;
     check_ids(m, tokens, B, T, 0);
     if (targets) check_ids(m, targets, B, T, 1);
-    memcpy(m->tokens_host, tokens, (size_t)N * sizeof(int));
     be->upload(be, m->tokens, tokens, (size_t)N * sizeof(int));
 
     m->last_dropout = targets && m->training && m->dropout > 0.0f;
@@ -456,7 +450,6 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     m->has_targets = targets != NULL;
     if (!targets) return 0.0f;
 
-    memcpy(m->targets_host, targets, (size_t)N * sizeof(int));
     be->upload(be, m->targets, targets, (size_t)N * sizeof(int));
     be->softmax_xent(be, m->logits, m->losses, m->targets, N, g->V, g->Vp, 0.0f);
     be->download(be, m->losses_host, m->losses, (size_t)N * sizeof(float));
