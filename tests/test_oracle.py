@@ -149,9 +149,11 @@ def compare_training(t, cfg, decayed, label):
     assert norm_err.max() < GRAD_RTOL, (t["train.grad_norm"], norms)
     bad = {n: e for n, e in w_err.items() if not e < WEIGHT_RTOL}
     assert not bad, f"weights after training differ by more than {WEIGHT_RTOL}: {bad}"
-    # The key biases influence nothing, so only bound them: Adam moves a parameter by at most
-    # about lr per step (|m_hat| / sqrt(v_hat) <= 1 up to the bias-correction start-up).
-    assert kb_drift <= 2 * lrs.sum()
+    # The key biases influence nothing, so only bound them. Adam moves a parameter by
+    # lr * |m_hat| / sqrt(v_hat) per step, and by Cauchy-Schwarz |m_hat| / sqrt(v_hat) <=
+    # sqrt((1-b1)^2 / (1-b2) / (1 - b1^2/b2)) = 1.17 for betas (0.9, 0.95): two runs drifting
+    # apart in opposite directions stay within 2 * 1.17 * sum(lr) < 2.5 * sum(lr).
+    assert kb_drift <= 2.5 * lrs.sum()
     return losses, norms
 
 
