@@ -41,3 +41,23 @@ def read_safetensors(path):
         pos = end
     assert pos == len(data), f"{path}: {len(data) - pos} bytes after the last tensor"
     return tensors, meta
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes {name: numpy array} in the order given (F32/F16/I32/I64/U8), header padded with
+    spaces to 8 bytes, as an independent counterpart of the C writer."""
+    names = {np.dtype(v).str[1:]: k for k, v in _DTYPES.items() if k != "BF16"}
+    header, offset, chunks = {}, 0, []
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        raw = arr.tobytes()
+        header[name] = {"dtype": names[arr.dtype.str[1:]], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        chunks.append(raw)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-(8 + len(text)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from oracle_gpt import RefGPT, train_reference
-from oracle_st import read_safetensors
+from oracle_st import read_safetensors, write_safetensors
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL_TARGET = os.environ.get("BUILD", "build") + "/tests/tools/gpt_oracle"  # as the Makefile names it
@@ -44,12 +44,13 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
-def run_oracle(tmp_path, *settings):
-    """Runs the C driver with --set overrides; returns (tensors, config dict, decayed names)."""
+def run_oracle(tmp_path, *settings, init=None):
+    """Runs the C driver with --set overrides (and initial weights from `init`, a safetensors
+    file, when given); returns (tensors, config dict, decayed names)."""
     # Build (or refresh) the driver so a plain `pytest tests` tests the current sources.
     subprocess.run(["make", "-s", "-C", str(ROOT), TOOL_TARGET], check=True)
     out = tmp_path / "oracle.safetensors"
-    args = [str(TOOL), str(out)]
+    args = [str(TOOL), str(out)] + (["--init", str(init)] if init else [])
     for s in settings:
         args += ["--set", s]
     # Spinning OpenMP workers starve each other (and OpenBLAS) when the box is shared.
@@ -78,13 +79,8 @@ def reference(tensors, cfg, dtype, key="param."):
     return RefGPT(cfg, {n: tensors[key + n] for n in names}, dtype)
 
 
-@pytest.mark.parametrize("impl,window", [("naive", -1), ("flash", -1), ("flash", 8)])
-def test_forward_backward_matches_autograd(tmp_path, impl, window):
-    t, cfg, decayed = run_oracle(tmp_path, f"attention.impl={impl}", f"attention.window={window}")
-    m = cfg["model"]
-    assert (m["n_layer"], m["n_head"], m["n_kv_head"], m["n_embd"], m["vocab_size"]) == (2, 4, 2, 64, 101)
-    assert t["logits"].shape == (3, 37, 101) and t["param.wte"].shape == (128, 64)
-    assert (t["targets"] < 0).any(), "the oracle batch must exercise ignored targets"
+def compare_with_autograd(t, cfg, label):
+    """Logits, loss and every gradient of the C run against float64 autograd; returns errors."""
     tokens = torch.as_tensor(t["tokens"]).long()
     targets = torch.as_tensor(t["targets"]).long()
     results = {}
@@ -97,23 +93,47 @@ def test_forward_backward_matches_autograd(tmp_path, impl, window):
     ref, f32 = results[torch.float64], results[torch.float32]
     assert set(ref) - {"logits", "loss"} == {k for k in t if k.startswith("grad.")}, \
         "the C model and the reference disagree on the parameter set"
-    errs, errs32 = {}, {}
-    for k in ref:
-        errs[k] = rel_err(t[k], ref[k])
-        errs32[k] = rel_err(f32[k], ref[k])
+    errs = {k: rel_err(t[k], ref[k]) for k in ref}
+    errs32 = {k: rel_err(f32[k], ref[k]) for k in ref}
     worst = max(errs, key=errs.get)
-    print(f"\n[{impl}, window {window}] worst rel err {errs[worst]:.2e} ({worst}); logits {errs['logits']:.2e}, "
+    print(f"\n[{label}] worst rel err {errs[worst]:.2e} ({worst}); logits {errs['logits']:.2e}, "
           f"loss {errs['loss']:.2e}; PyTorch-fp32 worst {max(errs32.values()):.2e}")
     bad = {k: v for k, v in errs.items() if not v < GRAD_RTOL}
     assert not bad, f"relative error above {GRAD_RTOL}: {bad}"
-    # Padded vocabulary rows take no part: zero gradient. Key biases: zero gradient up to noise.
-    assert not t["grad.wte"][101:].any()
+    # Key biases: zero gradient up to rounding noise (see key_bias_slice).
     kb = key_bias_slice(cfg)
-    for l in range(m["n_layer"]):
+    for l in range(cfg["model"]["n_layer"]):
         g = t[f"grad.h.{l}.attn.qkv.bias"]
         assert np.abs(g[kb]).max() <= GRAD_RTOL * np.linalg.norm(g)
+
+
+@pytest.mark.parametrize("impl,window", [("naive", -1), ("flash", -1), ("flash", 8)])
+def test_forward_backward_matches_autograd(tmp_path, impl, window):
+    t, cfg, decayed = run_oracle(tmp_path, f"attention.impl={impl}", f"attention.window={window}")
+    m = cfg["model"]
+    assert (m["n_layer"], m["n_head"], m["n_kv_head"], m["n_embd"], m["vocab_size"]) == (2, 4, 2, 64, 101)
+    assert t["logits"].shape == (3, 37, 101) and t["param.wte"].shape == (128, 64)
+    assert (t["targets"] < 0).any(), "the oracle batch must exercise ignored targets"
+    compare_with_autograd(t, cfg, f"{impl}, window {window}")
+    # Padded vocabulary rows take no part: zero gradient.
+    assert not t["grad.wte"][101:].any()
     # Weight decay exactly on the 2-D weights (optim.decay_embeddings = true in the driver).
     assert decayed == {n for n in param_names(t) if t["param." + n].ndim == 2}
+
+
+def test_weights_written_by_python(tmp_path):
+    """st_read on a file from an independent writer (tensors in name order, not the C writer's
+    layout), and the model run from those weights (non-zero padded rows included)."""
+    t, cfg, _ = run_oracle(tmp_path)
+    rng = np.random.default_rng(5)
+    weights = {n: (t["param." + n] + 0.05 * rng.standard_normal(t["param." + n].shape)).astype(np.float32)
+               for n in sorted(param_names(t))}
+    path = tmp_path / "init.safetensors"
+    write_safetensors(path, weights, {"format": "pt"})
+    t2, cfg2, _ = run_oracle(tmp_path, init=path)
+    for n, w in weights.items():
+        assert np.array_equal(t2["param." + n], w), f"{n} was not loaded bit for bit"
+    compare_with_autograd(t2, cfg2, "weights from python")
 
 
 def compare_training(t, cfg, decayed, label):

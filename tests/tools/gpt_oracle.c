@@ -8,7 +8,9 @@
 //   train.inputs, train.targets (steps * grad_accum, B, T) I32: every micro-batch in order
 //   train.loss, train.lr, train.grad_norm (steps) F32, final.<name>: weights after training
 //   metadata: config (the run config as JSON), decayed (comma-separated decayed tensor names)
-// Usage: gpt_oracle OUT.safetensors [--set section.key=value ...]
+// Usage: gpt_oracle OUT.safetensors [--init WEIGHTS.safetensors] [--set section.key=value ...]
+// --init takes the initial weights from a file with one F32 tensor per gpt_tensor name (written
+// by the Python side: this also checks st_read against an independent writer).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +72,20 @@ static void random_weights(const GPT *m, float *host, uint64_t seed) {
     }
 }
 
+static void load_weights(const GPT *m, float *host, const char *path) {
+    StFile f;
+    char err[512];
+    if (st_read(&f, path, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    for (int i = 0; i < gpt_num_tensors(m); i++) {
+        const ParamTensor *t = gpt_tensor(m, i);
+        const StTensor *s = st_find(&f, t->name);
+        if (!s || s->dtype != ST_F32 || s->nbytes != t->numel * sizeof(float))
+            fatal(EXIT_USAGE, "%s: needs an F32 tensor '%s' of %zu elements", path, t->name, t->numel);
+        memcpy(host + t->offset, s->data, s->nbytes);
+    }
+    st_free(&f);
+}
+
 static void add_named(StFile *f, char (*names)[128], int *k, const char *prefix, const ParamTensor *t,
                       const float *data) {
     snprintf(names[*k], 128, "%s%s", prefix, t->name);
@@ -79,18 +95,23 @@ static void add_named(StFile *f, char (*names)[128], int *k, const char *prefix,
 
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: gpt_oracle OUT.safetensors [--set section.key=value ...]\n");
+        fprintf(stderr, "usage: gpt_oracle OUT.safetensors [--init WEIGHTS.safetensors] [--set key=value ...]\n");
         return argc < 2 || argv[1][0] == '-' ? EXIT_USAGE : EXIT_OK;
     }
-    const char *out = argv[1];
+    const char *out = argv[1], *init = NULL;
     Config c;
     char err[512];
     config_defaults(&c);
     for (size_t i = 0; i < sizeof DEFAULTS / sizeof DEFAULTS[0]; i++)
         if (config_set(&c, DEFAULTS[i], err, sizeof err) != 0) fatal(EXIT_RUNTIME, "%s", err);
     for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--init") == 0 && i + 1 < argc) {
+            init = argv[++i];
+            continue;
+        }
         if (strcmp(argv[i], "--set") != 0 || i + 1 >= argc)
-            fatal(EXIT_USAGE, "unexpected argument '%s' (usage: gpt_oracle OUT [--set key=value ...])", argv[i]);
+            fatal(EXIT_USAGE, "unexpected argument '%s' (usage: gpt_oracle OUT [--init FILE] [--set key=value ...])",
+                  argv[i]);
         if (config_set(&c, argv[++i], err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     }
     if (config_validate(&c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
@@ -115,7 +136,8 @@ int main(int argc, char **argv) {
     Rng rng;
     rng_seed(&rng, (uint64_t)c.train.seed + 1);
     make_batches(&rng, inputs, targets, (size_t)n_batches * BT, g.V);
-    random_weights(m, params0, (uint64_t)c.train.seed);
+    if (init) load_weights(m, params0, init);
+    else random_weights(m, params0, (uint64_t)c.train.seed);
     gpt_set_params_f32(m, params0);
 
     gpt_zero_grad(m);
