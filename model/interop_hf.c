@@ -373,6 +373,20 @@ static int check_tensor(const StTensor *s, const char *hf, int ndim, const int64
                      have, want);
 }
 
+// Before the model is built: the tensors that fix its size must be in the file with the shapes
+// config.json gives, so a wrong config cannot make us allocate a model the file does not hold.
+static int check_size_tensors(const StFile *f, const GPTConfig *g, const char *path, char *err,
+                              size_t errlen) {
+    char last[64];
+    snprintf(last, sizeof last, "h.%d.mlp.c_proj.weight", g->L - 1);
+    const int64_t wte[2] = {g->V, g->C}, wpe[2] = {g->maxT, g->C}, proj[2] = {4LL * g->C, g->C};
+    if (check_tensor(find_hf(f, "wte.weight"), "wte.weight", 2, wte, path, err, errlen) != 0 ||
+        check_tensor(find_hf(f, "wpe.weight"), "wpe.weight", 2, wpe, path, err, errlen) != 0 ||
+        check_tensor(find_hf(f, last), last, 2, proj, path, err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
 // Validates every tensor against hm's model, then fills hm->params.
 static int fill_from_hf(HostModel *hm, const StFile *f, const char *path, char *err, size_t errlen) {
     GPT *m = hm->model;
@@ -443,6 +457,10 @@ int interop_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen) {
     if (interop_import_config(&c, &g, cfg_path, err, errlen) != 0) return -1;
     StFile f;
     if (st_read(&f, st_path, err, errlen) != 0) return -1;
+    if (check_size_tensors(&f, &g, st_path, err, errlen) != 0) {
+        st_free(&f);
+        return -1;
+    }
     interop_model_create(hm, &c);
     int rc = fill_from_hf(hm, &f, st_path, err, errlen);
     st_free(&f);

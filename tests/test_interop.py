@@ -470,6 +470,9 @@ def test_hf_bad_tensors(trained, tmp_path, transform, needles):
     (lambda c: c.update(layer_norm_epsilon=1e-6), ["layer_norm_epsilon"]),
     (lambda c: c.update(model_type="llama"), ["model_type 'llama'"]),
     (lambda c: c.update(n_embd=64), ["shape"]),
+    # Sizes the file does not hold are refused before a model of that size is allocated.
+    (lambda c: c.update(n_layer=1000), ["h.999.mlp.c_proj.weight", "missing"]),
+    (lambda c: c.update(n_positions=4000000), ["wpe.weight' has shape (32, 32), expected (4000000, 32)"]),
     (lambda c: c.update(scale_attn_by_inverse_layer_idx=True), ["scale_attn_by_inverse_layer_idx"]),
 ])
 def test_hf_bad_config(trained, tmp_path, edit, needles):
