@@ -12,6 +12,8 @@
 //   h.{l}.mlp.fc -> h.{l}.mlp.c_fc (T)        h.{l}.mlp.proj -> h.{l}.mlp.c_proj (T)
 // The arithmetic matches transformers' GPT-2 with activation_function gelu_new (tanh GELU, as
 // our EPI_GELU), layer_norm_epsilon 1e-5 (ops_cpu's LayerNorm), attention scaled by 1/sqrt(HS).
+#include "model/interop.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,7 +23,6 @@
 #include "common/check.h"
 #include "common/fileio.h"
 #include "model/checkpoint.h"
-#include "model/interop.h"
 
 #define ERR_LEN 1024
 #define HF_PREFIX "transformer."

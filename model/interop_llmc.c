@@ -9,6 +9,8 @@
 //   ln2.w (L, C), ln2.b (L, C), fc.w (L, 4C, C), fc.b (L, 4C), fcproj.w (L, C, 4C), fcproj.b (L, C),
 //   lnf.w (C), lnf.b (C).
 // The per-layer kinds come in the same order as model/gpt.c's per-layer tensors.
+#include "model/interop.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,7 +19,6 @@
 #include <sys/stat.h>
 
 #include "common/check.h"
-#include "model/interop.h"
 
 #define LLMC_MAGIC 20240326
 #define LLMC_HEADER_INTS 256
