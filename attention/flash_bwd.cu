@@ -62,10 +62,12 @@ template <typename T, int HS, bool EXTRAS>
 __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
     flash_bwd_kernel(const AttnParams p, const float *dsum, float *dq_accum) {
     using Tile = BwdTile<HS>;
-    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS, MT = Tile::MT;
+    constexpr int WKEYS = 16 * MT;   // keys per warp
     constexpr int KSTEPS = HS / 16;  // k-steps over the head dimension
-    constexpr int NQ = BM / 8;       // n8 tiles of S^T (query columns) per warp
-    constexpr int ND = HS / 8;       // n8 tiles of dK, dV per warp
+    constexpr int NQ = BM / 8;       // n8 tiles of S^T (query columns) per m-tile
+    constexpr int ND = HS / 8;       // n8 tiles of dK, dV per m-tile
+    static_assert(MT * NQ * 4 <= 32, "dropout keep bits of one tile must fit a uint32");
     constexpr int DQ_COLS = HS / Tile::WN;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sK = reinterpret_cast<T *>(smem_raw);  // (BN, HS)
@@ -115,15 +117,17 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
         }
     };
 
-    float dk[ND][4], dv[ND][4];  // (16, HS) each: this warp's keys
+    float dk[MT][ND][4], dv[MT][ND][4];  // (WKEYS, HS) each: this warp's keys
 #pragma unroll
-    for (int i = 0; i < ND; i++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
+        for (int i = 0; i < ND; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][i][e] = dv[mt][i][e] = 0.f;
 
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
-    const int key_row = warp * 16 + g;               // this thread's keys: key_row and key_row + 8
+    const int key_row = warp * WKEYS + g;  // this thread's keys: key_row + 16 mt + 8 r
     const int pos_shift = p.T_k - p.T_q;             // aligned position of query i is i + pos_shift
 
     if (total > 0) load_stage(0, 0);
@@ -144,88 +148,107 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
         const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
         const float slope_log2 = EXTRAS && p.alibi_slopes ? p.alibi_slopes[h] * LOG2E_F : 0.f;
 
-        // S^T = K_w Q^T and dP^T = V_w dO^T, both (16, BM)
-        float st[NQ][4], dpt[NQ][4];
+        // S^T = K_w Q^T and dP^T = V_w dO^T, both (WKEYS, BM)
+        float st[MT][NQ][4], dpt[MT][NQ][4];
 #pragma unroll
-        for (int i = 0; i < NQ; i++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
+            for (int i = 0; i < NQ; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[mt][i][e] = dpt[mt][i][e] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
-            uint32_t ka[4], va[4];
-            ldmatrix_x4(ka, frag_addr_a<HS>(sK, warp * 16, ks * 16, lane));
-            ldmatrix_x4(va, frag_addr_a<HS>(sV, warp * 16, ks * 16, lane));
+            uint32_t ka[MT][4], va[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                ldmatrix_x4(ka[mt], frag_addr_a<HS>(sK, warp * WKEYS + mt * 16, ks * 16, lane));
+                ldmatrix_x4(va[mt], frag_addr_a<HS>(sV, warp * WKEYS + mt * 16, ks * 16, lane));
+            }
 #pragma unroll
             for (int np = 0; np < NQ / 2; np++) {
                 uint32_t qb[4], ob[4];
                 ldmatrix_x4(qb, frag_addr_b_nk<HS>(cQ, np * 16, ks * 16, lane));
                 ldmatrix_x4(ob, frag_addr_b_nk<HS>(cdO, np * 16, ks * 16, lane));
-                mma_16816<T>(st[2 * np], ka, qb[0], qb[1]);
-                mma_16816<T>(st[2 * np + 1], ka, qb[2], qb[3]);
-                mma_16816<T>(dpt[2 * np], va, ob[0], ob[1]);
-                mma_16816<T>(dpt[2 * np + 1], va, ob[2], ob[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816<T>(st[mt][2 * np], ka[mt], qb[0], qb[1]);
+                    mma_16816<T>(st[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
+                    mma_16816<T>(dpt[mt][2 * np], va[mt], ob[0], ob[1]);
+                    mma_16816<T>(dpt[mt][2 * np + 1], va[mt], ob[2], ob[3]);
+                }
             }
         }
 
         // P^T (undropped) in st; dS^T in dpt; the dropped, rescaled P^T goes to the dV product.
         uint32_t keep_bits = 0;
 #pragma unroll
-        for (int nt = 0; nt < NQ; nt++) {
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = n0 + key_row + 8 * (e >> 1);
-                const int qc = nt * 8 + 2 * t + (e & 1);  // query column within the tile
-                float x = st[nt][e] * scale_log2;
-                if (EXTRAS && p.alibi_slopes) x += alibi_bias_log2(slope_log2, m0 + qc + pos_shift, key);
-                if (partial && (key < cLo[qc] || key >= cHi[qc])) x = -INFINITY;
-                const float pr = exp2f(x - cLse[qc]);
-                float dp = dpt[nt][e];
-                if (EXTRAS && p.dropout_p > 0.f) {
-                    const bool keep = m0 + qc < p.T_q && key < p.T_k && dropout_keep(p, b, h, m0 + qc, key);
-                    keep_bits |= (uint32_t)keep << (nt * 4 + e);
-                    dp = keep ? dp * keep_scale : 0.f;
+            for (int nt = 0; nt < NQ; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = n0 + key_row + 16 * mt + 8 * (e >> 1);
+                    const int qc = nt * 8 + 2 * t + (e & 1);  // query column within the tile
+                    float x = st[mt][nt][e] * scale_log2;
+                    if (EXTRAS && p.alibi_slopes) x += alibi_bias_log2(slope_log2, m0 + qc + pos_shift, key);
+                    if (partial && (key < cLo[qc] || key >= cHi[qc])) x = -INFINITY;
+                    const float pr = exp2f(x - cLse[qc]);
+                    float dp = dpt[mt][nt][e];
+                    if (EXTRAS && p.dropout_p > 0.f) {
+                        const bool keep = m0 + qc < p.T_q && key < p.T_k && dropout_keep(p, b, h, m0 + qc, key);
+                        keep_bits |= (uint32_t)keep << ((mt * NQ + nt) * 4 + e);
+                        dp = keep ? dp * keep_scale : 0.f;
+                    }
+                    st[mt][nt][e] = pr;
+                    dpt[mt][nt][e] = pr * (dp - cD[qc]);
                 }
-                st[nt][e] = pr;
-                dpt[nt][e] = pr * (dp - cD[qc]);
             }
-        }
 
         // dV += P_drop^T dO and dK += dS^T Q over the BM queries
 #pragma unroll
         for (int kk = 0; kk < BM / 16; kk++) {
-            float p0[4], p1[4];
+            uint32_t pa[MT][4], sa[MT][4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                p0[e] = st[2 * kk][e];
-                p1[e] = st[2 * kk + 1][e];
-                if (EXTRAS && p.dropout_p > 0.f) {
-                    p0[e] = (keep_bits >> (2 * kk * 4 + e)) & 1u ? p0[e] * keep_scale : 0.f;
-                    p1[e] = (keep_bits >> ((2 * kk + 1) * 4 + e)) & 1u ? p1[e] * keep_scale : 0.f;
+            for (int mt = 0; mt < MT; mt++) {
+                float p0[4], p1[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    p0[e] = st[mt][2 * kk][e];
+                    p1[e] = st[mt][2 * kk + 1][e];
+                    if (EXTRAS && p.dropout_p > 0.f) {
+                        p0[e] = (keep_bits >> ((mt * NQ + 2 * kk) * 4 + e)) & 1u ? p0[e] * keep_scale : 0.f;
+                        p1[e] = (keep_bits >> ((mt * NQ + 2 * kk + 1) * 4 + e)) & 1u ? p1[e] * keep_scale : 0.f;
+                    }
                 }
+                c_to_a<T>(pa[mt], p0, p1);
+                c_to_a<T>(sa[mt], dpt[mt][2 * kk], dpt[mt][2 * kk + 1]);
             }
-            uint32_t pa[4], sa[4];
-            c_to_a<T>(pa, p0, p1);
-            c_to_a<T>(sa, dpt[2 * kk], dpt[2 * kk + 1]);
 #pragma unroll
             for (int dp = 0; dp < HS / 16; dp++) {
                 uint32_t ob[4], qb[4];
                 ldmatrix_x4_trans(ob, frag_addr_b_kn<HS>(cdO, kk * 16, dp * 16, lane));
                 ldmatrix_x4_trans(qb, frag_addr_b_kn<HS>(cQ, kk * 16, dp * 16, lane));
-                mma_16816<T>(dv[2 * dp], pa, ob[0], ob[1]);
-                mma_16816<T>(dv[2 * dp + 1], pa, ob[2], ob[3]);
-                mma_16816<T>(dk[2 * dp], sa, qb[0], qb[1]);
-                mma_16816<T>(dk[2 * dp + 1], sa, qb[2], qb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816<T>(dv[mt][2 * dp], pa[mt], ob[0], ob[1]);
+                    mma_16816<T>(dv[mt][2 * dp + 1], pa[mt], ob[2], ob[3]);
+                    mma_16816<T>(dk[mt][2 * dp], sa[mt], qb[0], qb[1]);
+                    mma_16816<T>(dk[mt][2 * dp + 1], sa[mt], qb[2], qb[3]);
+                }
             }
         }
 
         if (dq_accum) {
             // dS^T to shared memory, then dQ (BM, HS) += dS (BM, BN) K (BN, HS) over a warp grid
 #pragma unroll
-            for (int nt = 0; nt < NQ; nt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int r = 0; r < 2; r++)
-                    *reinterpret_cast<uint32_t *>(sdS + SwizzledTile<BM>::offset(key_row + 8 * r, nt * 8 + 2 * t)) =
-                        ElemTraits<T>::pack(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+                for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+                        *reinterpret_cast<uint32_t *>(sdS + SwizzledTile<BM>::offset(key_row + 16 * mt + 8 * r,
+                                                                                      nt * 8 + 2 * t)) =
+                            ElemTraits<T>::pack(dpt[mt][nt][2 * r], dpt[mt][nt][2 * r + 1]);
             __syncthreads();
             const int wm = warp % Tile::WM, wn = warp / Tile::WM;
             float dq[DQ_COLS / 8][4];
@@ -263,21 +286,24 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
     __syncthreads();  // K/V copies done (also when no query tile saw this key tile)
 
     // dK = scale * dS^T Q, staged with dV through this warp's own rows of sK / sV.
-    T *sdK = sK + warp * 16 * HS, *sdV = sV + warp * 16 * HS;
+    T *sdK = sK + warp * WKEYS * HS, *sdV = sV + warp * WKEYS * HS;
 #pragma unroll
-    for (int i = 0; i < ND; i++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int off = SwizzledTile<HS>::offset(g + 8 * r, i * 8 + 2 * t);
-            *reinterpret_cast<uint32_t *>(sdK + off) = ElemTraits<T>::pack(dk[i][2 * r] * p.scale, dk[i][2 * r + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(sdV + off) = ElemTraits<T>::pack(dv[i][2 * r], dv[i][2 * r + 1]);
-        }
+        for (int i = 0; i < ND; i++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int off = SwizzledTile<HS>::offset(16 * mt + g + 8 * r, i * 8 + 2 * t);
+                *reinterpret_cast<uint32_t *>(sdK + off) =
+                    ElemTraits<T>::pack(dk[mt][i][2 * r] * p.scale, dk[mt][i][2 * r + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(sdV + off) = ElemTraits<T>::pack(dv[mt][i][2 * r], dv[mt][i][2 * r + 1]);
+            }
     __syncwarp();
-    const int krow = n0 + warp * 16;
+    const int krow = n0 + warp * WKEYS;
     T *dkg = static_cast<T *>(p.dk) + b * p.dk_st.batch + (int64_t)krow * p.dk_st.row + kvh * p.dk_st.head;
     T *dvg = static_cast<T *>(p.dv) + b * p.dv_st.batch + (int64_t)krow * p.dv_st.row + kvh * p.dv_st.head;
-    tile_store<16, HS, 32>(dkg, p.dk_st.row, sdK, p.T_k - krow, lane);
-    tile_store<16, HS, 32>(dvg, p.dv_st.row, sdV, p.T_k - krow, lane);
+    tile_store<WKEYS, HS, 32>(dkg, p.dk_st.row, sdK, p.T_k - krow, lane);
+    tile_store<WKEYS, HS, 32>(dvg, p.dv_st.row, sdV, p.T_k - krow, lane);
 }
 
 template <typename T, int HS, bool EXTRAS>

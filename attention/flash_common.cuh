@@ -95,9 +95,13 @@ template <int COLS> struct SwizzledTile {
     static constexpr int PERIOD = CHUNKS >= 8 ? 8 : CHUNKS;
     static_assert(COLS % 8 == 0 && CHUNKS >= 2, "tile rows must hold at least two 16-byte chunks");
     // element offset of (row, col), col a multiple of 8 for 16-byte accesses
+    static_assert((PERIOD & (PERIOD - 1)) == 0 && (ROWS_PER_PERIOD & (ROWS_PER_PERIOD - 1)) == 0,
+                  "swizzle period must be a power of two");
+    // unsigned shifts and masks: a signed `/` and `%` cost extra instructions on every access
     static __device__ __forceinline__ int offset(int row, int col) {
-        int chunk = (col >> 3) ^ ((row / ROWS_PER_PERIOD) % PERIOD);
-        return row * COLS + (chunk << 3) + (col & 7);
+        const unsigned r = (unsigned)row, c = (unsigned)col;
+        const unsigned chunk = (c >> 3) ^ ((r / ROWS_PER_PERIOD) & (PERIOD - 1));
+        return (int)(r * COLS + (chunk << 3) + (c & 7));
     }
 };
 

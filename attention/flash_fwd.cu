@@ -16,8 +16,8 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     constexpr int NO = HS / 8;       // n8 tiles of the output per m-tile
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);  // (BM, HS), later the staging area for O
-    T *sK = sQ + BM * HS;                     // (BN, HS)
-    T *sV = sK + BN * HS;                     // (BN, HS)
+    T *sK = sQ + BM * HS;                     // 2 stages of (BN, HS)
+    T *sV = sK + 2 * BN * HS;                 // 2 stages of (BN, HS)
 
     // Causal blocks late in the sequence carry the most key tiles: start them first.
     const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -41,20 +41,26 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
 #pragma unroll
         for (int r = 0; r < 2; r++) rr[mt][r] = row_range(p, b, min(wrow0 + mt * 16 + 8 * r + g, p.T_q - 1));
     const float scale_log2 = p.scale * LOG2E_F;
+    // Scores stay raw and the scale folds into the exponent's FMA, unless ALiBi must be added
+    // in the scaled domain first (or the scale is not positive, which would reverse the max).
+    const bool prescale = (EXTRAS && p.alibi_slopes) || !(p.scale > 0.f);
+    const float sl = prescale ? 1.f : scale_log2;
     float slope_log2 = 0.f, keep_scale = 1.f;
     if (EXTRAS) {
         if (p.alibi_slopes) slope_log2 = p.alibi_slopes[h] * LOG2E_F;
         if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p);
     }
 
+    // K and V tile nb go to stage nb & 1; tile nb-1 is fetched while tile nb is computed.
+    auto load_kv = [&](int nb) {
+        const int n0 = nb * BN, st = nb & 1;
+        tile_load_async<BN, HS, NT>(sK + st * BN * HS, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
+        tile_load_async<BN, HS, NT>(sV + st * BN * HS, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
+    };
     tile_load_async<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
+    if (nb_end > nb_begin) load_kv(nb_end - 1);
     cp_async_commit();
-    if (nb_end > nb_begin) {
-        int n0 = (nb_end - 1) * BN;
-        tile_load_async<BN, HS, NT>(sK, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<0>();
     __syncthreads();
     // Q as A fragments: kept in registers when they fit beside O (HS 64), else re-read per tile.
     uint32_t qf[Tile::Q_IN_REGS ? MT : 1][Tile::Q_IN_REGS ? KSTEPS : 1][4];
@@ -65,6 +71,10 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             for (int ks = 0; ks < KSTEPS; ks++)
                 ldmatrix_x4(qf[mt][ks], frag_addr_a<HS>(sQ, warp * WROWS + mt * 16, ks * 16, lane));
     }
+
+    uint32_t voff[HS / 16];  // byte offsets of this lane's V fragment rows, per 16 output columns
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; dp++) voff[dp] = frag_addr_b_kn<HS>(sV, 0, dp * 16, lane) - smem_u32(sV);
 
     float o[MT][NO][4];  // (WROWS, HS) output accumulator
 #pragma unroll
@@ -78,9 +88,11 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     // Key tiles from last to first: the partial (diagonal, ragged) tiles come first, then the bulk.
     for (int nb = nb_end - 1; nb >= nb_begin; nb--) {
         const int n0 = nb * BN;
+        const T *cK = sK + (nb & 1) * BN * HS, *cV = sV + (nb & 1) * BN * HS;
         cp_async_wait<0>();
-        __syncthreads();  // K tile nb has landed; every warp is done with the previous V tile
-        tile_load_async<BN, HS, NT>(sV, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
+        __syncthreads();  // tile nb has landed; every warp is done with tile nb+1, whose stage
+                          // the next load overwrites
+        if (nb > nb_begin) load_kv(nb - 1);
         cp_async_commit();
 
         float s[MT][NS][4];  // (WROWS, BN) scores of this warp
@@ -88,22 +100,27 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int i = 0; i < NS; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
-#pragma unroll
+        // (with Q re-read from shared memory, rolling this loop keeps ptxas from hoisting every
+        // fragment load of the tile at once and spilling). Fragment addresses: one swizzled
+        // address per k-step, then constant offsets (the swizzle repeats every 8 rows).
+#pragma unroll(Tile::Q_IN_REGS ? KSTEPS : 1)
         for (int ks = 0; ks < KSTEPS; ks++) {
             uint32_t qa[MT][4];
+            if (Tile::Q_IN_REGS) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                if (Tile::Q_IN_REGS) {
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) qa[mt][e] = qf[Tile::Q_IN_REGS ? mt : 0][Tile::Q_IN_REGS ? ks : 0][e];
-                } else {
-                    ldmatrix_x4(qa[mt], frag_addr_a<HS>(sQ, warp * WROWS + mt * 16, ks * 16, lane));
-                }
+            } else {
+                const uint32_t qaddr = frag_addr_a<HS>(sQ, warp * WROWS, ks * 16, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) ldmatrix_x4(qa[mt], qaddr + mt * 16 * HS * 2);
             }
+            const uint32_t kaddr = frag_addr_b_nk<HS>(cK, 0, ks * 16, lane);
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
                 uint32_t kb[4];
-                ldmatrix_x4(kb, frag_addr_b_nk<HS>(sK, np * 16, ks * 16, lane));
+                ldmatrix_x4(kb, kaddr + np * 16 * HS * 2);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -115,28 +132,38 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
         const bool partial = tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
+            if (prescale) {  // ALiBi (or a non-positive scale): move to the log2 domain first
 #pragma unroll
-            for (int nt = 0; nt < NS; nt++) {
+                for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                    float x = s[mt][nt][e] * scale_log2;
-                    if (EXTRAS && p.alibi_slopes)
-                        x += alibi_bias_log2(slope_log2, wrow0 + mt * 16 + 8 * r + g + (p.T_k - p.T_q), j);
-                    if (partial && (j < rr[mt][r].lo || j >= rr[mt][r].hi)) x = -INFINITY;
-                    s[mt][nt][e] = x;
-                }
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                        float x = s[mt][nt][e] * scale_log2;
+                        if (EXTRAS && p.alibi_slopes)
+                            x += alibi_bias_log2(slope_log2, wrow0 + mt * 16 + 8 * r + g + (p.T_k - p.T_q), j);
+                        s[mt][nt][e] = x;
+                    }
+            }
+            if (partial) {
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                        if (j < rr[mt][r].lo || j >= rr[mt][r].hi) s[mt][nt][e] = -INFINITY;
+                    }
             }
 
             // Online softmax: rescale what was accumulated under the old max. A row that has seen
             // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                float mx = row_max[mt][r];
+                float mx = -INFINITY;
 #pragma unroll
                 for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = fmaxf(row_max[mt][r], mx * sl);  // to the log2 domain (sl > 0 keeps the order)
                 const float m_use = mx == -INFINITY ? 0.f : mx;
                 const float corr = exp2f(row_max[mt][r] - m_use);
                 row_max[mt][r] = mx;
@@ -150,7 +177,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
                 for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        float pr = exp2f(s[mt][nt][2 * r + c] - m_use);
+                        float pr = exp2f(fmaf(s[mt][nt][2 * r + c], sl, -m_use));
                         row_sum[mt][r] += pr;
                         if (EXTRAS && p.dropout_p > 0.f) {
                             const int j = n0 + nt * 8 + 2 * t + c;
@@ -162,14 +189,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             }
         }
 
-        cp_async_wait<0>();
-        __syncthreads();  // V tile nb has landed; every warp is done with K tile nb
-        if (nb > nb_begin) {
-            int n1 = (nb - 1) * BN;
-            tile_load_async<BN, HS, NT>(sK, k + (int64_t)n1 * p.k_st.row, p.k_st.row, p.T_k - n1, tid);
-        }
-        cp_async_commit();
-
+        const uint32_t vbase = smem_u32(cV);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pa[MT][4];
@@ -178,7 +198,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
 #pragma unroll
             for (int dp = 0; dp < HS / 16; dp++) {
                 uint32_t vb[4];
-                ldmatrix_x4_trans(vb, frag_addr_b_kn<HS>(sV, kk * 16, dp * 16, lane));
+                ldmatrix_x4_trans(vb, vbase + kk * 16 * HS * 2 + voff[dp]);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma_16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);

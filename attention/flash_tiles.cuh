@@ -13,35 +13,43 @@
 
 // Forward: each of NWARPS warps owns MT m16 tiles of query rows (BM = 16 * MT * NWARPS) and keeps
 // them, with its O accumulator (16*MT x HS fp32) and its scores (16*MT x BN fp32), in registers.
-// Q, one K tile and one V tile live in shared memory; the V load overlaps QK^T and the next K
-// load overlaps PV. MT = 2 matters most: every K/V fragment read from shared memory (ldmatrix.x4,
-// 4 cycles of shared-memory bandwidth) then feeds 4 MMAs instead of 2, which is what keeps the
-// tensor cores busy (MT = 1 measured 160 TFLOP/s at HS 64, shared-memory bound).
-//   HS 64:  BM 128, BN 64, 4 warps, Q fragments in registers.
-//   HS 128: BM 128, BN 64, 4 warps: O takes 128 registers, so Q is re-read from shared memory.
+// Q and two stages of K and V live in shared memory: the loads of key tile n-1 are in flight for
+// the whole of tile n (one stage hid only half the load latency). MT = 2 makes every K/V fragment
+// read from shared memory (ldmatrix.x4) feed 4 MMAs instead of 2.
+//   HS 64:  BM 128 (MT 2, 4 warps), BN 64, 48 KB: two blocks per SM.
+//   HS 128: BM 128, BN 32 with MT 2 (O takes 128 registers, so the scores stay at 32 and Q is
+//           re-read from shared memory), or MT 1 x 8 warps with BN 64 and Q in registers.
+#ifndef FWD128_MT
+#define FWD128_MT 1
+#endif
 template <int HS> struct FwdTile {
-    static constexpr int NWARPS = 4;
-    static constexpr int MT = 2;
+    static constexpr int MT = HS <= 64 ? 2 : FWD128_MT;
+    static constexpr int NWARPS = MT == 2 ? 4 : 8;
     static constexpr int BM = 16 * MT * NWARPS;
-    static constexpr int BN = HS <= 64 ? 64 : 32;
+    static constexpr int BN = HS <= 64 || MT == 1 ? 64 : 32;
     static constexpr int NTHREADS = 32 * NWARPS;
-    static constexpr bool Q_IN_REGS = false;
+    static constexpr bool Q_IN_REGS = MT == 1;
     static constexpr int MIN_BLOCKS = 1;
-    static constexpr size_t SMEM = (size_t)(BM + 2 * BN) * HS * 2;
+    static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * HS * 2;
     static_assert(HS % 16 == 0 && BN % 16 == 0, "MMA k-steps of 16");
     static_assert(SMEM <= SM80_SMEM_LIMIT, "forward tile exceeds shared memory");
 };
 
-// Backward (dK/dV kernel): each warp owns 16 keys (BN = 16 * NWARPS) and accumulates dK and dV
-// (2 x 16 x HS fp32) in registers across all query tiles of all the query heads that share its
-// KV head (GQA sums in registers, no reduction pass). Query tiles of BM rows stream through a
-// two-stage Q/dO pipeline; dS goes through shared memory for dQ = dS K (atomics into fp32).
-//   HS 64:  BN 64 (4 warps), BM 64: dK+dV 64 registers, S^T and dP^T 32 each.
-//   HS 128: BN 128 (8 warps), BM 32: dK+dV take 128 registers, so S^T and dP^T shrink to 16.
+// Backward (dK/dV kernel): each warp owns MT m16 tiles of keys (BN = 16 * MT * NWARPS) and
+// accumulates dK and dV (2 x 16*MT x HS fp32) in registers across all query tiles of all the
+// query heads that share its KV head (GQA sums in registers, no reduction pass). Query tiles of
+// BM rows stream through a two-stage Q/dO pipeline; dS goes through shared memory for dQ = dS K
+// (atomics into fp32). MT = 2 lets each Q/dO fragment read feed 4 MMAs instead of 2.
+//   HS 64:  MT 2, 4 warps, BN 128, BM 32: dK+dV 128 registers, S^T and dP^T 32 each.
+//   HS 128: MT 1, 8 warps, BN 128, BM 32: dK+dV alone take 128 registers at MT 1.
+#ifndef BWD64_MT
+#define BWD64_MT 2
+#endif
 template <int HS> struct BwdTile {
-    static constexpr int NWARPS = HS <= 64 ? 4 : 8;
-    static constexpr int BN = 16 * NWARPS;
-    static constexpr int BM = HS <= 64 ? 64 : 32;
+    static constexpr int MT = HS <= 64 ? BWD64_MT : 1;
+    static constexpr int NWARPS = HS <= 64 && MT == 1 ? 4 : MT == 2 ? 4 : 8;
+    static constexpr int BN = 16 * MT * NWARPS;
+    static constexpr int BM = HS <= 64 && MT == 1 ? 64 : 32;
     static constexpr int NTHREADS = 32 * NWARPS;
     // K, V, two stages of Q and dO, dS^T (BN x BM), LSE, D and the row ranges of one query tile
     static constexpr size_t SMEM = (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
