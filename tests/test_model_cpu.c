@@ -3,6 +3,8 @@
 // of its loss, padded vocabulary, KV-cache decoding, gradient accumulation, smaller batches.
 #include <math.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/config.h"
@@ -768,6 +770,50 @@ static void test_recompute(const char *mode) {
     be->destroy(be);
 }
 
+// Runs fn in a child process with stderr silenced; returns its exit code (-1 if it crashed).
+static int exit_code_of(void (*fn)(void)) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        fn();
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void create_rope(void) {
+    GPTConfig g = small_config(POS_ROPE);
+    gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
+}
+
+static void create_too_long(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    gpt_create(&g, backend_cpu_create(), 1, g.maxT + 1, NULL);
+}
+
+static void create_bad_heads(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    g.NKV = 3;
+    gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
+}
+
+static void forward_bad_token(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    GPT *m = gpt_create(&g, backend_cpu_create(), 1, 4, NULL);
+    int tokens[4] = {1, 2, g.V, 3};
+    gpt_forward(m, tokens, NULL, 1, 4);
+}
+
+static void forward_too_big(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    GPT *m = gpt_create(&g, backend_cpu_create(), 1, 4, NULL);
+    int tokens[10] = {0};
+    gpt_forward(m, tokens, NULL, 2, 5);
+}
+
 int main(void) {
     Backend *be = backend_cpu_create();
     Rng r;
@@ -803,5 +849,12 @@ int main(void) {
     TEST_CASE("gpt attention dropout", test_dropout());
     TEST_CASE("gpt recompute attn_gelu == none", test_recompute("attn_gelu"));
     TEST_CASE("gpt recompute block == none", test_recompute("block"));
+    TEST_CASE("gpt bad input exits with code 2", {
+        EXPECT(exit_code_of(create_rope) == 2, "rope");
+        EXPECT(exit_code_of(create_too_long) == 2, "T > max_seq_len");
+        EXPECT(exit_code_of(create_bad_heads) == 2, "n_kv_head not dividing n_head");
+        EXPECT(exit_code_of(forward_bad_token) == 2, "token id >= vocab_size");
+        EXPECT(exit_code_of(forward_too_big) == 2, "batch larger than built for");
+    });
     return TEST_SUMMARY();
 }
