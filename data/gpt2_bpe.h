@@ -9,6 +9,8 @@ typedef struct Gpt2Bpe Gpt2Bpe;   // opaque
 #define GPT2_EOT 50256
 
 // Returns NULL with err naming the file and the problem (missing, malformed, inconsistent).
+// Any vocabulary laid out like GPT-2's loads: the 256 byte tokens in GPT-2's order, then one
+// token per line of vocab.bpe in that order, then <|endoftext|> last.
 Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);
 void gpt2_bpe_free(Gpt2Bpe *t);
 int gpt2_bpe_vocab_size(const Gpt2Bpe *t);   // 50257
@@ -26,10 +28,10 @@ int gpt2_bpe_encode(const Gpt2Bpe *t, const char *text, size_t len, int **ids, s
 // thread.
 int gpt2_bpe_encode_parallel(const Gpt2Bpe *t, const char *text, size_t len, int n_threads,
                              int **ids, size_t *n, size_t *cap);
-// llm.c's document convention, in parallel: text is split after every occurrence of sep (which
-// stays at the end of the document it closes; like Python's text.split(sep), a text that ends
-// with sep ends with an empty document), and each document is encoded on its own after one
-// <|endoftext|>. Threads share out whole documents, and cut long ones as above.
+// llm.c's document convention, in parallel: text is split after every occurrence of sep (not
+// empty; it stays at the end of the document it closes; like Python's text.split(sep), a text
+// that ends with sep ends with an empty document), and each document is encoded on its own
+// after one <|endoftext|>. Threads share out whole documents, and cut long ones as above.
 int gpt2_bpe_encode_documents(const Gpt2Bpe *t, const char *text, size_t len, const char *sep,
                               int n_threads, int **ids, size_t *n, size_t *cap);
 // The bytes of token id, *len set; NULL for an out-of-range id.
