@@ -128,13 +128,14 @@ static int alphabet_decode(const int byte_of_cp[324], const char *s, size_t n, u
     return k;
 }
 
-static void line_col(const char *text, size_t pos, int *line) {
-    *line = 1;
-    for (size_t i = 0; i < pos && text[i]; i++)
-        if (text[i] == '\n') (*line)++;
+static int line_of(const char *text, size_t pos) {
+    int line = 1;
+    for (size_t i = 0; i < pos && text[i]; i++) line += text[i] == '\n';
+    return line;
 }
 
-// Fills tok_off/tok_bytes/vocab from encoder.json. n_expect is 256 + merges + 1 (from vocab.bpe).
+// Fills tok_off, tok_bytes and vocab from encoder.json, which must have t->n_vocab tokens (the
+// count that vocab.bpe implies).
 static int load_encoder(Gpt2Bpe *t, const char *path, const char *vocab_path,
                         const int byte_of_cp[324], char *err, size_t errlen) {
     size_t len;
@@ -144,10 +145,9 @@ static int load_encoder(Gpt2Bpe *t, const char *path, const char *vocab_path,
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     int rc = -1;
     if (!root) {
-        int line;
         size_t pos = end ? (size_t)(end - text) : 0;
-        line_col(text, pos, &line);
-        set_err(err, errlen, "%s: malformed JSON at line %d (byte %zu)", path, line, pos);
+        set_err(err, errlen, "%s: malformed JSON at line %d (byte %zu)", path, line_of(text, pos),
+                pos);
         goto done;
     }
     if (!cJSON_IsObject(root)) {
@@ -167,10 +167,13 @@ static int load_encoder(Gpt2Bpe *t, const char *path, const char *vocab_path,
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
-        if (!cJSON_IsNumber(it) || v != (double)(int)v || v < 0 || v >= n) {
-            set_err(err, errlen, "%s: token \"%s\" has id %s; ids must be integers in [0, %d)",
-                    path, it->string, cJSON_IsNumber(it) ? "out of range" : "that is not a number",
-                    n);
+        if (!cJSON_IsNumber(it) || v < 0 || v >= n || v != (double)(int)v) {   // range first
+            if (cJSON_IsNumber(it))
+                set_err(err, errlen, "%s: token \"%s\" has id %g; ids must be integers in [0, %d)",
+                        path, it->string, v, n);
+            else
+                set_err(err, errlen, "%s: token \"%s\" has an id that is not a number", path,
+                        it->string);
             free(key_of);
             goto done;
         }

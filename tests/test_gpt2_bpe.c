@@ -289,6 +289,12 @@ static void test_bad_files(Files *f) {
     memcpy(p, "\"xy\": 999", 9);
     files_write(f, s, v);
     expect_load_error(f, f->enc, "ids must be integers");
+    memcpy(p, "\"xy\":9e99", 9);   // far outside int: must not be cast before the range check
+    files_write(f, s, v);
+    expect_load_error(f, f->enc, "ids must be integers");
+    memcpy(p, "\"xy\":\"26\"", 9);
+    files_write(f, s, v);
+    expect_load_error(f, f->enc, "not a number");
     memcpy(p, "\"xy\": 260", 9);
     files_write(f, s, v);
     expect_load_error(f, f->enc, "id 260 is given to both");
