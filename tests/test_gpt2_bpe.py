@@ -192,5 +192,17 @@ def test_parallel_equals_single(enc, tool, tmp_path):
     assert ours == expected(enc, text)
 
 
+def test_bad_files_exit_2(tool, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello")
+    broken = tmp_path / "encoder.json"
+    broken.write_bytes(open(ENCODER, "rb").read()[:5000])
+    for enc_path, vocab_path, bad in [(str(tmp_path / "missing.json"), VOCAB, "missing.json"),
+                                      (str(broken), VOCAB, "malformed JSON")]:
+        r = subprocess.run([tool, "--encoder", enc_path, "--vocab", vocab_path, str(text)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and bad in r.stderr, r.stderr
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
