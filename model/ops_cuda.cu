@@ -9,7 +9,8 @@
 // (stream NULL, e.g. the CUDA AdamW of optim/optim_cuda.h) is ordered with it.
 #include "model/cuda_common.cuh"
 
-// cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (cuBLAS docs, "cublasSetWorkspace").
+// cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (cuBLAS docs,
+// "cublasSetWorkspace").
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20)
 // Host<->device conversions go through an fp32 staging buffer in pieces of this many elements
 // (64 MiB), so loading a large model never needs a second full-size fp32 copy on the GPU.

@@ -7,9 +7,10 @@
 //   dinp     (N, C)       = col-major D (C, N)  = w (C, OC) . dout (OC, N)
 //   dw       (OC, C)     += col-major D (C, OC) = inp (C, N) . dout^T (op T of (OC, N)), beta 1
 // The forward fuses bias and, in bf16/fp16, GELU in the epilogue (GELU_AUX_BIAS writes the
-// pre-activation to `pre` for backward). The backward's GELU derivative and bias gradient are one deterministic
-// kernel of ops_cuda_layers.cu (cuda_bias_gelu_backward): the interface applies the GELU backward
-// to this layer's dout, and the bias gradient accumulates (+=) where BGRADB would overwrite.
+// pre-activation to `pre` for backward). The backward's GELU derivative and bias gradient are
+// one deterministic kernel of ops_cuda_layers.cu (cuda_bias_gelu_backward): the interface
+// applies the GELU backward to this layer's dout (DGELU would belong to the next layer's dinp
+// matmul), and the bias gradient accumulates (+=) where BGRADB would overwrite.
 #include <string.h>
 
 #include "model/cuda_common.cuh"
@@ -71,8 +72,10 @@ static int lt_gemm(Backend *be, const LtGemm *g, cublasStatus_t *why) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
             op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &t, sizeof t));
     }
-    const int a_rows = g->op_a == CUBLAS_OP_N ? g->m : g->k, a_cols = g->op_a == CUBLAS_OP_N ? g->k : g->m;
-    const int b_rows = g->op_b == CUBLAS_OP_N ? g->k : g->n, b_cols = g->op_b == CUBLAS_OP_N ? g->n : g->k;
+    const int a_rows = g->op_a == CUBLAS_OP_N ? g->m : g->k,
+              a_cols = g->op_a == CUBLAS_OP_N ? g->k : g->m;
+    const int b_rows = g->op_b == CUBLAS_OP_N ? g->k : g->n,
+              b_cols = g->op_b == CUBLAS_OP_N ? g->n : g->k;
     cublasLtMatrixLayout_t la, lb, ld;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, t, a_rows, a_cols, g->lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, b_rows, b_cols, g->ldb));
@@ -80,7 +83,8 @@ static int lt_gemm(Backend *be, const LtGemm *g, cublasStatus_t *why) {
 
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
+                                                      CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &ctx->lt_ws_bytes, sizeof ctx->lt_ws_bytes));
     const struct {
         cublasLtMatmulPreferenceAttributes_t attr;
@@ -103,8 +107,9 @@ static int lt_gemm(Backend *be, const LtGemm *g, cublasStatus_t *why) {
     *why = st == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : st;
     if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
         const float alpha = 1.0f;
-        CUBLAS_CHECK(cublasLtMatmul(ctx->lt, op, &alpha, g->a, la, g->b, lb, &g->beta, g->d, ld, g->d,
-                                    ld, &heur.algo, ctx->lt_ws, ctx->lt_ws_bytes, ctx->stream));
+        CUBLAS_CHECK(cublasLtMatmul(ctx->lt, op, &alpha, g->a, la, g->b, lb, &g->beta, g->d, ld,
+                                    g->d, ld, &heur.algo, ctx->lt_ws, ctx->lt_ws_bytes,
+                                    ctx->stream));
         rc = 0;
     }
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
@@ -119,8 +124,9 @@ static int lt_gemm(Backend *be, const LtGemm *g, cublasStatus_t *why) {
 static void lt_gemm_or_die(Backend *be, const LtGemm *g) {
     cublasStatus_t why;
     if (lt_gemm(be, g, &why) != 0)
-        fatal(EXIT_RUNTIME, "cuBLASLt found no algorithm for a %s gemm m=%d n=%d k=%d (epilogue %d, "
-                            "pointer alignments %u/%u/%u bytes): %s",
+        fatal(EXIT_RUNTIME,
+              "cuBLASLt found no algorithm for a %s gemm m=%d n=%d k=%d (epilogue %d, "
+              "pointer alignments %u/%u/%u bytes): %s",
               dtype_name(be->dtype), g->m, g->n, g->k, (int)g->epi, ptr_alignment(g->a),
               ptr_alignment(g->b), ptr_alignment(g->d), cublasLtGetStatusString(why));
 }

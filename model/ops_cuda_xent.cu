@@ -65,7 +65,8 @@ __global__ void softmax_xent_kernel(T *logits, float *losses, const int *targets
     if (dscale == 0.0f) return;
     const float lse = sh_lse;
     for (int j = tid; j < Vp; j += XENT_THREADS) {
-        const float g = j < V ? dscale * (expf(to_f32(z[j]) - lse) - (j == tgt ? 1.0f : 0.0f)) : 0.0f;
+        const float g =
+            j < V ? dscale * (expf(to_f32(z[j]) - lse) - (j == tgt ? 1.0f : 0.0f)) : 0.0f;
         z[j] = from_f32<T>(g);
     }
 }

@@ -110,7 +110,8 @@ void adamw_cuda_init(AdamWCuda *opt, size_t n, const OptimSpan *spans, int n_spa
         n_chunks += (spans[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
     }
     CHECK(n_chunks < (1u << 31));
-    AdamWChunk *table = (AdamWChunk *)xcalloc(n_chunks ? n_chunks : 1, sizeof *table);  // (n_chunks)
+    AdamWChunk *table =
+        (AdamWChunk *)xcalloc(n_chunks ? n_chunks : 1, sizeof *table);  // (n_chunks)
     size_t k = 0;
     for (int i = 0; i < n_spans; i++)
         for (size_t j = 0; j < spans[i].n; j += ADAMW_CHUNK) {
@@ -151,7 +152,8 @@ void adamw_cuda_free(AdamWCuda *opt) {
 void adamw_cuda_upload(AdamWCuda *opt, const float *master, const float *m, const float *v) {
     cudaStream_t st = opt_stream(opt);
     const size_t nb = opt->n * sizeof(float);
-    if (master) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->master, master, nb, cudaMemcpyHostToDevice, st));
+    if (master)
+        OPT_CUDA_CHECK(cudaMemcpyAsync(opt->master, master, nb, cudaMemcpyHostToDevice, st));
     if (m) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->m, m, nb, cudaMemcpyHostToDevice, st));
     if (v) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->v, v, nb, cudaMemcpyHostToDevice, st));
     OPT_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -160,7 +162,8 @@ void adamw_cuda_upload(AdamWCuda *opt, const float *master, const float *m, cons
 void adamw_cuda_download(const AdamWCuda *opt, float *master, float *m, float *v) {
     cudaStream_t st = opt_stream(opt);
     const size_t nb = opt->n * sizeof(float);
-    if (master) OPT_CUDA_CHECK(cudaMemcpyAsync(master, opt->master, nb, cudaMemcpyDeviceToHost, st));
+    if (master)
+        OPT_CUDA_CHECK(cudaMemcpyAsync(master, opt->master, nb, cudaMemcpyDeviceToHost, st));
     if (m) OPT_CUDA_CHECK(cudaMemcpyAsync(m, opt->m, nb, cudaMemcpyDeviceToHost, st));
     if (v) OPT_CUDA_CHECK(cudaMemcpyAsync(v, opt->v, nb, cudaMemcpyDeviceToHost, st));
     OPT_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -118,7 +118,8 @@ static void test_memory(Ctx *t) {
     EXPECT(all_zero, "alloc is zero-filled");
     t->gpu->copy(t->gpu, b, a, n * dtype_size(t->dt));
     float *y = fetch(t, b, n);
-    EXPECT(memcmp(x, y, n * sizeof(float)) == 0, "copy, then a download/upload round trip, is exact");
+    EXPECT(memcmp(x, y, n * sizeof(float)) == 0,
+           "copy, then a download/upload round trip, is exact");
     t->gpu->fill_zero(t->gpu, b, n * dtype_size(t->dt));
     float *z = fetch(t, b, n);
     EXPECT(memcmp(z, zeros, n * sizeof(float)) == 0, "fill_zero");
@@ -132,7 +133,8 @@ static void test_memory(Ctx *t) {
 static void test_embed(Ctx *t) {
     const int B = 3, T = 50, C = 72, V = 20, maxT = 64, N = B * T;  // V small: many repeats
     int *tok = rand_ids(t, N, V), *pos = rand_ids(t, N, maxT);
-    float *wte = rand_vec(t, (size_t)V * C, 0.0f, 1.0f), *wpe = rand_vec(t, (size_t)maxT * C, 0.0f, 1.0f);
+    float *wte = rand_vec(t, (size_t)V * C, 0.0f, 1.0f),
+          *wpe = rand_vec(t, (size_t)maxT * C, 0.0f, 1.0f);
     void *d_wte = dev_from(t, wte, (size_t)V * C), *d_wpe = dev_from(t, wpe, (size_t)maxT * C);
     int *d_tok = dev_ints(t, tok, N), *d_pos = dev_ints(t, pos, N);
     void *d_out = dev_zeros(t, (size_t)N * C);
@@ -147,9 +149,11 @@ static void test_embed(Ctx *t) {
     }
     // Backward: the gradients start non-zero to check that they accumulate.
     float *dout = rand_vec(t, (size_t)N * C, 0.0f, 1.0f);
-    float *dwte0 = rand_vec(t, (size_t)V * C, 0.0f, 1.0f), *dwpe0 = rand_vec(t, (size_t)maxT * C, 0.0f, 1.0f);
+    float *dwte0 = rand_vec(t, (size_t)V * C, 0.0f, 1.0f),
+          *dwpe0 = rand_vec(t, (size_t)maxT * C, 0.0f, 1.0f);
     void *d_dout = dev_from(t, dout, (size_t)N * C);
-    void *d_dwte = dev_from(t, dwte0, (size_t)V * C), *d_dwpe = dev_from(t, dwpe0, (size_t)maxT * C);
+    void *d_dwte = dev_from(t, dwte0, (size_t)V * C),
+         *d_dwpe = dev_from(t, dwpe0, (size_t)maxT * C);
     t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C);
     float *dwte = copy_of(dwte0, (size_t)V * C), *dwpe = copy_of(dwpe0, (size_t)maxT * C);
     t->cpu->embed_backward(t->cpu, dwte, dwpe, dout, tok, NULL, B, T, C);
@@ -162,7 +166,8 @@ static void test_embed(Ctx *t) {
     t->gpu->upload_f32(t->gpu, d_dwpe, dwpe0, (size_t)maxT * C);
     t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C);
     float *again = fetch(t, d_dwte, (size_t)V * C);
-    EXPECT(memcmp(again, g_dwte, (size_t)V * C * sizeof(float)) == 0, "embed_backward is deterministic");
+    EXPECT(memcmp(again, g_dwte, (size_t)V * C * sizeof(float)) == 0,
+           "embed_backward is deterministic");
     void *bufs[] = {d_wte, d_wpe, d_tok, d_pos, d_out, d_dout, d_dwte, d_dwpe};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
     free(tok), free(pos), free(wte), free(wpe), free(ref), free(dout), free(dwte0), free(dwpe0);
@@ -177,7 +182,8 @@ static void test_layernorm(Ctx *t) {
     float *w = rand_vec(t, C, 1.0f, 0.1f), *b = rand_vec(t, C, 0.0f, 0.1f);
     void *d_x = dev_from(t, x, (size_t)N * C), *d_w = dev_from(t, w, C), *d_b = dev_from(t, b, C);
     void *d_out = dev_zeros(t, (size_t)N * C);
-    float *d_mean = t->gpu->alloc(t->gpu, N * sizeof(float)), *d_rstd = t->gpu->alloc(t->gpu, N * sizeof(float));
+    float *d_mean = t->gpu->alloc(t->gpu, N * sizeof(float)),
+          *d_rstd = t->gpu->alloc(t->gpu, N * sizeof(float));
     float *out = xmalloc((size_t)N * C * sizeof(float)), *mean = xmalloc(N * sizeof(float)),
           *rstd = xmalloc(N * sizeof(float));
     t->gpu->layernorm_forward(t->gpu, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
@@ -191,13 +197,15 @@ static void test_layernorm(Ctx *t) {
     // Backward on the CPU's statistics, so both sides share every input.
     t->gpu->upload(t->gpu, d_mean, mean, N * sizeof(float));
     t->gpu->upload(t->gpu, d_rstd, rstd, N * sizeof(float));
-    float *dout = rand_vec(t, (size_t)N * C, 0.0f, 1.0f), *dinp = rand_vec(t, (size_t)N * C, 0.0f, 1.0f);
+    float *dout = rand_vec(t, (size_t)N * C, 0.0f, 1.0f),
+          *dinp = rand_vec(t, (size_t)N * C, 0.0f, 1.0f);
     float *dw = rand_vec(t, C, 0.0f, 1.0f), *db = rand_vec(t, C, 0.0f, 1.0f);
     void *d_dout = dev_from(t, dout, (size_t)N * C), *d_dinp = dev_from(t, dinp, (size_t)N * C);
     void *d_dw = dev_from(t, dw, C), *d_db = dev_from(t, db, C);
     t->gpu->layernorm_backward(t->gpu, d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
     t->cpu->layernorm_backward(t->cpu, dinp, dw, db, dout, x, w, mean, rstd, N, C);
-    float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, C), *g_db = fetch(t, d_db, C);
+    float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, C),
+          *g_db = fetch(t, d_db, C);
     expect_close(t, "layernorm_backward dinp (+=)", g_dinp, dinp, (size_t)N * C, tol(t->u, 1, C));
     expect_close(t, "layernorm_backward dw (+=)", g_dw, dw, C, tol(t->u, 1, N));
     expect_close(t, "layernorm_backward db (+=)", g_db, db, C, tol(t->u, 1, N));
@@ -233,12 +241,14 @@ static void test_matmul_case(Ctx *t, int OC, Epilogue epi, int with_bias) {
     float *bias = with_bias ? rand_vec(t, OC, 0.0f, 0.1f) : NULL;
     void *d_x = dev_from(t, x, (size_t)N * C), *d_w = dev_from(t, w, (size_t)OC * C);
     void *d_bias = with_bias ? dev_from(t, bias, OC) : NULL;
-    void *d_out = dev_zeros(t, (size_t)N * OC), *d_pre = epi == EPI_GELU ? dev_zeros(t, (size_t)N * OC) : NULL;
+    void *d_out = dev_zeros(t, (size_t)N * OC),
+         *d_pre = epi == EPI_GELU ? dev_zeros(t, (size_t)N * OC) : NULL;
     float *out = xmalloc((size_t)N * OC * sizeof(float));
     float *pre = epi == EPI_GELU ? xmalloc((size_t)N * OC * sizeof(float)) : NULL;
     t->gpu->matmul_forward(t->gpu, d_out, d_pre, d_x, d_w, d_bias, N, C, OC, epi);
     t->cpu->matmul_forward(t->cpu, out, pre, x, w, bias, N, C, OC, epi);
-    const char *tag = epi == EPI_GELU ? (with_bias ? "gelu+bias" : "gelu") : (with_bias ? "bias" : "plain");
+    const char *tag =
+        epi == EPI_GELU ? (with_bias ? "gelu+bias" : "gelu") : (with_bias ? "bias" : "plain");
     float *g_out = fetch(t, d_out, (size_t)N * OC);
     snprintf(name, sizeof name, "matmul_forward OC=%d %s out", OC, tag);
     expect_close(t, name, g_out, out, (size_t)N * OC, tol(t->u, r, C));
@@ -252,10 +262,12 @@ static void test_matmul_case(Ctx *t, int OC, Epilogue epi, int with_bias) {
     }
 
     float *dout = rand_vec(t, (size_t)N * OC, 0.0f, 1.0f);
-    float *dw = rand_vec(t, (size_t)OC * C, 0.0f, 1.0f), *dbias = with_bias ? rand_vec(t, OC, 0.0f, 1.0f) : NULL;
+    float *dw = rand_vec(t, (size_t)OC * C, 0.0f, 1.0f),
+          *dbias = with_bias ? rand_vec(t, OC, 0.0f, 1.0f) : NULL;
     float *dinp = xmalloc((size_t)N * C * sizeof(float));
     void *d_dout = dev_from(t, dout, (size_t)N * OC), *d_dw = dev_from(t, dw, (size_t)OC * C);
-    void *d_dbias = with_bias ? dev_from(t, dbias, OC) : NULL, *d_dinp = dev_zeros(t, (size_t)N * C);
+    void *d_dbias = with_bias ? dev_from(t, dbias, OC) : NULL,
+         *d_dinp = dev_zeros(t, (size_t)N * C);
     t->gpu->matmul_backward(t->gpu, d_dinp, d_dw, d_dbias, d_dout, d_pre, d_x, d_w, N, C, OC, epi);
     t->cpu->matmul_backward(t->cpu, dinp, dw, dbias, dout, pre, x, w, N, C, OC, epi);
     float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, (size_t)OC * C);
@@ -335,20 +347,24 @@ static void test_softmax_xent(Ctx *t) {
 
 static void test_attention(Ctx *t) {
     const int B = 2, T = 67, NH = 4, NKV = 2, HS = 64;  // T not a multiple of any tile, GQA
-    const size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS, nl = (size_t)B * NH * T;
-    float *q = rand_vec(t, nq, 0.0f, 1.0f), *k = rand_vec(t, nk, 0.0f, 1.0f), *v = rand_vec(t, nk, 0.0f, 1.0f);
+    const size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS,
+                 nl = (size_t)B * NH * T;
+    float *q = rand_vec(t, nq, 0.0f, 1.0f), *k = rand_vec(t, nk, 0.0f, 1.0f),
+          *v = rand_vec(t, nk, 0.0f, 1.0f);
     float *dout = rand_vec(t, nq, 0.0f, 1.0f);
     void *d_q = dev_from(t, q, nq), *d_k = dev_from(t, k, nk), *d_v = dev_from(t, v, nk);
     void *d_do = dev_from(t, dout, nq), *d_out = dev_zeros(t, nq);
     void *d_dq = dev_zeros(t, nq), *d_dk = dev_zeros(t, nk), *d_dv = dev_zeros(t, nk);
     float *d_lse = t->gpu->alloc(t->gpu, nl * sizeof(float));
     float *out = xmalloc(nq * sizeof(float)), *lse = xmalloc(nl * sizeof(float));
-    float *dq = xmalloc(nq * sizeof(float)), *dk = xmalloc(nk * sizeof(float)), *dv = xmalloc(nk * sizeof(float));
+    float *dq = xmalloc(nq * sizeof(float)), *dk = xmalloc(nk * sizeof(float)),
+          *dv = xmalloc(nk * sizeof(float));
 
     AttnParams p;
     memset(&p, 0, sizeof p);
     p.q_st = p.o_st = p.do_st = p.dq_st = (AttnStrides){(int64_t)T * NH * HS, (int64_t)NH * HS, HS};
-    p.k_st = p.v_st = p.dk_st = p.dv_st = (AttnStrides){(int64_t)T * NKV * HS, (int64_t)NKV * HS, HS};
+    p.k_st = p.v_st = p.dk_st = p.dv_st =
+        (AttnStrides){(int64_t)T * NKV * HS, (int64_t)NKV * HS, HS};
     p.B = B, p.T_q = p.T_k = T, p.NH = NH, p.NKV = NKV, p.HS = HS;
     p.scale = 1.0f / sqrtf((float)HS);
     p.causal = 1;
@@ -418,8 +434,10 @@ static void test_model(Ctx *t) {
 
     const float loss_g = gpt_forward(mg, tok, tgt, B, T), loss_c = gpt_forward(mc, tok, tgt, B, T);
     printf("    %-5s loss gpu %.6f cpu %.6f\n", dtype_name(t->dt), loss_g, loss_c);
-    EXPECT(fabsf(loss_g - loss_c) <= tol_fwd * fabsf(loss_c), "model loss %g vs %g", loss_g, loss_c);
-    float *lg = xmalloc((size_t)N * g.V * sizeof(float)), *lc = xmalloc((size_t)N * g.V * sizeof(float));
+    EXPECT(fabsf(loss_g - loss_c) <= tol_fwd * fabsf(loss_c), "model loss %g vs %g", loss_g,
+           loss_c);
+    float *lg = xmalloc((size_t)N * g.V * sizeof(float)),
+          *lc = xmalloc((size_t)N * g.V * sizeof(float));
     gpt_logits_f32(mg, lg);
     gpt_logits_f32(mc, lc);
     expect_close(t, "model logits", lg, lc, (size_t)N * g.V, tol_fwd);
@@ -453,7 +471,8 @@ static void test_model(Ctx *t) {
     EXPECT(memcmp(gg, gg2, np * sizeof(float)) == 0, "model gradients are bitwise reproducible");
     gpt_free(mg);
     gpt_free(mc);
-    free(w), free(tok), free(tgt), free(lg), free(lc), free(pl_g), free(pl_c), free(gg), free(gc), free(gg2);
+    free(w), free(tok), free(tgt), free(lg), free(lc), free(pl_g), free(pl_c), free(gg), free(gc),
+        free(gg2);
 }
 
 // ---- AdamW and the gradient sum of squares ----
@@ -483,9 +502,11 @@ static void test_adamw(Ctx *t) {
         adamw_cuda_step(&og, d_params, d_grads, lrs[s], mults[s]);
         adamw_step_cpu(&oc, master, grads, lrs[s], mults[s]);
     }
-    float *g_master = xmalloc(n * sizeof(float)), *g_m = xmalloc(n * sizeof(float)), *g_v = xmalloc(n * sizeof(float));
+    float *g_master = xmalloc(n * sizeof(float)), *g_m = xmalloc(n * sizeof(float)),
+          *g_v = xmalloc(n * sizeof(float));
     adamw_cuda_download(&og, g_master, g_m, g_v);
-    EXPECT(memcmp(g_master, master, n * sizeof(float)) == 0, "%s AdamW master weights bitwise as the CPU", dtype_name(t->dt));
+    EXPECT(memcmp(g_master, master, n * sizeof(float)) == 0,
+           "%s AdamW master weights bitwise as the CPU", dtype_name(t->dt));
     EXPECT(memcmp(g_m, oc.m, n * sizeof(float)) == 0 && memcmp(g_v, oc.v, n * sizeof(float)) == 0,
            "%s AdamW moments bitwise as the CPU", dtype_name(t->dt));
     EXPECT(og.t == oc.t, "step counts %lld vs %lld", og.t, oc.t);
@@ -503,17 +524,20 @@ static void test_adamw(Ctx *t) {
     EXPECT(fabs(ss_g - ss_c) <= (double)n * 0x1p-53 * ss_c, "sumsq %.17g vs %.17g", ss_g, ss_c);
     grads[777] = INFINITY;
     t->gpu->upload_f32(t->gpu, d_grads, grads, n);
-    EXPECT(!isfinite(adamw_cuda_grad_sumsq(&og, d_grads)), "an inf gradient makes the sum non-finite");
+    EXPECT(!isfinite(adamw_cuda_grad_sumsq(&og, d_grads)),
+           "an inf gradient makes the sum non-finite");
     grads[777] = NAN;
     t->gpu->upload_f32(t->gpu, d_grads, grads, n);
-    EXPECT(!isfinite(adamw_cuda_grad_sumsq(&og, d_grads)), "a NaN gradient makes the sum non-finite");
+    EXPECT(!isfinite(adamw_cuda_grad_sumsq(&og, d_grads)),
+           "a NaN gradient makes the sum non-finite");
 
     adamw_cuda_free(&og);
     adamw_free(&oc);
     t->gpu->release(t->gpu, d_grads);
     t->gpu->release(t->gpu, d_params);
     t->gpu->release(t->gpu, d_round);
-    free(master), free(grads), free(rounded_start), free(g_master), free(g_m), free(g_v), free(g_params);
+    free(master), free(grads), free(rounded_start), free(g_master), free(g_m), free(g_v),
+        free(g_params);
 }
 
 // Usage: test_ops_cuda [fp32|bf16|fp16]   (default: all three)
