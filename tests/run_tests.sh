@@ -11,7 +11,8 @@ add_counts() {  # reads "N passed, M failed" (pytest or testlib style) from a lo
     local p f
     p=$(grep -Eo '[0-9]+ passed' "$1" | tail -1 | grep -Eo '[0-9]+' || true)
     f=$(grep -Eo '[0-9]+ failed' "$1" | tail -1 | grep -Eo '[0-9]+' || true)
-    passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+    e=$(grep -Eo '[0-9]+ errors?( |$)' "$1" | tail -1 | grep -Eo '[0-9]+' || true)  # pytest collection errors
+    passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0} + ${e:-0}))
     if [ -z "$p" ] && [ -z "$f" ]; then failed=$((failed + 1)); echo "FAIL $2: no test summary"; fi
 }
 log=$(mktemp)
@@ -27,7 +28,11 @@ done
 if [ $gpu -eq 0 ]; then
     echo "== pytest tests/"
     "$PYTHON" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
     add_counts "$log" pytest
+    if [ "$rc" -ne 0 ] && ! grep -Eq '[1-9][0-9]* (failed|errors?)' "$log"; then
+        failed=$((failed + 1)); echo "FAIL pytest exited with $rc"
+    fi
 fi
 rm -f "$log"
 echo "$passed passed, $failed failed"
