@@ -7,6 +7,7 @@
 #include "common/rng.h"         // defines: serialisable RNG
 #include "common/timer.h"       // defines: now_seconds
 #include "data/dataset.h"       // defines: shards and synthetic tasks behind one batch interface
+#include "data/gpt2_bpe.h"      // defines: GPT-2 byte-level BPE (prompts of GPT-2-tokenized models)
 #include "data/prepare.h"       // defines: the prepare subcommand
 #include "data/tokenizer.h"     // defines: llm.c tokenizer files (decode samples)
 #include "model/backend.h"      // defines: the op set, cpu (and cuda) backends
@@ -140,6 +141,29 @@ static char *sample_text(GPT *m, const Tokenizer *tok, const int *prompt, int n_
     char *text = decode_text(tok, out, n);
     free(out);
     return text;
+}
+
+// Encodes a prompt with the model's tokenizer: GPT-2 BPE for a GPT-2 vocabulary (50257 tokens,
+// end-of-text 50256), else one token per character or byte. Exits with EXIT_USAGE on failure.
+static int *encode_prompt(const Tokenizer *tok, const char *prompt, int *n_out) {
+    size_t len = strlen(prompt);
+    if (tokenizer_vocab_size(tok) == 50257 && tokenizer_eot(tok) == GPT2_EOT) {
+        char err[2048];
+        Gpt2Bpe *bpe = gpt2_bpe_load_default(NULL, NULL, err, sizeof err);
+        if (!bpe) fatal(EXIT_USAGE, "sample: the prompt needs GPT-2's BPE files: %s", err);
+        int *ids = NULL;
+        size_t n = 0, cap = 0;
+        gpt2_bpe_encode(bpe, prompt, len, &ids, &n, &cap);
+        gpt2_bpe_free(bpe);
+        if (n == 0) fatal(EXIT_USAGE, "sample: the prompt encodes to no tokens");
+        *n_out = (int)n;
+        return ids;
+    }
+    int *ids = xmalloc((len + 1) * sizeof(int));
+    long n = tokenizer_encode_simple(tok, prompt, ids, (long)len);
+    if (n <= 0) fatal(EXIT_USAGE, "sample: the prompt has characters outside the model's vocabulary");
+    *n_out = (int)n;
+    return ids;
 }
 
 static Tokenizer *load_tokenizer_or_die(const char *path) {
@@ -438,13 +462,12 @@ static int cmd_sample(int argc, char **argv) {
     Tokenizer *tok = path_exists(tok_path) ? load_tokenizer_or_die(tok_path)
                      : c.data.tokenizer[0] ? load_tokenizer_or_die(c.data.tokenizer) : NULL;
     int n_prompt = 1;
-    int *ids = xmalloc((prompt ? strlen(prompt) : 0) * sizeof(int) + sizeof(int));
+    int *ids = xmalloc(sizeof(int));
     ids[0] = start_token(tok);
     if (prompt && *prompt) {
         if (!tok) fatal(EXIT_USAGE, "sample: --prompt needs a tokenizer, and the checkpoint has none");
-        long n = tokenizer_encode_simple(tok, prompt, ids, (long)strlen(prompt));
-        if (n < 0) fatal(EXIT_USAGE, "sample: the prompt has characters outside the model's vocabulary");
-        n_prompt = (int)n;
+        free(ids);
+        ids = encode_prompt(tok, prompt, &n_prompt);
     }
     Rng rng;
     rng_seed(&rng, (uint64_t)seed);

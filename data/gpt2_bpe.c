@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "data/gpt2_bpe_impl.h"
@@ -389,4 +390,24 @@ int gpt2_bpe_eot(const Gpt2Bpe *t) { return t->eot; }
 const unsigned char *gpt2_bpe_token_bytes(const Gpt2Bpe *t, int id, int *len) {
     if (id < 0 || id >= t->n_vocab) return NULL;
     return tok_ptr(t, id, len);
+}
+
+#define GPT2_URL "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main"
+
+static const char *default_gpt2_file(const char *name, char *buf, size_t n) {
+    snprintf(buf, n, "../shared/data/gpt2/%s", name);
+    if (access(buf, R_OK) == 0) return buf;
+    snprintf(buf, n, "data/gpt2/%s", name);
+    return buf;
+}
+
+Gpt2Bpe *gpt2_bpe_load_default(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen) {
+    char enc_buf[1024], bpe_buf[1024], inner[1024];
+    const char *enc = encoder_json ? encoder_json : default_gpt2_file("encoder.json", enc_buf, sizeof enc_buf);
+    const char *bpe = vocab_bpe ? vocab_bpe : default_gpt2_file("vocab.bpe", bpe_buf, sizeof bpe_buf);
+    Gpt2Bpe *t = gpt2_bpe_load(enc, bpe, inner, sizeof inner);
+    if (!t)
+        set_error(err, errlen, "%s\nDownload GPT-2's files into data/gpt2/ (or pass their paths):\n"
+                               "  %s/encoder.json\n  %s/vocab.bpe", inner, GPT2_URL, GPT2_URL);
+    return t;
 }

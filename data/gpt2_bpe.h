@@ -12,6 +12,9 @@ typedef struct Gpt2Bpe Gpt2Bpe;   // opaque
 // Any vocabulary laid out like GPT-2's loads: the 256 byte tokens in GPT-2's order, then one
 // token per line of vocab.bpe in that order, then <|endoftext|> last.
 Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);
+// gpt2_bpe_load with defaults: a NULL path is looked up as ../shared/data/gpt2/<name>, then
+// data/gpt2/<name>; on failure err also says where to download the files.
+Gpt2Bpe *gpt2_bpe_load_default(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);
 void gpt2_bpe_free(Gpt2Bpe *t);
 int gpt2_bpe_vocab_size(const Gpt2Bpe *t);   // 50257
 // The id of <|endoftext|>: the last one, 50256 for GPT-2's files.

@@ -21,7 +21,6 @@
 
 #define PREP_PATH_MAX 4096
 #define PREP_DEFAULT_VAL_FRACTION 0.1
-#define GPT2_URL "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main"
 
 typedef struct {
     const char *tokenizer, *input, *out, *encoder, *vocab_bpe, *doc_separator;
@@ -194,21 +193,10 @@ static void encode_gpt2(const Gpt2Bpe *bpe, const char *text, size_t len, const 
     else gpt2_bpe_encode_parallel(bpe, text, len, 0, &out->ids, &out->n, &out->cap);
 }
 
-static const char *default_gpt2_file(const char *name, char *buf, size_t n) {
-    snprintf(buf, n, "../shared/data/gpt2/%s", name);
-    if (path_exists(buf)) return buf;
-    snprintf(buf, n, "data/gpt2/%s", name);
-    return buf;
-}
-
 static Gpt2Bpe *load_gpt2(const PrepareArgs *a) {
-    char enc_buf[PREP_PATH_MAX], bpe_buf[PREP_PATH_MAX], err[1024];
-    const char *enc = a->encoder ? a->encoder : default_gpt2_file("encoder.json", enc_buf, sizeof enc_buf);
-    const char *bpe = a->vocab_bpe ? a->vocab_bpe : default_gpt2_file("vocab.bpe", bpe_buf, sizeof bpe_buf);
-    Gpt2Bpe *t = gpt2_bpe_load(enc, bpe, err, sizeof err);
-    if (!t)
-        fprintf(stderr, "error: prepare: %s\nDownload GPT-2's files into data/gpt2/ (or pass --encoder and "
-                        "--vocab-bpe):\n  %s/encoder.json\n  %s/vocab.bpe\n", err, GPT2_URL, GPT2_URL);
+    char err[2048];
+    Gpt2Bpe *t = gpt2_bpe_load_default(a->encoder, a->vocab_bpe, err, sizeof err);
+    if (!t) fprintf(stderr, "error: prepare: %s\n", err);
     return t;
 }
 

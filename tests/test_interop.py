@@ -586,3 +586,13 @@ def test_gpt2_tokenizer_sample_prints_text(tmp_path):
                         "--device", "cpu"], capture_output=True, cwd=ROOT, timeout=300, env=ENV)
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"".join(vocab[i] for i in seq[1:]) + b"\n"
+
+    # With a prompt, GPT-2 BPE encodes it ("Hello world" is [15496, 995] in GPT-2) and the greedy
+    # continuation follows from those ids.
+    seq = [15496, 995]
+    for _ in range(6):
+        seq.append(int(hf_forward(w, cfg, seq)[-1].argmax()))
+    r = subprocess.run([BIN, "sample", "--checkpoint", ckpt, "--prompt", "Hello world", "--tokens", "6",
+                        "--temperature", "0", "--device", "cpu"], capture_output=True, cwd=ROOT, timeout=300, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"Hello world" + b"".join(vocab[i] for i in seq[2:]) + b"\n"
