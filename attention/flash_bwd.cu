@@ -130,6 +130,20 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
     const int key_row = warp * WKEYS + g;  // this thread's keys: key_row + 16 mt + 8 r
     const int pos_shift = p.T_k - p.T_q;             // aligned position of query i is i + pos_shift
 
+    // Fragment addresses: one swizzled address per k-step (or per 16 columns), then constant
+    // offsets, since the swizzle repeats every 8 rows; V, dO mirror K, Q at fixed distances.
+    constexpr uint32_t V_FROM_K = BN * HS * 2, DO_FROM_Q = 2 * BM * HS * 2;  // bytes
+    uint32_t off_kn[HS / 16];  // [k][n] fragments of dO / Q (dV, dK products), per 16 columns
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; dp++) off_kn[dp] = frag_addr_b_kn<HS>(sQ, 0, dp * 16, lane) - smem_u32(sQ);
+    const int wm = warp % Tile::WM, wn = warp / Tile::WM;  // this warp's dQ block
+    uint32_t off_dq[DQ_COLS / 16];  // K fragments of the dQ product, per 16 columns
+#pragma unroll
+    for (int np = 0; np < DQ_COLS / 16; np++)
+        off_dq[np] = frag_addr_b_kn<HS>(sK, 0, wn * DQ_COLS + np * 16, lane) - smem_u32(sK);
+    const uint32_t ds_addr = frag_addr_a_km<BM>(sdS, wm * 16, 0, lane);
+    const float sl = (EXTRAS && p.alibi_slopes) || !(p.scale > 0.f) ? 1.f : scale_log2;  // see flash_fwd.cu
+
     if (total > 0) load_stage(0, 0);
     cp_async_commit();
     for (int it = 0; it < total; it++) {
@@ -147,6 +161,14 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
         const RowRange first = {cLo[0], cHi[0]}, last = {cLo[m_valid - 1], cHi[m_valid - 1]};
         const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
         const float slope_log2 = EXTRAS && p.alibi_slopes ? p.alibi_slopes[h] * LOG2E_F : 0.f;
+        float lse2[NQ][2], dd[NQ][2];  // this thread's query columns nt*8 + 2t + c
+#pragma unroll
+        for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                lse2[nt][c] = cLse[nt * 8 + 2 * t + c];
+                dd[nt][c] = cD[nt * 8 + 2 * t + c];
+            }
 
         // S^T = K_w Q^T and dP^T = V_w dO^T, both (WKEYS, BM)
         float st[MT][NQ][4], dpt[MT][NQ][4];
@@ -159,16 +181,18 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
             uint32_t ka[MT][4], va[MT][4];
+            const uint32_t kaddr = frag_addr_a<HS>(sK, warp * WKEYS, ks * 16, lane);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                ldmatrix_x4(ka[mt], frag_addr_a<HS>(sK, warp * WKEYS + mt * 16, ks * 16, lane));
-                ldmatrix_x4(va[mt], frag_addr_a<HS>(sV, warp * WKEYS + mt * 16, ks * 16, lane));
+                ldmatrix_x4(ka[mt], kaddr + mt * 16 * HS * 2);
+                ldmatrix_x4(va[mt], kaddr + mt * 16 * HS * 2 + V_FROM_K);
             }
+            const uint32_t qaddr = frag_addr_b_nk<HS>(cQ, 0, ks * 16, lane);
 #pragma unroll
             for (int np = 0; np < NQ / 2; np++) {
                 uint32_t qb[4], ob[4];
-                ldmatrix_x4(qb, frag_addr_b_nk<HS>(cQ, np * 16, ks * 16, lane));
-                ldmatrix_x4(ob, frag_addr_b_nk<HS>(cdO, np * 16, ks * 16, lane));
+                ldmatrix_x4(qb, qaddr + np * 16 * HS * 2);
+                ldmatrix_x4(ob, qaddr + np * 16 * HS * 2 + DO_FROM_Q);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma_16816<T>(st[mt][2 * np], ka[mt], qb[0], qb[1]);
@@ -189,10 +213,10 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
                 for (int e = 0; e < 4; e++) {
                     const int key = n0 + key_row + 16 * mt + 8 * (e >> 1);
                     const int qc = nt * 8 + 2 * t + (e & 1);  // query column within the tile
-                    float x = st[mt][nt][e] * scale_log2;
-                    if (EXTRAS && p.alibi_slopes) x += alibi_bias_log2(slope_log2, m0 + qc + pos_shift, key);
+                    float x = st[mt][nt][e];
+                    if (EXTRAS && p.alibi_slopes) x = x * scale_log2 + alibi_bias_log2(slope_log2, m0 + qc + pos_shift, key);
                     if (partial && (key < cLo[qc] || key >= cHi[qc])) x = -INFINITY;
-                    const float pr = exp2f(x - cLse[qc]);
+                    const float pr = exp2f(fmaf(x, sl, -lse2[nt][e & 1]));
                     float dp = dpt[mt][nt][e];
                     if (EXTRAS && p.dropout_p > 0.f) {
                         const bool keep = m0 + qc < p.T_q && key < p.T_k && dropout_keep(p, b, h, m0 + qc, key);
@@ -200,11 +224,12 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
                         dp = keep ? dp * keep_scale : 0.f;
                     }
                     st[mt][nt][e] = pr;
-                    dpt[mt][nt][e] = pr * (dp - cD[qc]);
+                    dpt[mt][nt][e] = pr * (dp - dd[nt][e & 1]);
                 }
             }
 
         // dV += P_drop^T dO and dK += dS^T Q over the BM queries
+        const uint32_t qbase = smem_u32(cQ);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; kk++) {
             uint32_t pa[MT][4], sa[MT][4];
@@ -226,8 +251,8 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
 #pragma unroll
             for (int dp = 0; dp < HS / 16; dp++) {
                 uint32_t ob[4], qb[4];
-                ldmatrix_x4_trans(ob, frag_addr_b_kn<HS>(cdO, kk * 16, dp * 16, lane));
-                ldmatrix_x4_trans(qb, frag_addr_b_kn<HS>(cQ, kk * 16, dp * 16, lane));
+                ldmatrix_x4_trans(qb, qbase + kk * 16 * HS * 2 + off_kn[dp]);
+                ldmatrix_x4_trans(ob, qbase + kk * 16 * HS * 2 + off_kn[dp] + DO_FROM_Q);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma_16816<T>(dv[mt][2 * dp], pa[mt], ob[0], ob[1]);
@@ -250,18 +275,17 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
                                                                                       nt * 8 + 2 * t)) =
                             ElemTraits<T>::pack(dpt[mt][nt][2 * r], dpt[mt][nt][2 * r + 1]);
             __syncthreads();
-            const int wm = warp % Tile::WM, wn = warp / Tile::WM;
             float dq[DQ_COLS / 8][4];
 #pragma unroll
             for (int i = 0; i < DQ_COLS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < BN / 16; ks++) {
                 uint32_t a[4];
-                ldmatrix_x4_trans(a, frag_addr_a_km<BM>(sdS, wm * 16, ks * 16, lane));
+                ldmatrix_x4_trans(a, ds_addr + ks * 16 * BM * 2);
 #pragma unroll
                 for (int np = 0; np < DQ_COLS / 16; np++) {
                     uint32_t kb[4];
-                    ldmatrix_x4_trans(kb, frag_addr_b_kn<HS>(sK, ks * 16, wn * DQ_COLS + np * 16, lane));
+                    ldmatrix_x4_trans(kb, smem_u32(sK) + ks * 16 * HS * 2 + off_dq[np]);
                     mma_16816<T>(dq[2 * np], a, kb[0], kb[1]);
                     mma_16816<T>(dq[2 * np + 1], a, kb[2], kb[3]);
                 }

@@ -14,19 +14,17 @@
 // Forward: each of NWARPS warps owns MT m16 tiles of query rows (BM = 16 * MT * NWARPS) and keeps
 // them, with its O accumulator (16*MT x HS fp32) and its scores (16*MT x BN fp32), in registers.
 // Q and two stages of K and V live in shared memory: the loads of key tile n-1 are in flight for
-// the whole of tile n (one stage hid only half the load latency). MT = 2 makes every K/V fragment
-// read from shared memory (ldmatrix.x4) feed 4 MMAs instead of 2.
-//   HS 64:  BM 128 (MT 2, 4 warps), BN 64, 48 KB: two blocks per SM.
-//   HS 128: BM 128, BN 32 with MT 2 (O takes 128 registers, so the scores stay at 32 and Q is
-//           re-read from shared memory), or MT 1 x 8 warps with BN 64 and Q in registers.
-#ifndef FWD128_MT
-#define FWD128_MT 1
-#endif
+// the whole of tile n. MT = 2 makes every K/V fragment read from shared memory (ldmatrix.x4)
+// feed 4 MMAs instead of 2. Measured on H200 (docs/PERFORMANCE.md):
+//   HS 64:  MT 2, 4 warps, BM 128, BN 64, Q re-read per k-step: 244-260 TFLOP/s at 8K
+//           (MT 1 x 8 warps: 160-180).
+//   HS 128: MT 1, 8 warps, BM 128, BN 64, Q in registers: O already takes 64 registers; MT 2
+//           (O at 128 registers, BN cut to 32 to fit) measured 10% slower.
 template <int HS> struct FwdTile {
-    static constexpr int MT = HS <= 64 ? 2 : FWD128_MT;
+    static constexpr int MT = HS <= 64 ? 2 : 1;
     static constexpr int NWARPS = MT == 2 ? 4 : 8;
     static constexpr int BM = 16 * MT * NWARPS;
-    static constexpr int BN = HS <= 64 || MT == 1 ? 64 : 32;
+    static constexpr int BN = 64;
     static constexpr int NTHREADS = 32 * NWARPS;
     static constexpr bool Q_IN_REGS = MT == 1;
     static constexpr int MIN_BLOCKS = 1;
@@ -39,17 +37,16 @@ template <int HS> struct FwdTile {
 // accumulates dK and dV (2 x 16*MT x HS fp32) in registers across all query tiles of all the
 // query heads that share its KV head (GQA sums in registers, no reduction pass). Query tiles of
 // BM rows stream through a two-stage Q/dO pipeline; dS goes through shared memory for dQ = dS K
-// (atomics into fp32). MT = 2 lets each Q/dO fragment read feed 4 MMAs instead of 2.
-//   HS 64:  MT 2, 4 warps, BN 128, BM 32: dK+dV 128 registers, S^T and dP^T 32 each.
-//   HS 128: MT 1, 8 warps, BN 128, BM 32: dK+dV alone take 128 registers at MT 1.
-#ifndef BWD64_MT
-#define BWD64_MT 2
-#endif
+// (atomics into fp32). Measured on H200 (docs/PERFORMANCE.md):
+//   HS 64:  MT 2, 4 warps, BN 128, BM 32: dK+dV 128 registers, S^T and dP^T 32 each
+//           (173-188 TFLOP/s at 8K; MT 1 with BM 64: 134-139).
+//   HS 128: MT 1, 8 warps, BN 128, BM 64: dK+dV take 128 registers at MT 1; BM 64 reuses each
+//           K/V fragment over twice the queries of BM 32 (168-175 against 154-159).
 template <int HS> struct BwdTile {
-    static constexpr int MT = HS <= 64 ? BWD64_MT : 1;
-    static constexpr int NWARPS = HS <= 64 && MT == 1 ? 4 : MT == 2 ? 4 : 8;
+    static constexpr int MT = HS <= 64 ? 2 : 1;
+    static constexpr int NWARPS = MT == 2 ? 4 : 8;
     static constexpr int BN = 16 * MT * NWARPS;
-    static constexpr int BM = HS <= 64 && MT == 1 ? 64 : 32;
+    static constexpr int BM = HS <= 64 ? 32 : 64;
     static constexpr int NTHREADS = 32 * NWARPS;
     // K, V, two stages of Q and dO, dS^T (BN x BM), LSE, D and the row ranges of one query tile
     static constexpr size_t SMEM = (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
