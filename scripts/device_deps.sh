@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds .deps/ (ignored by git): the headers and shared libraries that a GPU machine without a
+# package registry lacks (cJSON, PCRE2 headers, OpenBLAS), small enough to travel with a run
+# (about 40 MB). Run it here, carry .deps, and on the GPU machine build and test with
+#   source scripts/device_env.sh && make -j16 test-gpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+../shared/device/fetch-deps.sh "$tmp" libcjson1 libcjson-dev libpcre2-dev libpcre2-8-0 libopenblas0-pthread \
+    libopenblas-pthread-dev libopenblas-dev libgfortran5 >/dev/null
+rm -rf .deps
+mkdir -p .deps/include .deps/lib
+src=$tmp/usr
+cp -r "$src/include/cjson" "$src/include/pcre2.h" .deps/include/
+mkdir -p .deps/include/openblas
+cp "$src"/include/x86_64-linux-gnu/openblas-pthread/{cblas.h,openblas_config.h,f77blas.h} .deps/include/openblas/
+lib=$src/lib/x86_64-linux-gnu
+cp -P "$lib"/libcjson.so* "$lib"/libpcre2-8.so* "$lib"/libgfortran.so.5* .deps/lib/
+cp -L "$lib/openblas-pthread/libopenblas.so.0" .deps/lib/libopenblas.so.0
+ln -sf libopenblas.so.0 .deps/lib/libopenblas.so
+echo "built .deps ($(du -sh .deps | cut -f1))"
