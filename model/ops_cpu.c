@@ -1,6 +1,7 @@
 // ops_cpu: the CPU backend (fp32, OpenMP, OpenBLAS), the reference the CUDA backend is tested
 // against. This file holds its memory functions, the attention dispatch and the op table; the
 // layer ops live in ops_cpu_layers.c and ops_cpu_matmul.c.
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +75,9 @@ static void cpu_destroy(Backend *be) {
 }
 
 Backend *backend_cpu_create(void) {
+    // OpenMP threads run every op, each sgemm on its own slice (see ops_cpu_matmul.c); OpenBLAS
+    // spawning a second pool of threads would fight them for the cores.
+    openblas_set_num_threads(1);
     Backend *be = xcalloc(1, sizeof *be);
     be->name = "cpu";
     be->dtype = DTYPE_F32;

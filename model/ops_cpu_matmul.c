@@ -1,7 +1,13 @@
 // ops_cpu_matmul: the CPU backend's linear layer, out = epi(inp @ w^T + bias), and its backward,
 // through OpenBLAS cblas_sgemm with the bias and the tanh-approximate GELU applied by OpenMP loops.
+//
+// Threads: OpenMP's team runs everything, sgemm included (OpenBLAS itself is kept to one thread
+// by backend_cpu_create and each OpenMP thread multiplies its own slice of the output). Two
+// thread pools, OpenBLAS's and OpenMP's, each spinning while the other works, made a step 4-7x
+// slower on 2 busy cores than this.
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 
 #include "model/ops_cpu.h"
 
@@ -22,14 +28,41 @@ static float gelu_grad(float x) {
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
 }
 
+// Below this many multiply-adds an sgemm runs on the calling thread (the team's wake-up costs
+// more than it saves).
+#define SGEMM_PAR_MIN (1 << 18)
+
+// C (M, Nc) = op(A) (M, K) @ op(B) (K, Nc) + beta * C, row-major, split over the larger of M and
+// Nc among the OpenMP threads; each slice is one sgemm, so results do not depend on the thread
+// count except through OpenBLAS's blocking of the slice.
+static void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int Nc, int K,
+                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                        int ldc) {
+    int split_m = M >= Nc;
+    #pragma omp parallel if ((double)M * Nc * K >= SGEMM_PAR_MIN)
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num(), n = split_m ? M : Nc;
+        int lo = (int)((long)n * t / nt), hi = (int)((long)n * (t + 1) / nt);
+        if (hi > lo && split_m) {
+            // Rows lo..hi of op(A): row-offset of A, or column-offset when A is transposed.
+            const float *a = ta == CblasNoTrans ? A + (size_t)lo * lda : A + lo;
+            cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, Nc, K, 1.0f, a, lda, B, ldb, beta,
+                        C + (size_t)lo * ldc, ldc);
+        } else if (hi > lo) {
+            // Columns lo..hi of op(B): column-offset of B, or row-offset when B is transposed.
+            const float *b = tb == CblasNoTrans ? B + lo : B + (size_t)lo * ldb;
+            cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, 1.0f, A, lda, b, ldb, beta, C + lo, ldc);
+        }
+    }
+}
+
 void cpu_matmul_forward(Backend *be, void *out_, void *pre_, const void *inp, const void *w,
                         const void *bias_, int N, int C, int OC, Epilogue epi) {
     float *out = out_;          // (N, OC)
     float *pre = pre_;          // (N, OC) with EPI_GELU, else NULL
     const float *bias = bias_;  // (OC) or NULL
     float *acc = epi == EPI_GELU ? pre : out;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, acc,
-                OC);
+    sgemm_split(CblasNoTrans, CblasTrans, N, OC, C, inp, C, w, C, 0.0f, acc, OC);
     if (!bias && epi == EPI_NONE) return;
     #pragma omp parallel for schedule(static) if ((size_t)N * OC >= CPU_PAR_MIN)
     for (int i = 0; i < N; i++) {
@@ -53,11 +86,9 @@ void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias_, void *
     }
     // dinp (N, C) = dout (N, OC) @ w (OC, C)
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f,
-                    dinp, C);
+        sgemm_split(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, w, C, 0.0f, dinp, C);
     // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw,
-                C);
+    sgemm_split(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dw, C);
     if (!dbias) return;
     // Column sums, split by output channel so each thread owns its dbias entries.
     #pragma omp parallel for schedule(static) if ((size_t)N * OC >= CPU_PAR_MIN)

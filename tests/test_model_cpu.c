@@ -831,6 +831,7 @@ int main(void) {
     TEST_CASE("cpu matmul (bias)", test_matmul(be, &r, EPI_NONE, 1, 37, 29, 51));
     TEST_CASE("cpu matmul (bias + gelu)", test_matmul(be, &r, EPI_GELU, 1, 37, 29, 51));
     TEST_CASE("cpu matmul (bias + gelu, threaded)", test_matmul(be, &r, EPI_GELU, 1, 263, 67, 131));
+    TEST_CASE("cpu matmul (threaded, wide output)", test_matmul(be, &r, EPI_NONE, 1, 61, 67, 523));
     TEST_CASE("cpu add", test_add(be, &r, 1001));
     TEST_CASE("cpu add (threaded)", test_add(be, &r, 40009));
     TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r, 13));
