@@ -2,9 +2,9 @@
 // through OpenBLAS cblas_sgemm with the bias and the tanh-approximate GELU applied by OpenMP loops.
 //
 // Threads: OpenMP's team runs everything, sgemm included (OpenBLAS itself is kept to one thread
-// by backend_cpu_create and each OpenMP thread multiplies its own slice of the output). Two
-// thread pools, OpenBLAS's and OpenMP's, each spinning while the other works, made a step 4-7x
-// slower on 2 busy cores than this.
+// by backend_cpu_create and each OpenMP thread multiplies its own slice of the output). With two
+// pools, OpenBLAS's and OpenMP's, the idle threads of one spin-wait on the cores the other needs
+// at every switch between a matmul and an element-wise op.
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
