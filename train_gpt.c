@@ -62,13 +62,41 @@ static double parse_double(const char *opt, const char *v, double lo, double hi)
     return x;
 }
 
-static Backend *open_backend(const char *device) {
-    if (device && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0)
-        fatal(EXIT_USAGE, "--device: expected cpu or cuda, got '%s'", device);
-    if (device && strcmp(device, "cuda") == 0)
-        fatal(EXIT_USAGE, "--device cuda: the CUDA model backend is not available in this build "
-                          "yet; use --device cpu");
-    if (!device) fprintf(stderr, "notice: running on the CPU backend (fp32)\n");
+#ifdef FLASHGPT_CUDA
+// precision.dtype (validated by the config table) as the backend's element type.
+static DType dtype_of(const char *name) {
+    if (strcmp(name, "fp32") == 0) return DTYPE_F32;
+    if (strcmp(name, "fp16") == 0) return DTYPE_F16;
+    return DTYPE_BF16;
+}
+#endif
+
+// The value of --device, checked when it is parsed (before any data is opened).
+static const char *device_arg(int argc, char **argv, int *i) {
+    const char *v = opt_value(argc, argv, i);
+    if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
+        fatal(EXIT_USAGE, "--device: expected cpu or cuda, got '%s'", v);
+    return v;
+}
+
+// --device cpu|cuda, or NULL for the default: cuda when this build has it and a GPU is present,
+// else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype); the cpu
+// backend is fp32 only and says so when another dtype was asked for.
+static Backend *open_backend(const char *device, const char *dtype) {
+    const int want_cuda = device && strcmp(device, "cuda") == 0;
+#ifdef FLASHGPT_CUDA
+    if (want_cuda || (!device && backend_cuda_device_count() > 0))
+        return backend_cuda_create(dtype_of(dtype), 0);  // no usable GPU: a message, exit 2
+    if (!device) fprintf(stderr, "notice: no CUDA GPU found: running on the CPU backend (fp32)\n");
+#else
+    if (want_cuda)
+        fatal(EXIT_USAGE, "--device cuda: this build has no CUDA backend (nvcc was not found when "
+                          "it was built): rebuild with the CUDA toolkit, or use --device cpu");
+    if (!device) fprintf(stderr, "notice: built without CUDA: running on the CPU backend (fp32)\n");
+#endif
+    if (strcmp(dtype, "fp32") != 0)
+        fprintf(stderr, "notice: the CPU backend computes in fp32: precision.dtype = %s is ignored\n",
+                dtype);
     return backend_cpu_create();
 }
 
@@ -198,7 +226,12 @@ static void usage_train(FILE *f) {
     fprintf(f,
             "usage: train_gpt train -c CONFIG.json [--set key=value ...] [--device cpu|cuda]\n"
             "Trains a GPT. Resumes automatically from the newest complete checkpoint in log.dir.\n");
-    fprintf(f, "cpu backend: available; cuda backend: %s\n\n", "not available in this build");
+#ifdef FLASHGPT_CUDA
+    const char *cuda = "available";
+#else
+    const char *cuda = "not available in this build";
+#endif
+    fprintf(f, "cpu backend: available; cuda backend: %s\n\n", cuda);
     config_print_help(f);
 }
 
@@ -211,7 +244,7 @@ static void parse_train_args(int argc, char **argv, Config *c, const char **devi
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) config_path = opt_value(argc, argv, &i);
         else if (strcmp(argv[i], "--set") == 0) opt_value(argc, argv, &i);
-        else if (strcmp(argv[i], "--device") == 0) *device = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--device") == 0) *device = device_arg(argc, argv, &i);
         else fatal(EXIT_USAGE, "train: unknown argument '%s' (train_gpt train --help)", argv[i]);
     }
     if (!config_path) fatal(EXIT_USAGE, "train: -c CONFIG.json is required (see configs/)");
@@ -226,6 +259,20 @@ static void parse_train_args(int argc, char **argv, Config *c, const char **devi
         }
     }
     if (config_validate(c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s: %s", config_path, err);
+}
+
+// One forward and backward of a zero batch on the GPU (evaluation mode: no dropout, so the run's
+// dropout stream is untouched) before anything is written: an unsupported head size or a batch
+// that does not fit in memory fails here with its message and exit code 2, not at step 1.
+// The gradients it leaves are cleared by the first training step.
+static void probe_device(GPT *m, int B, int T) {
+    int *zeros = xcalloc((size_t)B * T, sizeof(int));  // (B, T) token 0 predicting token 0
+    gpt_set_training(m, 0);
+    gpt_forward(m, zeros, zeros, B, T);
+    gpt_backward(m, 1.0f);
+    gpt_backend(m)->synchronize(gpt_backend(m));
+    gpt_set_training(m, 1);
+    free(zeros);
 }
 
 // Opens everything a run needs. All input is validated (data, tokenizer, model, a checkpoint to
@@ -245,9 +292,10 @@ static void open_run(Run *r, const char *device) {
     }
     r->tok = c->data.tokenizer[0] ? load_tokenizer_or_die(c->data.tokenizer) : NULL;
 
-    r->be = open_backend(device);
+    r->be = open_backend(device, c->precision.dtype);
     GPTConfig gc = gpt_config_from(c);
     r->model = gpt_create(&gc, r->be, B, T, c);
+    if (strcmp(r->be->name, "cuda") == 0) probe_device(r->model, B, T);
     r->trainer = trainer_create(r->model, c);
     memset(&r->state, 0, sizeof r->state);
     r->state.world_size = 1;
@@ -260,8 +308,9 @@ static void open_run(Run *r, const char *device) {
         if (checkpoint_read_config(ckpt, &saved, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
         if (config_same_model(c, &saved, err, sizeof err) != 0)
             fatal(EXIT_USAGE, "cannot resume from '%s': %s; use another log.dir or the same model", ckpt, err);
-        if (checkpoint_load(ckpt, r->model, trainer_optimizer(r->trainer), &r->state, err, sizeof err) != 0)
+        if (checkpoint_load(ckpt, r->model, trainer_optim_state(r->trainer), &r->state, err, sizeof err) != 0)
             fatal(EXIT_USAGE, "%s", err);
+        trainer_optim_state_commit(r->trainer);
         if (r->state.world_size != 1)
             fatal(EXIT_USAGE, "cannot resume from '%s': it was written by %d ranks, this run has 1", ckpt,
                   r->state.world_size);
@@ -272,7 +321,7 @@ static void open_run(Run *r, const char *device) {
     } else {
         float *host = xmalloc(gpt_num_params(r->model) * sizeof(float));
         gpt_init_weights_host(r->model, host, (uint64_t)c->train.seed);
-        gpt_set_params_f32(r->model, host);
+        trainer_set_weights_f32(r->trainer, host);
         free(host);
     }
 
@@ -327,11 +376,35 @@ static void run_checkpoint(Run *r) {
     memcpy(st->rng, r->rng.s, sizeof st->rng);
     DatasetState ds = dataset_get_state(r->train);
     st->data[0] = ds.a, st->data[1] = ds.b, st->data[2] = ds.c;
-    if (checkpoint_save(r->cfg.log.dir, r->model, trainer_optimizer(r->trainer), st, &r->cfg,
-                        r->cfg.log.keep_checkpoints, path, sizeof path, err, sizeof err) != 0)
+    if (checkpoint_save_state(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer), st, &r->cfg,
+                              r->cfg.log.keep_checkpoints, path, sizeof path, err, sizeof err) != 0)
         fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)", st->step, err);
     printf("checkpoint %s\n", path);
     metrics_write(&r->metrics, "checkpoint", st->step, "path", 's', path, NULL);
+}
+
+// Dense bf16 peak of one H200 (NVIDIA's datasheet, without sparsity): the MFU denominator.
+#define PEAK_FLOPS 989e12
+
+// Model FLOPs per training token (forward + backward = 3x forward, recomputation not counted):
+// 6 per parameter (one multiply-add each, forward; the embedding tables counted as llm.c and
+// nanoGPT do), plus attention scores and the weighted sum, 2 * 2 * T * C per token and layer over
+// the full square, halved by the causal mask: 6 * L * T * C.
+static double flops_per_token(const Config *c, size_t n_params) {
+    return 6.0 * (double)n_params + 6.0 * c->model.n_layer * (double)c->train.seq_len * c->model.n_embd;
+}
+
+// GPU memory in use (GiB; the CUDA context included), or -1 on the CPU. The model, optimizer and
+// workspaces are allocated up front and kept, so after the first step this is the peak.
+static double gpu_memory_gib(Backend *be) {
+#ifdef FLASHGPT_CUDA
+    if (strcmp(be->name, "cuda") == 0) {
+        size_t free_b, used_b;
+        backend_cuda_memory(be, &free_b, &used_b);
+        return used_b / 1073741824.0;
+    }
+#endif
+    return -1.0;
 }
 
 static int every(int n, long long step, long long total) { return (n > 0 && step % n == 0) || step == total; }
@@ -350,7 +423,9 @@ static int cmd_train(int argc, char **argv) {
     printf("training: %lld steps of %lld tokens (batch %d x seq %d x accum %d), log.dir %s\n", total,
            tokens_per_step, c->train.batch_size, c->train.seq_len, c->train.grad_accum, c->log.dir);
 
-    double window_time = 0, run_time = 0;
+    const double flops_per_step = flops_per_token(c, gpt_num_params(r.model)) * (double)tokens_per_step;
+    double window_time = 0, run_time = 0, peak_gib = gpu_memory_gib(r.be);
+    const double wall0 = now_seconds();
     long long window_steps = 0, run_steps = 0;
     while (r.state.step < total) {
         double t0 = now_seconds();
@@ -369,9 +444,15 @@ static int cmd_train(int argc, char **argv) {
         if (every(c->log.every, step, total) || step == 1) {
             char eta[32];
             format_eta((double)(total - step) * run_time / run_steps, eta, sizeof eta);
-            printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | ETA %s\n", step,
-                   total, s.loss, s.lr, s.grad_norm, tokens_per_step * window_steps / window_time,
-                   1e3 * window_time / window_steps, eta);
+            printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms", step, total,
+                   s.loss, s.lr, s.grad_norm, tokens_per_step * window_steps / window_time,
+                   1e3 * window_time / window_steps);
+            const double gib = gpu_memory_gib(r.be);
+            if (gib > peak_gib) peak_gib = gib;
+            if (gib >= 0)
+                printf(" | MFU %.1f%% | mem %.2f GiB",
+                       100.0 * flops_per_step * window_steps / window_time / PEAK_FLOPS, peak_gib);
+            printf(" | ETA %s\n", eta);
             fflush(stdout);
             window_time = 0, window_steps = 0;
         }
@@ -379,7 +460,10 @@ static int cmd_train(int argc, char **argv) {
         if (every(c->log.sample_every, step, total)) run_sample(&r, step);
         if (every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
     }
-    printf("done: %lld steps, %.1f s of training\n", r.state.step, run_time);
+    printf("done: %lld steps, %.1f s of training (%.0f tok/s), %.1f s wall with evaluation, samples and "
+           "checkpoints\n", r.state.step, run_time, run_steps ? tokens_per_step * run_steps / run_time : 0.0,
+           now_seconds() - wall0);
+    if (peak_gib >= 0) printf("peak GPU memory: %.2f GiB (the CUDA context included)\n", peak_gib);
     close_run(&r);
     return EXIT_OK;
 }
@@ -387,10 +471,17 @@ static int cmd_train(int argc, char **argv) {
 // ----------------------------------------------------------------------------------------------
 // eval and sample: a model rebuilt from a checkpoint alone
 
-static GPT *load_checkpoint_model(const char *dir, Config *c, Backend *be, int B, int T) {
+// Reads the run config of checkpoint `dir` into c and opens the backend in its precision.dtype.
+static Backend *open_checkpoint(const char *dir, Config *c, const char *device) {
     char err[ERR_LEN];
     if (!is_dir(dir)) fatal(EXIT_USAGE, "--checkpoint '%s' is not a directory", dir);
     if (checkpoint_read_config(dir, c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    return open_backend(device, c->precision.dtype);
+}
+
+// The model of checkpoint `dir` (config c from open_checkpoint) on be, for batches up to B x T.
+static GPT *load_checkpoint_model(const char *dir, const Config *c, Backend *be, int B, int T) {
+    char err[ERR_LEN];
     GPTConfig gc = gpt_config_from(c);
     GPT *m = gpt_create(&gc, be, B, T, c);
     if (checkpoint_load(dir, m, NULL, NULL, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
@@ -410,14 +501,13 @@ static int cmd_eval(int argc, char **argv) {
         if (strcmp(argv[i], "--checkpoint") == 0) ckpt = opt_value(argc, argv, &i);
         else if (strcmp(argv[i], "--data") == 0) data = opt_value(argc, argv, &i);
         else if (strcmp(argv[i], "--tokens") == 0) tokens = parse_long("--tokens", opt_value(argc, argv, &i), 1, 1L << 62);
-        else if (strcmp(argv[i], "--device") == 0) device = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--device") == 0) device = device_arg(argc, argv, &i);
         else fatal(EXIT_USAGE, "eval: unknown argument '%s' (train_gpt eval --help)", argv[i]);
     }
     if (!ckpt || !data) fatal(EXIT_USAGE, "eval: --checkpoint DIR and --data SHARD_PATTERN are required");
     Config c;
-    Backend *be = open_backend(device);
     char err[ERR_LEN];
-    if (checkpoint_read_config(ckpt, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    Backend *be = open_checkpoint(ckpt, &c, device);
     const int B = c.train.batch_size, T = c.train.seq_len;
     GPT *m = load_checkpoint_model(ckpt, &c, be, B, T);
     snprintf(c.data.val, sizeof c.data.val, "%s", data);
@@ -450,12 +540,12 @@ static int cmd_sample(int argc, char **argv) {
         else if (strcmp(argv[i], "--temperature") == 0) temperature = parse_double("--temperature", opt_value(argc, argv, &i), 0, 100);
         else if (strcmp(argv[i], "--top-k") == 0) top_k = parse_long("--top-k", opt_value(argc, argv, &i), 0, 1L << 30);
         else if (strcmp(argv[i], "--seed") == 0) seed = parse_long("--seed", opt_value(argc, argv, &i), 0, 1L << 62);
-        else if (strcmp(argv[i], "--device") == 0) device = opt_value(argc, argv, &i);
+        else if (strcmp(argv[i], "--device") == 0) device = device_arg(argc, argv, &i);
         else fatal(EXIT_USAGE, "sample: unknown argument '%s' (train_gpt sample --help)", argv[i]);
     }
     if (!ckpt) fatal(EXIT_USAGE, "sample: --checkpoint DIR is required");
     Config c;
-    Backend *be = open_backend(device);
+    Backend *be = open_checkpoint(ckpt, &c, device);
     GPT *m = load_checkpoint_model(ckpt, &c, be, 1, 1);
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.bin", ckpt);
@@ -513,15 +603,15 @@ static int cmd_bench(int argc, char **argv) {
     }
     parse_train_args(n, rest, &c, &device);
     free(rest);
-    Backend *be = open_backend(device);
+    Backend *be = open_backend(device, c.precision.dtype);
     GPTConfig gc = gpt_config_from(&c);
     const int B = c.train.batch_size, T = c.train.seq_len;
     GPT *m = gpt_create(&gc, be, B, T, &c);
+    Trainer *t = trainer_create(m, &c);
     float *host = xmalloc(gpt_num_params(m) * sizeof(float));
     gpt_init_weights_host(m, host, (uint64_t)c.train.seed);
-    gpt_set_params_f32(m, host);
+    trainer_set_weights_f32(t, host);
     free(host);
-    Trainer *t = trainer_create(m, &c);
     int dims[4] = {B, T, c.model.vocab_size, (int)c.train.seed};
     trainer_step(t, 0, random_batch, dims);
     be->synchronize(be);
@@ -530,8 +620,14 @@ static int cmd_bench(int argc, char **argv) {
     be->synchronize(be);
     double dt = (now_seconds() - t0) / (double)steps;
     double tokens = (double)B * T * c.train.grad_accum;
-    printf("bench: %s backend, %.2fM parameters, batch %d x seq %d x accum %d: %.1f ms/step, %.0f tokens/s\n",
-           be->name, gpt_num_params(m) / 1e6, B, T, c.train.grad_accum, dt * 1e3, tokens / dt);
+    printf("bench: %s backend (%s), %.2fM parameters, batch %d x seq %d x accum %d: %.1f ms/step, "
+           "%.0f tokens/s", be->name, dtype_name(be->dtype), gpt_num_params(m) / 1e6, B, T,
+           c.train.grad_accum, dt * 1e3, tokens / dt);
+    const double gib = gpu_memory_gib(be);
+    if (gib >= 0)
+        printf(", MFU %.1f%%, GPU memory %.2f GiB", 100.0 * flops_per_token(&c, gpt_num_params(m)) * tokens / dt / PEAK_FLOPS,
+               gib);
+    printf("\n");
     trainer_free(t);
     gpt_free(m);
     be->destroy(be);

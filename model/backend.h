@@ -80,4 +80,11 @@ struct Backend {
 Backend *backend_cpu_create(void);
 #ifdef FLASHGPT_CUDA
 Backend *backend_cuda_create(DType dtype, int device);
+// CUDA GPUs this process can use; 0 when there is none or no driver (never fails).
+int backend_cuda_device_count(void);
+// The backend's stream (a cudaStream_t), for work queued beside its ops (the CUDA AdamW).
+void *backend_cuda_stream(Backend *be);
+// Device memory in bytes: free now, and in use (total - free: every allocation of this process,
+// the CUDA context and library workspaces included).
+void backend_cuda_memory(Backend *be, size_t *free_bytes, size_t *used_bytes);
 #endif

@@ -16,15 +16,21 @@
 
 #define CKPT_PREFIX "ckpt_"
 
-static int write_model(const char *dir, GPT *m, const Config *c, char *err, size_t errlen) {
-    float *host = xmalloc(gpt_num_params(m) * sizeof(float));
-    gpt_get_params_f32(m, host);
+// weights (host fp32, gpt_num_params) or NULL for the model's own parameters.
+static int write_model(const char *dir, GPT *m, const float *weights, const Config *c, char *err,
+                       size_t errlen) {
+    float *copy = NULL;
+    if (!weights) {
+        copy = xmalloc(gpt_num_params(m) * sizeof(float));
+        gpt_get_params_f32(m, copy);
+        weights = copy;
+    }
     StFile f;
     st_init(&f);
     for (int i = 0; i < gpt_num_tensors(m); i++) {
         const ParamTensor *t = gpt_tensor(m, i);
         int64_t shape[2] = {t->shape[0], t->shape[1]};
-        st_add(&f, t->name, ST_F32, t->ndim, shape, host + t->offset);
+        st_add(&f, t->name, ST_F32, t->ndim, shape, weights + t->offset);
     }
     char *cfg = config_to_json(c);
     st_set_meta(&f, "format", "flashgpt");
@@ -34,11 +40,12 @@ static int write_model(const char *dir, GPT *m, const Config *c, char *err, size
     int rc = st_write(&f, path, err, errlen);
     free(cfg);
     st_free(&f);
-    free(host);
+    free(copy);
     return rc;
 }
 
-static int write_optimizer(const char *dir, const AdamW *opt, int rank, char *err, size_t errlen) {
+static int write_optimizer(const char *dir, const OptimState *opt, int rank, char *err,
+                           size_t errlen) {
     StFile f;
     st_init(&f);
     int64_t n = (int64_t)opt->n;
@@ -150,12 +157,22 @@ static int list_checkpoints(const char *run_dir, long long **steps) {
 int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainState *st,
                     const Config *c, int keep, char *path_out, size_t path_len, char *err,
                     size_t errlen) {
+    const OptimState view = {.n = opt->n, .master = NULL, .m = opt->m, .v = opt->v, .t = opt->t};
+    return checkpoint_save_state(run_dir, m, &view, st, c, keep, path_out, path_len, err, errlen);
+}
+
+int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
+                          const Config *c, int keep, char *path_out, size_t path_len, char *err,
+                          size_t errlen) {
+    if (opt->n != gpt_num_params(m))
+        return set_error(err, errlen, "checkpoint: optimizer state has %zu elements, the model %zu",
+                         opt->n, gpt_num_params(m));
     char tmp[4096], final[4096], old[4200];
     snprintf(tmp, sizeof tmp, "%s/.tmp-" CKPT_PREFIX "%08lld.%d", run_dir, st->step, (int)getpid());
     snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%08lld", run_dir, st->step);
     remove_tree(tmp);
     if (mkdir_p(tmp, err, errlen) != 0) return -1;
-    if (write_model(tmp, m, c, err, errlen) != 0 || write_optimizer(tmp, opt, 0, err, errlen) != 0 ||
+    if (write_model(tmp, m, opt->master, c, err, errlen) != 0 || write_optimizer(tmp, opt, 0, err, errlen) != 0 ||
         copy_tokenizer(tmp, c, err, errlen) != 0 || write_state(tmp, st, c, err, errlen) != 0) {
         remove_tree(tmp);
         return -1;
@@ -267,7 +284,8 @@ static int load_state(const char *dir, TrainState *st, char *err, size_t errlen)
     return rc;
 }
 
-static int load_model(const char *dir, GPT *m, char *err, size_t errlen) {
+// master (host fp32, gpt_num_params) or NULL also receives the weights.
+static int load_model(const char *dir, GPT *m, float *master, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     StFile f;
@@ -284,12 +302,13 @@ static int load_model(const char *dir, GPT *m, char *err, size_t errlen) {
         else memcpy(host + t->offset, s->data, s->nbytes);
     }
     if (rc == 0) gpt_set_params_f32(m, host);
+    if (rc == 0 && master) memcpy(master, host, gpt_num_params(m) * sizeof(float));
     free(host);
     st_free(&f);
     return rc;
 }
 
-static int load_optimizer(const char *dir, AdamW *opt, char *err, size_t errlen) {
+static int load_optimizer(const char *dir, OptimState *opt, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/optimizer_rank0.safetensors", dir);
     StFile f;
@@ -310,8 +329,12 @@ static int load_optimizer(const char *dir, AdamW *opt, char *err, size_t errlen)
     return rc;
 }
 
-int checkpoint_load(const char *dir, GPT *m, AdamW *opt, TrainState *st, char *err, size_t errlen) {
-    if (load_model(dir, m, err, errlen) != 0) return -1;
+int checkpoint_load(const char *dir, GPT *m, OptimState *opt, TrainState *st, char *err,
+                    size_t errlen) {
+    if (opt && opt->n != gpt_num_params(m))
+        return set_error(err, errlen, "checkpoint: optimizer state has %zu elements, the model %zu",
+                         opt->n, gpt_num_params(m));
+    if (load_model(dir, m, opt ? opt->master : NULL, err, errlen) != 0) return -1;
     if (opt && load_optimizer(dir, opt, err, errlen) != 0) return -1;
     if (st && load_state(dir, st, err, errlen) != 0) return -1;
     return 0;

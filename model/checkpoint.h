@@ -11,6 +11,18 @@
 #include "model/gpt.h"
 #include "optim/optim.h"
 
+// The optimizer state a checkpoint holds, as host fp32 views of n elements, the same for every
+// backend (model/train_step.h hands them out). master is the fp32 copy of the weights that the
+// optimizer updates when the model computes in a lower precision (CUDA): it is what
+// model.safetensors stores, and what loading fills. NULL means the model's own parameters are
+// fp32 and are the master (CPU).
+typedef struct {
+    size_t n;
+    float *master;   // (n) or NULL
+    float *m, *v;    // (n) AdamW moments
+    long long t;     // completed optimizer steps (bias correction)
+} OptimState;
+
 typedef struct {
     long long step;         // optimizer steps completed
     long long tokens_seen;  // training tokens consumed (all ranks)
@@ -21,7 +33,12 @@ typedef struct {
 } TrainState;
 
 // Writes checkpoint `st->step` of the run into run_dir and keeps the newest `keep` of them.
+// model.safetensors holds opt->master when set, else the model's parameters as fp32.
 // path_out (may be NULL) receives the final directory. Returns 0 or -1 with err set.
+int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
+                          const Config *c, int keep, char *path_out, size_t path_len, char *err,
+                          size_t errlen);
+// checkpoint_save_state with the state of a host AdamW whose parameters are the model's.
 int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainState *st,
                     const Config *c, int keep, char *path_out, size_t path_len, char *err,
                     size_t errlen);
@@ -29,6 +46,8 @@ int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainSt
 int checkpoint_find_latest(const char *run_dir, char *path, size_t path_len);
 // Reads the run config stored in a checkpoint (state.json). Returns 0 or -1 with err set.
 int checkpoint_read_config(const char *dir, Config *c, char *err, size_t errlen);
-// Loads weights into m, and (when not NULL) the optimizer moments and the train state.
-// Validates names, shapes and sizes against the model. Returns 0 or -1 with err set.
-int checkpoint_load(const char *dir, GPT *m, AdamW *opt, TrainState *st, char *err, size_t errlen);
+// Loads weights into m, and (when not NULL) the optimizer state into opt's views (the weights
+// into opt->master too, when set) and the train state. Validates names, shapes and sizes against
+// the model. Returns 0 or -1 with err set.
+int checkpoint_load(const char *dir, GPT *m, OptimState *opt, TrainState *st, char *err,
+                    size_t errlen);

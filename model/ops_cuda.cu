@@ -172,6 +172,24 @@ static void cu_select_device(CudaCtx *ctx, DType dtype, int device) {
         fatal(EXIT_USAGE, "cuda backend: unknown dtype %d", (int)dtype);
 }
 
+int backend_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();  // no driver or no device: clear the error, report none
+        return 0;
+    }
+    return count;
+}
+
+void *backend_cuda_stream(Backend *be) { return (void *)cuda_ctx(be)->stream; }
+
+void backend_cuda_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    *free_bytes = free_b;
+    *used_bytes = total_b - free_b;
+}
+
 Backend *backend_cuda_create(DType dtype, int device) {
     CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
     cu_select_device(ctx, dtype, device);

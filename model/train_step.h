@@ -1,10 +1,16 @@
 // train_step: one optimizer step of the GPT: grad_accum micro-batches of forward + backward,
 // global gradient norm (with the non-finite check), clipping, the loss scaler, the learning-rate
 // schedule and AdamW. Shared by the training loop and the oracle tests so both run the same code.
+//
+// On the cpu backend the fp32 parameters are AdamW's (optim/optim.h, host). On the cuda backend
+// the model computes in its dtype (bf16, fp16 or fp32) and AdamWCuda (optim/optim_cuda.h) keeps
+// the fp32 master weights and moments on the GPU, writing both master and compute-dtype
+// parameters; fp16 scales the loss dynamically (precision.*), every dtype skips non-finite steps.
 #pragma once
 #include <stdint.h>
 
 #include "common/config.h"
+#include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "optim/optim.h"
 
@@ -21,9 +27,22 @@ typedef struct {
     float loss_scale;  // scale used during this step
 } StepStats;
 
+// Takes the model's current parameters as the starting weights (fp32 master on CUDA: set them
+// with trainer_set_weights_f32 to keep the fp32 values a lower compute dtype rounds away).
+// Exits with EXIT_USAGE when the GPU lacks the memory for the optimizer state.
 Trainer *trainer_create(GPT *m, const Config *c);
 void trainer_free(Trainer *t);
 // Runs optimizer step `step` (0-based) of c->train.steps.
 StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
-AdamW *trainer_optimizer(Trainer *t);      // for checkpoints: moments, step count
+// Sets the weights from host fp32 (gpt_num_params): the model's parameters and the master copy.
+void trainer_set_weights_f32(Trainer *t, const float *host);
+// The host AdamW of the cpu backend (tests read its moments); NULL on cuda.
+AdamW *trainer_optimizer(Trainer *t);
 LossScaler *trainer_scaler(Trainer *t);
+// The optimizer state as host views for checkpoints, filled with the current state (on CUDA
+// downloaded into host buffers the trainer owns; on the CPU the AdamW moments themselves). Valid
+// until the next call of a trainer function. After writing into the views (checkpoint_load),
+// trainer_optim_state_commit makes them the optimizer's state, and on CUDA rounds the master
+// weights into the compute-dtype parameters.
+OptimState *trainer_optim_state(Trainer *t);
+void trainer_optim_state_commit(Trainer *t);
