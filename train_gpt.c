@@ -95,8 +95,8 @@ static Backend *open_backend(const char *device, const char *dtype) {
     if (!device) fprintf(stderr, "notice: built without CUDA: running on the CPU backend (fp32)\n");
 #endif
     if (strcmp(dtype, "fp32") != 0)
-        fprintf(stderr, "notice: the CPU backend computes in fp32: precision.dtype = %s is ignored\n",
-                dtype);
+        fprintf(stderr, "notice: the CPU backend computes in fp32: precision.dtype = %s is "
+                        "ignored\n", dtype);
     return backend_cpu_create();
 }
 
@@ -308,7 +308,8 @@ static void open_run(Run *r, const char *device) {
         if (checkpoint_read_config(ckpt, &saved, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
         if (config_same_model(c, &saved, err, sizeof err) != 0)
             fatal(EXIT_USAGE, "cannot resume from '%s': %s; use another log.dir or the same model", ckpt, err);
-        if (checkpoint_load(ckpt, r->model, trainer_optim_state(r->trainer), &r->state, err, sizeof err) != 0)
+        if (checkpoint_load(ckpt, r->model, trainer_optim_state(r->trainer), &r->state, err,
+                            sizeof err) != 0)
             fatal(EXIT_USAGE, "%s", err);
         trainer_optim_state_commit(r->trainer);
         if (r->state.world_size != 1)
@@ -376,8 +377,9 @@ static void run_checkpoint(Run *r) {
     memcpy(st->rng, r->rng.s, sizeof st->rng);
     DatasetState ds = dataset_get_state(r->train);
     st->data[0] = ds.a, st->data[1] = ds.b, st->data[2] = ds.c;
-    if (checkpoint_save_state(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer), st, &r->cfg,
-                              r->cfg.log.keep_checkpoints, path, sizeof path, err, sizeof err) != 0)
+    if (checkpoint_save_state(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer), st,
+                              &r->cfg, r->cfg.log.keep_checkpoints, path, sizeof path, err,
+                              sizeof err) != 0)
         fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)", st->step, err);
     printf("checkpoint %s\n", path);
     metrics_write(&r->metrics, "checkpoint", st->step, "path", 's', path, NULL);
@@ -391,7 +393,8 @@ static void run_checkpoint(Run *r) {
 // nanoGPT do), plus attention scores and the weighted sum, 2 * 2 * T * C per token and layer over
 // the full square, halved by the causal mask: 6 * L * T * C.
 static double flops_per_token(const Config *c, size_t n_params) {
-    return 6.0 * (double)n_params + 6.0 * c->model.n_layer * (double)c->train.seq_len * c->model.n_embd;
+    const double attn = 6.0 * c->model.n_layer * (double)c->train.seq_len * c->model.n_embd;
+    return 6.0 * (double)n_params + attn;
 }
 
 // GPU memory in use (GiB; the CUDA context included), or -1 on the CPU. The model, optimizer and
@@ -423,7 +426,8 @@ static int cmd_train(int argc, char **argv) {
     printf("training: %lld steps of %lld tokens (batch %d x seq %d x accum %d), log.dir %s\n", total,
            tokens_per_step, c->train.batch_size, c->train.seq_len, c->train.grad_accum, c->log.dir);
 
-    const double flops_per_step = flops_per_token(c, gpt_num_params(r.model)) * (double)tokens_per_step;
+    const double flops_per_step =
+        flops_per_token(c, gpt_num_params(r.model)) * (double)tokens_per_step;
     double window_time = 0, run_time = 0, peak_gib = gpu_memory_gib(r.be);
     const double wall0 = now_seconds();
     long long window_steps = 0, run_steps = 0;
@@ -444,8 +448,8 @@ static int cmd_train(int argc, char **argv) {
         if (every(c->log.every, step, total) || step == 1) {
             char eta[32];
             format_eta((double)(total - step) * run_time / run_steps, eta, sizeof eta);
-            printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms", step, total,
-                   s.loss, s.lr, s.grad_norm, tokens_per_step * window_steps / window_time,
+            printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms", step,
+                   total, s.loss, s.lr, s.grad_norm, tokens_per_step * window_steps / window_time,
                    1e3 * window_time / window_steps);
             const double gib = gpu_memory_gib(r.be);
             if (gib > peak_gib) peak_gib = gib;
@@ -460,9 +464,9 @@ static int cmd_train(int argc, char **argv) {
         if (every(c->log.sample_every, step, total)) run_sample(&r, step);
         if (every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
     }
-    printf("done: %lld steps, %.1f s of training (%.0f tok/s), %.1f s wall with evaluation, samples and "
-           "checkpoints\n", r.state.step, run_time, run_steps ? tokens_per_step * run_steps / run_time : 0.0,
-           now_seconds() - wall0);
+    printf("done: %lld steps, %.1f s of training (%.0f tok/s), %.1f s wall with evaluation, "
+           "samples and checkpoints\n", r.state.step, run_time,
+           run_steps ? tokens_per_step * run_steps / run_time : 0.0, now_seconds() - wall0);
     if (peak_gib >= 0) printf("peak GPU memory: %.2f GiB (the CUDA context included)\n", peak_gib);
     close_run(&r);
     return EXIT_OK;
@@ -625,8 +629,8 @@ static int cmd_bench(int argc, char **argv) {
            c.train.grad_accum, dt * 1e3, tokens / dt);
     const double gib = gpu_memory_gib(be);
     if (gib >= 0)
-        printf(", MFU %.1f%%, GPU memory %.2f GiB", 100.0 * flops_per_token(&c, gpt_num_params(m)) * tokens / dt / PEAK_FLOPS,
-               gib);
+        printf(", MFU %.1f%%, GPU memory %.2f GiB",
+               100.0 * flops_per_token(&c, gpt_num_params(m)) * tokens / dt / PEAK_FLOPS, gib);
     printf("\n");
     trainer_free(t);
     gpt_free(m);
