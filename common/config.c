@@ -48,7 +48,7 @@ static const CfgKey KEYS[] = {
     {"data.synthetic", CFG_ENUM, OFF(data.synthetic), "none", 0, 0, "none|copy|markov",
      "built-in task instead of shards: copy (second half repeats the first), markov (known entropy)"},
     {"data.shuffle", CFG_BOOL, OFF(data.shuffle), "false", 0, 0, NULL,
-     "visit training windows in a seeded random order instead of sequentially"},
+     "visit training windows in a seeded random order, each shifted by a random offset"},
     {"data.eot_token", CFG_INT, OFF(data.eot_token), "-1", -1, BIG, NULL,
      "end-of-text token that separates documents; -1 = none"},
 

@@ -157,6 +157,14 @@ static void read_window(Dataset *d, uint64_t k, int *inputs, int *targets) {
         else hi = mid - 1;
     }
     uint64_t start = (w - d->first_window[lo]) * (uint64_t)d->T;
+    if (d->shuffle) {
+        // Shift the window by a keyed offset in [0, T), so every epoch shows the model new
+        // alignments of the text (as random sampling of start positions does), clamped so the
+        // window stays inside its shard.
+        uint64_t last = d->shards[lo].n_tokens - 1 - (uint64_t)d->T;
+        start += hash3(d->seed ^ 0x6F6666736574ull, epoch, w) % (uint64_t)d->T;
+        if (start > last) start = last;
+    }
     shard_read(&d->shards[lo], start, (size_t)d->T, inputs);
     shard_read(&d->shards[lo], start + 1, (size_t)d->T, targets);
 }

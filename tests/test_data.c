@@ -224,7 +224,7 @@ static void test_dataset_shuffled(const char *pattern) {
     EXPECT(d1 && d2 && d3, "open: %s", err);
     if (!d1 || !d2 || !d3) return;
     int order[3][DS_WINDOWS], order2[DS_WINDOWS];
-    int same = 1, perm_ok = 1, differs_seed = 0, differs_epoch = 0, not_sequential = 0;
+    int same = 1, perm_ok = 1, differs_seed = 0, differs_epoch = 0, not_sequential = 0, shifted = 0;
     for (int e = 0; e < 3; e++) {   // three epochs
         int seen[DS_WINDOWS] = {0};
         for (int w = 0; w < DS_WINDOWS; w++) {
@@ -236,13 +236,16 @@ static void test_dataset_shuffled(const char *pattern) {
             differs_seed |= s1 != s3;
             not_sequential |= s1 != window_start(w);
             order[e][w] = s1;
-            for (int k = 0; k < DS_WINDOWS; k++) seen[k] += s1 == window_start(k);
+            // Shuffled windows start at a keyed offset in [0, T) after their window's start.
+            for (int k = 0; k < DS_WINDOWS; k++) seen[k] += s1 >= window_start(k) && s1 < window_start(k) + DS_T;
+            shifted |= s1 != window_start(s1 < 1000 ? s1 / DS_T : 12 + (s1 - 1000) / DS_T);
         }
         for (int k = 0; k < DS_WINDOWS; k++) perm_ok &= seen[k] == 1;
         if (e > 0) differs_epoch |= memcmp(order[e], order[0], sizeof order[0]) != 0;
     }
     EXPECT(same, "same seed, same shuffled batches");
     EXPECT(perm_ok, "each epoch visits every window exactly once");
+    EXPECT(shifted, "shuffled windows are shifted by random offsets");
     EXPECT(differs_seed && not_sequential && differs_epoch, "order depends on seed and epoch");
     dataset_rewind(d1);   // training data rewound reads epoch 0 again
     for (int w = 0; w < DS_WINDOWS; w++) read_batch(d1, 1, DS_T, &order2[w]);
