@@ -249,3 +249,25 @@ def test_sample_from_checkpoint(tmp_path):
     assert r1.stdout == r2.stdout and r1.stdout.count("<") >= 20  # ids shown without a tokenizer
     r3 = run(["sample", "--checkpoint", ck, "--tokens", "20", "--temperature", "0"])
     assert r3.returncode == 0
+
+
+def test_plot_metrics_writes_png(tmp_path):
+    cfg = tiny(tmp_path)
+    assert run(["train", "-c", write_config(tmp_path, cfg), "--set", "train.steps=20"]).returncode == 0
+    out = tmp_path / "plot.png"
+    r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "scripts", "plot_metrics.py"), cfg["log"]["dir"],
+                        os.path.join(cfg["log"]["dir"], "metrics.jsonl"), "-o", str(out), "--smooth", "3"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10000
+    r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "scripts", "plot_metrics.py"), str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "nope" in r.stderr
+
+
+def test_bench_reports_throughput(tmp_path):
+    cfg = tiny(tmp_path)
+    r = run(["bench", "-c", write_config(tmp_path, cfg), "--steps", "2", "--device", "cpu"])
+    assert r.returncode == 0, r.stderr
+    assert "tokens/s" in r.stdout and "ms/step" in r.stdout
+    assert not os.path.exists(cfg["log"]["dir"])  # bench writes nothing
