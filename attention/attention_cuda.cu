@@ -52,16 +52,18 @@ static int attn_select_kernel(const AttnParams &p, int arch, AttnKernelChoice *c
     return 0;
 }
 
-// Flash workspace (floats, see attn_workspace_bytes): D (B, NH, T_q) then the dQ accumulator
-// (B, NH, T_q, HS), which only the non-deterministic backward uses.
+// Flash workspace (floats, see attn_workspace_bytes): the dQ accumulator (B, NH, T_q, HS), which
+// only the non-deterministic backward uses, then D (B, NH, T_q). The accumulator comes first so
+// that it keeps the workspace's alignment: the backward adds pairs of floats with 8-byte atomics.
 template <typename T, int HS, bool EXTRAS>
 static void sm80_run(const AttnParams &p, int backward, cudaStream_t s) {
     if (!backward) {
         flash_fwd_launch<T, HS, EXTRAS>(p, s);
         return;
     }
-    float *dsum = static_cast<float *>(p.workspace);
-    float *dq_accum = p.deterministic ? NULL : dsum + (size_t)p.B * p.NH * p.T_q;
+    float *ws = static_cast<float *>(p.workspace);
+    float *dq_accum = p.deterministic ? NULL : ws;
+    float *dsum = ws + (size_t)p.B * p.NH * p.T_q * HS;
     flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
     flash_bwd_launch<T, HS, EXTRAS>(p, dsum, dq_accum, s);
     if (dq_accum) flash_bwd_convert_dq<T>(p, dq_accum, s);
@@ -90,6 +92,8 @@ static void attn_run_cuda(const AttnParams *p, int backward) {
     if (attn_check(p, ATTN_CUDA, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     if (backward && !p->out)
         fatal(EXIT_USAGE, "attention: backward needs the forward output 'out' (for D = rowsum(dO * O))");
+    if (backward && (uintptr_t)p->workspace % 16 != 0)
+        fatal(EXIT_USAGE, "attention: the CUDA workspace must be 16-byte aligned (cudaMalloc's is)");
     int dev, major, minor;
     ATTN_CUDA_CHECK(cudaGetDevice(&dev));
     ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));

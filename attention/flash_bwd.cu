@@ -11,74 +11,99 @@
 
 // ---- preprocess ---------------------------------------------------------------------------
 
-// One warp per (b, i, h) row: D = sum_d dO * O.
+// Loads 8 consecutive elements (16 bytes; attn_check guarantees the alignment) as floats.
+template <typename T> __device__ __forceinline__ void load8(float f[8], const T *src) {
+    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+    const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = ElemTraits<T>::to_float(e[j]);
+}
+
+// Row (b, h, i) of the (B, NH, T_q) row index, as the kernels below number rows.
+__device__ __forceinline__ void split_row(const AttnParams &p, int64_t row, int *b, int *h, int *i) {
+    *i = (int)(row % p.T_q);
+    *h = (int)((row / p.T_q) % p.NH);
+    *b = (int)(row / ((int64_t)p.T_q * p.NH));
+}
+
+// D = sum_d dO * O: HS / 8 lanes per (b, h, i) row, each with one 16-byte load of O and of dO.
 template <typename T, int HS> __global__ void bwd_dsum_kernel(const AttnParams p, float *dsum) {
-    const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (row >= (int64_t)p.B * p.NH * p.T_q) return;
-    const int i = (int)(row % p.T_q), h = (int)((row / p.T_q) % p.NH), b = (int)(row / ((int64_t)p.T_q * p.NH));
-    const T *o = static_cast<const T *>(p.out) + b * p.o_st.batch + i * p.o_st.row + h * p.o_st.head;
-    const T *d = static_cast<const T *>(p.dout) + b * p.do_st.batch + i * p.do_st.row + h * p.do_st.head;
+    constexpr int LANES = HS / 8;  // lanes per row
+    static_assert(32 % LANES == 0, "rows must not straddle warps");
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+    const int c = (threadIdx.x % LANES) * 8;
+    const bool ok = row < (int64_t)p.B * p.NH * p.T_q;
     float acc = 0.f;
+    if (ok) {
+        int b, h, i;
+        split_row(p, row, &b, &h, &i);
+        float o[8], d[8];
+        load8(o, static_cast<const T *>(p.out) + b * p.o_st.batch + i * p.o_st.row + h * p.o_st.head + c);
+        load8(d, static_cast<const T *>(p.dout) + b * p.do_st.batch + i * p.do_st.row + h * p.do_st.head + c);
 #pragma unroll
-    for (int c = lane; c < HS; c += 32) acc += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(d[c]);
+        for (int j = 0; j < 8; j++) acc += o[j] * d[j];
+    }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) dsum[row] = acc;  // row = (b * NH + h) * T_q + i
+    for (int off = LANES / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (ok && c == 0) dsum[row] = acc;  // row = (b * NH + h) * T_q + i
 }
 
 template <typename T>
 void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s) {
-    constexpr int WARPS = 8;
+    constexpr int THREADS = 256;
     const int64_t rows = (int64_t)p.B * p.NH * p.T_q;
-    const unsigned blocks = (unsigned)((rows + WARPS - 1) / WARPS);
-    if (p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, 32 * WARPS, 0, s>>>(p, dsum);
-    else bwd_dsum_kernel<T, 128><<<blocks, 32 * WARPS, 0, s>>>(p, dsum);
+    const unsigned blocks = (unsigned)((rows * (p.HS / 8) + THREADS - 1) / THREADS);
+    if (p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, THREADS, 0, s>>>(p, dsum);
+    else bwd_dsum_kernel<T, 128><<<blocks, THREADS, 0, s>>>(p, dsum);
     ATTN_CUDA_CHECK(cudaGetLastError());
     if (dq_accum) ATTN_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, (size_t)rows * p.HS * sizeof(float), s));
 }
 
 // ---- convert ------------------------------------------------------------------------------
 
+// dQ = scale * accumulator: 8 consecutive columns per thread (two 16-byte loads, one store).
 template <typename T> __global__ void bwd_convert_dq_kernel(const AttnParams p, const float *acc) {
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (B, NH, T_q, HS)
+    const int64_t idx = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;  // over (B, NH, T_q, HS)
     if (idx >= (int64_t)p.B * p.NH * p.T_q * p.HS) return;
     const int c = (int)(idx % p.HS);
-    const int64_t row = idx / p.HS;
-    const int i = (int)(row % p.T_q), h = (int)((row / p.T_q) % p.NH), b = (int)(row / ((int64_t)p.T_q * p.NH));
+    int b, h, i;
+    split_row(p, idx / p.HS, &b, &h, &i);
+    const float4 lo = *reinterpret_cast<const float4 *>(acc + idx), hi = *reinterpret_cast<const float4 *>(acc + idx + 4);
+    uint4 out;
+    out.x = ElemTraits<T>::pack(lo.x * p.scale, lo.y * p.scale);
+    out.y = ElemTraits<T>::pack(lo.z * p.scale, lo.w * p.scale);
+    out.z = ElemTraits<T>::pack(hi.x * p.scale, hi.y * p.scale);
+    out.w = ElemTraits<T>::pack(hi.z * p.scale, hi.w * p.scale);
     T *dq = static_cast<T *>(p.dq) + b * p.dq_st.batch + i * p.dq_st.row + h * p.dq_st.head;
-    dq[c] = ElemTraits<T>::from_float(acc[idx] * p.scale);
+    *reinterpret_cast<uint4 *>(dq + c) = out;
 }
 
 template <typename T> void flash_bwd_convert_dq(const AttnParams &p, const float *dq_accum, cudaStream_t s) {
-    const int64_t n = (int64_t)p.B * p.NH * p.T_q * p.HS;
-    bwd_convert_dq_kernel<T><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dq_accum);
+    const int64_t n8 = (int64_t)p.B * p.NH * p.T_q * p.HS / 8;
+    bwd_convert_dq_kernel<T><<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(p, dq_accum);
     ATTN_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- main kernel --------------------------------------------------------------------------
 
 template <typename T, int HS, bool EXTRAS>
-__global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
+__global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
     flash_bwd_kernel(const AttnParams p, const float *dsum, float *dq_accum) {
     using Tile = BwdTile<HS>;
-    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS, MT = Tile::MT;
-    constexpr int WKEYS = 16 * MT;   // keys per warp
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int SD_MT = Tile::SD_MT, SD_NT = Tile::SD_NT;
+    constexpr int KV_MT = Tile::KV_MT, KV_ND = Tile::KV_ND;
+    constexpr int DQ_MT = Tile::DQ_MT, DQ_ND = Tile::DQ_ND;
     constexpr int KSTEPS = HS / 16;  // k-steps over the head dimension
-    constexpr int NQ = BM / 8;       // n8 tiles of S^T (query columns) per m-tile
-    constexpr int ND = HS / 8;       // n8 tiles of dK, dV per m-tile
-    static_assert(MT * NQ * 4 <= 32, "dropout keep bits of one tile must fit a uint32");
-    constexpr int DQ_COLS = HS / Tile::WN;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *sK = reinterpret_cast<T *>(smem_raw);  // (BN, HS)
-    T *sV = sK + BN * HS;                     // (BN, HS)
+    T *sK = reinterpret_cast<T *>(smem_raw);  // (BN, HS), at the end the staging area for dK
+    T *sV = sK + BN * HS;                     // (BN, HS), at the end the staging area for dV
     T *sQ = sV + BN * HS;                     // 2 stages of (BM, HS)
     T *sdO = sQ + 2 * BM * HS;                // 2 stages of (BM, HS)
-    T *sdS = sdO + 2 * BM * HS;               // (BN, BM): dS^T in the element type, for dQ = dS K
-    float *sLse = reinterpret_cast<float *>(sdS + BN * BM);  // 2 stages of (BM): LSE * log2(e)
-    float *sD = sLse + 2 * BM;                               // 2 stages of (BM)
-    int *sLo = reinterpret_cast<int *>(sD + 2 * BM);         // 2 stages of (BM): row ranges
-    int *sHi = sLo + 2 * BM;
+    T *sP = sdO + 2 * BM * HS;                // (BM, BN): P after dropout, for dV
+    T *sdS = sP + BM * BN;                    // (BM, BN): dS, for dK and dQ
+    float *sLse = reinterpret_cast<float *>(sdS + BM * BN);  // 2 stages of (BM): LSE (natural log)
+    float *sD = sLse + 2 * BM;                               // 2 stages of (BM): D
 
     const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int G = p.NH / p.NKV;
@@ -89,7 +114,6 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
     const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + (int64_t)n0 * p.v_st.row + kvh * p.v_st.head;
     tile_load_async<BN, HS, NT>(sK, k, p.k_st.row, n_valid, tid);
     tile_load_async<BN, HS, NT>(sV, v, p.v_st.row, n_valid, tid);
-    cp_async_commit();
 
     int q_begin, q_end;
     query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
@@ -97,6 +121,8 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
     const int n_mb = q_end > q_begin ? cdiv(q_end, BM) - mb_begin : 0;
     const int total = G * n_mb;  // (query head, query tile) pairs, head-major
 
+    // Q, dO, LSE and D of pair `it` into `stage`. Rows past T_q are zero-filled: their Q and dO
+    // are 0, so whatever P they get (LSE reads 0), their dS = P * (0 - 0) and P dO add nothing.
     auto load_stage = [&](int it, int stage) {
         const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
         const int m_valid = min(BM, p.T_q - m0);
@@ -104,230 +130,242 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS)
         const T *d = static_cast<const T *>(p.dout) + b * p.do_st.batch + (int64_t)m0 * p.do_st.row + h * p.do_st.head;
         tile_load_async<BM, HS, NT>(sQ + stage * BM * HS, q, p.q_st.row, m_valid, tid);
         tile_load_async<BM, HS, NT>(sdO + stage * BM * HS, d, p.do_st.row, m_valid, tid);
+        const int64_t l0 = ((int64_t)b * p.NH + h) * p.T_q + m0;
         for (int r = tid; r < BM; r += NT) {
-            const int i = m0 + r;
-            const int64_t li = ((int64_t)b * p.NH + h) * p.T_q + i;
-            const bool ok = i < p.T_q;
-            // rows past T_q get LSE +inf, so their P is exactly 0 and they contribute nothing
-            sLse[stage * BM + r] = ok ? p.lse[li] * LOG2E_F : INFINITY;
-            sD[stage * BM + r] = ok ? dsum[li] : 0.f;
-            const RowRange rr = row_range(p, b, ok ? i : p.T_q - 1);
-            sLo[stage * BM + r] = rr.lo;
-            sHi[stage * BM + r] = ok ? rr.hi : rr.lo;
+            const bool ok = r < m_valid;
+            cp_async_4(smem_u32(sLse + stage * BM + r), p.lse + (ok ? l0 + r : 0), ok ? 4 : 0);
+            cp_async_4(smem_u32(sD + stage * BM + r), dsum + (ok ? l0 + r : 0), ok ? 4 : 0);
         }
     };
 
-    float dk[MT][ND][4], dv[MT][ND][4];  // (WKEYS, HS) each: this warp's keys
+    float dk[KV_MT][KV_ND][4], dv[KV_MT][KV_ND][4];  // this warp's (32 keys, HS / KV_WD) blocks
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < KV_MT; mt++)
 #pragma unroll
-        for (int i = 0; i < ND; i++)
+        for (int i = 0; i < KV_ND; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dk[mt][i][e] = dv[mt][i][e] = 0.f;
 
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
-    const int key_row = warp * WKEYS + g;  // this thread's keys: key_row + 16 mt + 8 r
-    const int pos_shift = p.T_k - p.T_q;             // aligned position of query i is i + pos_shift
+    const int pos_shift = p.T_k - p.T_q;  // aligned position of query i is i + pos_shift
+    // exp(scale * S - LSE) in the log2 domain with one FMA; ALiBi adds its bias after scaling.
+    const float sl = EXTRAS && p.alibi_slopes ? 1.f : scale_log2;
 
-    // Fragment addresses: one swizzled address per k-step (or per 16 columns), then constant
-    // offsets, since the swizzle repeats every 8 rows; V, dO mirror K, Q at fixed distances.
-    constexpr uint32_t V_FROM_K = BN * HS * 2, DO_FROM_Q = 2 * BM * HS * 2;  // bytes
-    uint32_t off_kn[HS / 16];  // [k][n] fragments of dO / Q (dV, dK products), per 16 columns
+    // This warp's blocks in the three grids (tile-relative row / column origins).
+    const int sd_q0 = (warp % Tile::SD_WM) * 16 * SD_MT, sd_k0 = (warp / Tile::SD_WM) * 8 * SD_NT;
+    const int kv_k0 = (warp % Tile::KV_WN) * 16 * KV_MT, kv_d0 = (warp / Tile::KV_WN) * 8 * KV_ND;
+    const int dq_q0 = (warp % Tile::DQ_WM) * 16 * DQ_MT, dq_d0 = (warp / Tile::DQ_WM) * 8 * DQ_ND;
+    // dO and V sit at fixed byte distances from Q and K, dS from P (the same swizzled layout).
+    constexpr uint32_t V_FROM_K = BN * HS * 2, DO_FROM_Q = 2 * BM * HS * 2, DS_FROM_P = BM * BN * 2;
+    // The swizzle repeats every 8 rows, so a fragment address moves down rows by a constant but
+    // across columns by a recomputed offset: this lane's offsets per 16-column block, from the
+    // tile's first row (bytes).
+    uint32_t off_kv[KV_ND / 2], off_pa[KV_MT], off_dq[DQ_ND / 2];
 #pragma unroll
-    for (int dp = 0; dp < HS / 16; dp++) off_kn[dp] = frag_addr_b_kn<HS>(sQ, 0, dp * 16, lane) - smem_u32(sQ);
-    const int wm = warp % Tile::WM, wn = warp / Tile::WM;  // this warp's dQ block
-    uint32_t off_dq[DQ_COLS / 16];  // K fragments of the dQ product, per 16 columns
+    for (int np = 0; np < KV_ND / 2; np++) off_kv[np] = frag_addr_b_kn<HS>(sQ, 0, kv_d0 + 16 * np, lane) - smem_u32(sQ);
 #pragma unroll
-    for (int np = 0; np < DQ_COLS / 16; np++)
-        off_dq[np] = frag_addr_b_kn<HS>(sK, 0, wn * DQ_COLS + np * 16, lane) - smem_u32(sK);
-    const uint32_t ds_addr = frag_addr_a_km<BM>(sdS, wm * 16, 0, lane);
-    const float sl = (EXTRAS && p.alibi_slopes) || !(p.scale > 0.f) ? 1.f : scale_log2;  // see flash_fwd.cu
+    for (int mt = 0; mt < KV_MT; mt++) off_pa[mt] = frag_addr_a_km<BN>(sP, kv_k0 + 16 * mt, 0, lane) - smem_u32(sP);
+#pragma unroll
+    for (int np = 0; np < DQ_ND / 2; np++) off_dq[np] = frag_addr_b_kn<HS>(sK, 0, dq_d0 + 16 * np, lane) - smem_u32(sK);
 
     if (total > 0) load_stage(0, 0);
     cp_async_commit();
     for (int it = 0; it < total; it++) {
         const int stage = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();  // this stage (and K, V) landed; every warp is done with pair it-1, so
+                          // the other stage, P and dS may be overwritten
         if (it + 1 < total) load_stage(it + 1, stage ^ 1);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();  // K, V and this stage's Q, dO, LSE, D, ranges are in shared memory
 
         const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
         const int m_valid = min(BM, p.T_q - m0);
-        const T *cQ = sQ + stage * BM * HS, *cdO = sdO + stage * BM * HS;
+        const T *cQ = sQ + stage * BM * HS;
         const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
-        const int *cLo = sLo + stage * BM, *cHi = sHi + stage * BM;
-        const RowRange first = {cLo[0], cHi[0]}, last = {cLo[m_valid - 1], cHi[m_valid - 1]};
+        const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
         const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
-        const float slope_log2 = EXTRAS && p.alibi_slopes ? p.alibi_slopes[h] * LOG2E_F : 0.f;
-        float lse2[NQ][2], dd[NQ][2];  // this thread's query columns nt*8 + 2t + c
-#pragma unroll
-        for (int nt = 0; nt < NQ; nt++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                lse2[nt][c] = cLse[nt * 8 + 2 * t + c];
-                dd[nt][c] = cD[nt * 8 + 2 * t + c];
-            }
 
-        // S^T = K_w Q^T and dP^T = V_w dO^T, both (WKEYS, BM)
-        float st[MT][NQ][4], dpt[MT][NQ][4];
+        // S = Q K^T for this warp's (32 queries, SD_NT * 8 keys), turned into P = exp(S - LSE) in
+        // place; then dP = dO V^T (one product at a time keeps the live fragments few).
+        float s[SD_MT][SD_NT][4], dp[SD_MT][SD_NT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < SD_MT; mt++)
 #pragma unroll
-            for (int i = 0; i < NQ; i++)
+            for (int i = 0; i < SD_NT; i++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) st[mt][i][e] = dpt[mt][i][e] = 0.f;
-#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][i][e] = dp[mt][i][e] = 0.f;
+#pragma unroll 1
         for (int ks = 0; ks < KSTEPS; ks++) {
-            uint32_t ka[MT][4], va[MT][4];
-            const uint32_t kaddr = frag_addr_a<HS>(sK, warp * WKEYS, ks * 16, lane);
+            uint32_t qa[SD_MT][4];
+            const uint32_t qaddr = frag_addr_a<HS>(cQ, sd_q0, ks * 16, lane);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                ldmatrix_x4(ka[mt], kaddr + mt * 16 * HS * 2);
-                ldmatrix_x4(va[mt], kaddr + mt * 16 * HS * 2 + V_FROM_K);
+            for (int mt = 0; mt < SD_MT; mt++) ldmatrix_x4(qa[mt], qaddr + mt * 16 * HS * 2);
+            const uint32_t kaddr = frag_addr_b_nk<HS>(sK, sd_k0, ks * 16, lane);
+#pragma unroll
+            for (int np = 0; np < SD_NT / 2; np++) {
+                uint32_t kb[4];
+                ldmatrix_x4(kb, kaddr + np * 16 * HS * 2);
+#pragma unroll
+                for (int mt = 0; mt < SD_MT; mt++) {
+                    mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+                    mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                }
             }
-            const uint32_t qaddr = frag_addr_b_nk<HS>(cQ, 0, ks * 16, lane);
+        }
+        const float slope_log2 = EXTRAS && p.alibi_slopes ? p.alibi_slopes[h] * LOG2E_F : 0.f;
 #pragma unroll
-            for (int np = 0; np < NQ / 2; np++) {
-                uint32_t qb[4], ob[4];
-                ldmatrix_x4(qb, qaddr + np * 16 * HS * 2);
-                ldmatrix_x4(ob, qaddr + np * 16 * HS * 2 + DO_FROM_Q);
+        for (int mt = 0; mt < SD_MT; mt++)
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816<T>(st[mt][2 * np], ka[mt], qb[0], qb[1]);
-                    mma_16816<T>(st[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
-                    mma_16816<T>(dpt[mt][2 * np], va[mt], ob[0], ob[1]);
-                    mma_16816<T>(dpt[mt][2 * np + 1], va[mt], ob[2], ob[3]);
+            for (int r = 0; r < 2; r++) {
+                const int row = sd_q0 + 16 * mt + 8 * r + g, i = m0 + row;  // query of this thread
+                const float lse2 = cLse[row] * LOG2E_F;
+                RowRange rr = {0, 0};
+                if (partial) rr = row_range(p, b, min(i, p.T_q - 1));
+#pragma unroll
+                for (int nt = 0; nt < SD_NT; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int key = n0 + sd_k0 + 8 * nt + 2 * t + c;
+                        float x = s[mt][nt][2 * r + c];
+                        if (EXTRAS && p.alibi_slopes) x = x * scale_log2 + alibi_bias_log2(slope_log2, i + pos_shift, key);
+                        const bool masked = partial && (key < rr.lo || key >= rr.hi);
+                        s[mt][nt][2 * r + c] = masked ? 0.f : exp2f(fmaf(x, sl, -lse2));
+                    }
+            }
+#pragma unroll 1
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            uint32_t oa[SD_MT][4];
+            const uint32_t oaddr = frag_addr_a<HS>(cQ, sd_q0, ks * 16, lane) + DO_FROM_Q;
+#pragma unroll
+            for (int mt = 0; mt < SD_MT; mt++) ldmatrix_x4(oa[mt], oaddr + mt * 16 * HS * 2);
+            const uint32_t vaddr = frag_addr_b_nk<HS>(sK, sd_k0, ks * 16, lane) + V_FROM_K;
+#pragma unroll
+            for (int np = 0; np < SD_NT / 2; np++) {
+                uint32_t vb[4];
+                ldmatrix_x4(vb, vaddr + np * 16 * HS * 2);
+#pragma unroll
+                for (int mt = 0; mt < SD_MT; mt++) {
+                    mma_16816<T>(dp[mt][2 * np], oa[mt], vb[0], vb[1]);
+                    mma_16816<T>(dp[mt][2 * np + 1], oa[mt], vb[2], vb[3]);
                 }
             }
         }
 
-        // P^T (undropped) in st; dS^T in dpt; the dropped, rescaled P^T goes to the dV product.
-        uint32_t keep_bits = 0;
+        // dS = P * (dP - D); P (after dropout) and dS to shared memory.
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < SD_MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NQ; nt++) {
+            for (int r = 0; r < 2; r++) {
+                const int row = sd_q0 + 16 * mt + 8 * r + g, i = m0 + row;
+                const float dd = cD[row];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = n0 + key_row + 16 * mt + 8 * (e >> 1);
-                    const int qc = nt * 8 + 2 * t + (e & 1);  // query column within the tile
-                    float x = st[mt][nt][e];
-                    if (EXTRAS && p.alibi_slopes) x = x * scale_log2 + alibi_bias_log2(slope_log2, m0 + qc + pos_shift, key);
-                    if (partial && (key < cLo[qc] || key >= cHi[qc])) x = -INFINITY;
-                    const float pr = exp2f(fmaf(x, sl, -lse2[nt][e & 1]));
-                    float dp = dpt[mt][nt][e];
-                    if (EXTRAS && p.dropout_p > 0.f) {
-                        const bool keep = m0 + qc < p.T_q && key < p.T_k && dropout_keep(p, b, h, m0 + qc, key);
-                        keep_bits |= (uint32_t)keep << ((mt * NQ + nt) * 4 + e);
-                        dp = keep ? dp * keep_scale : 0.f;
+                for (int nt = 0; nt < SD_NT; nt++) {
+                    float pv[2], dsv[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float pr = s[mt][nt][2 * r + c];
+                        float d = dp[mt][nt][2 * r + c], pk = pr;
+                        if (EXTRAS && p.dropout_p > 0.f) {
+                            const int key = n0 + sd_k0 + 8 * nt + 2 * t + c;
+                            const bool keep = i < p.T_q && key < p.T_k && dropout_keep(p, b, h, i, key);
+                            d = keep ? d * keep_scale : 0.f;
+                            pk = keep ? pr * keep_scale : 0.f;
+                        }
+                        pv[c] = pk;
+                        dsv[c] = pr * (d - dd);
                     }
-                    st[mt][nt][e] = pr;
-                    dpt[mt][nt][e] = pr * (dp - dd[nt][e & 1]);
+                    const int off = SwizzledTile<BN>::offset(row, sd_k0 + 8 * nt + 2 * t);
+                    *reinterpret_cast<uint32_t *>(sP + off) = ElemTraits<T>::pack(pv[0], pv[1]);
+                    *reinterpret_cast<uint32_t *>(sdS + off) = ElemTraits<T>::pack(dsv[0], dsv[1]);
                 }
             }
-
-        // dV += P_drop^T dO and dK += dS^T Q over the BM queries
-        const uint32_t qbase = smem_u32(cQ);
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) {
-            uint32_t pa[MT][4], sa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                float p0[4], p1[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    p0[e] = st[mt][2 * kk][e];
-                    p1[e] = st[mt][2 * kk + 1][e];
-                    if (EXTRAS && p.dropout_p > 0.f) {
-                        p0[e] = (keep_bits >> ((mt * NQ + 2 * kk) * 4 + e)) & 1u ? p0[e] * keep_scale : 0.f;
-                        p1[e] = (keep_bits >> ((mt * NQ + 2 * kk + 1) * 4 + e)) & 1u ? p1[e] * keep_scale : 0.f;
-                    }
-                }
-                c_to_a<T>(pa[mt], p0, p1);
-                c_to_a<T>(sa[mt], dpt[mt][2 * kk], dpt[mt][2 * kk + 1]);
-            }
-#pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t ob[4], qb[4];
-                ldmatrix_x4_trans(qb, qbase + kk * 16 * HS * 2 + off_kn[dp]);
-                ldmatrix_x4_trans(ob, qbase + kk * 16 * HS * 2 + off_kn[dp] + DO_FROM_Q);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816<T>(dv[mt][2 * dp], pa[mt], ob[0], ob[1]);
-                    mma_16816<T>(dv[mt][2 * dp + 1], pa[mt], ob[2], ob[3]);
-                    mma_16816<T>(dk[mt][2 * dp], sa[mt], qb[0], qb[1]);
-                    mma_16816<T>(dk[mt][2 * dp + 1], sa[mt], qb[2], qb[3]);
-                }
-            }
-        }
+        __syncthreads();  // P and dS complete
 
         if (dq_accum) {
-            // dS^T to shared memory, then dQ (BM, HS) += dS (BM, BN) K (BN, HS) over a warp grid
+            // dQ (BM, HS) += dS (BM, BN) K (BN, HS): this warp's (32 queries, DQ_ND * 8 columns)
+            float dq[DQ_MT][DQ_ND][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < DQ_MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < NQ; nt++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++)
-                        *reinterpret_cast<uint32_t *>(sdS + SwizzledTile<BM>::offset(key_row + 16 * mt + 8 * r,
-                                                                                      nt * 8 + 2 * t)) =
-                            ElemTraits<T>::pack(dpt[mt][nt][2 * r], dpt[mt][nt][2 * r + 1]);
-            __syncthreads();
-            float dq[DQ_COLS / 8][4];
-#pragma unroll
-            for (int i = 0; i < DQ_COLS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+                for (int i = 0; i < DQ_ND; i++) dq[mt][i][0] = dq[mt][i][1] = dq[mt][i][2] = dq[mt][i][3] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < BN / 16; ks++) {
-                uint32_t a[4];
-                ldmatrix_x4_trans(a, ds_addr + ks * 16 * BM * 2);
+                uint32_t a[DQ_MT][4];
+                const uint32_t saddr = frag_addr_a<BN>(sdS, dq_q0, ks * 16, lane);
 #pragma unroll
-                for (int np = 0; np < DQ_COLS / 16; np++) {
+                for (int mt = 0; mt < DQ_MT; mt++) ldmatrix_x4(a[mt], saddr + mt * 16 * BN * 2);
+#pragma unroll
+                for (int np = 0; np < DQ_ND / 2; np++) {
                     uint32_t kb[4];
                     ldmatrix_x4_trans(kb, smem_u32(sK) + ks * 16 * HS * 2 + off_dq[np]);
-                    mma_16816<T>(dq[2 * np], a, kb[0], kb[1]);
-                    mma_16816<T>(dq[2 * np + 1], a, kb[2], kb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < DQ_MT; mt++) {
+                        mma_16816<T>(dq[mt][2 * np], a[mt], kb[0], kb[1]);
+                        mma_16816<T>(dq[mt][2 * np + 1], a[mt], kb[2], kb[3]);
+                    }
                 }
             }
             float *acc = dq_accum + (((int64_t)b * p.NH + h) * p.T_q + m0) * HS;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int row = wm * 16 + g + 8 * r;
-                if (row < m_valid) {
+            for (int mt = 0; mt < DQ_MT; mt++)
 #pragma unroll
-                    for (int i = 0; i < DQ_COLS / 8; i++) {
-                        const int col = wn * DQ_COLS + i * 8 + 2 * t;
-                        atomicAdd(acc + (int64_t)row * HS + col, dq[i][2 * r]);
-                        atomicAdd(acc + (int64_t)row * HS + col + 1, dq[i][2 * r + 1]);
+                for (int r = 0; r < 2; r++) {
+                    const int row = dq_q0 + 16 * mt + 8 * r + g;
+                    if (row < m_valid) {
+#pragma unroll
+                        for (int i = 0; i < DQ_ND; i++)
+                            atomic_add_pair(acc + (int64_t)row * HS + dq_d0 + 8 * i + 2 * t, dq[mt][i][2 * r],
+                                            dq[mt][i][2 * r + 1]);
                     }
+                }
+        }
+
+        // dV += P^T dO and dK += dS^T Q over the BM queries, for this warp's (32 keys, KV_ND * 8 cols)
+#pragma unroll 1
+        for (int kk = 0; kk < BM / 16; kk++) {
+            uint32_t pa[KV_MT][4], sa[KV_MT][4];
+            const uint32_t pbase = smem_u32(sP) + kk * 16 * BN * 2, qbase = smem_u32(cQ) + kk * 16 * HS * 2;
+#pragma unroll
+            for (int mt = 0; mt < KV_MT; mt++) {
+                ldmatrix_x4_trans(pa[mt], pbase + off_pa[mt]);
+                ldmatrix_x4_trans(sa[mt], pbase + off_pa[mt] + DS_FROM_P);
+            }
+#pragma unroll
+            for (int np = 0; np < KV_ND / 2; np++) {
+                uint32_t qb[4], ob[4];
+                ldmatrix_x4_trans(qb, qbase + off_kv[np]);
+                ldmatrix_x4_trans(ob, qbase + off_kv[np] + DO_FROM_Q);
+#pragma unroll
+                for (int mt = 0; mt < KV_MT; mt++) {
+                    mma_16816<T>(dv[mt][2 * np], pa[mt], ob[0], ob[1]);
+                    mma_16816<T>(dv[mt][2 * np + 1], pa[mt], ob[2], ob[3]);
+                    mma_16816<T>(dk[mt][2 * np], sa[mt], qb[0], qb[1]);
+                    mma_16816<T>(dk[mt][2 * np + 1], sa[mt], qb[2], qb[3]);
                 }
             }
         }
-        __syncthreads();  // this stage and sdS may be overwritten from here on
     }
     cp_async_wait<0>();
-    __syncthreads();  // K/V copies done (also when no query tile saw this key tile)
+    __syncthreads();  // every warp is done with K and V (also when no query tile saw this key tile)
 
-    // dK = scale * dS^T Q, staged with dV through this warp's own rows of sK / sV.
-    T *sdK = sK + warp * WKEYS * HS, *sdV = sV + warp * WKEYS * HS;
+    // dK = scale * dS^T Q and dV, staged through sK and sV, then stored with 16-byte writes.
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < KV_MT; mt++)
 #pragma unroll
-        for (int i = 0; i < ND; i++)
+        for (int i = 0; i < KV_ND; i++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int off = SwizzledTile<HS>::offset(16 * mt + g + 8 * r, i * 8 + 2 * t);
-                *reinterpret_cast<uint32_t *>(sdK + off) =
+                const int off = SwizzledTile<HS>::offset(kv_k0 + 16 * mt + 8 * r + g, kv_d0 + 8 * i + 2 * t);
+                *reinterpret_cast<uint32_t *>(sK + off) =
                     ElemTraits<T>::pack(dk[mt][i][2 * r] * p.scale, dk[mt][i][2 * r + 1] * p.scale);
-                *reinterpret_cast<uint32_t *>(sdV + off) = ElemTraits<T>::pack(dv[mt][i][2 * r], dv[mt][i][2 * r + 1]);
+                *reinterpret_cast<uint32_t *>(sV + off) = ElemTraits<T>::pack(dv[mt][i][2 * r], dv[mt][i][2 * r + 1]);
             }
-    __syncwarp();
-    const int krow = n0 + warp * WKEYS;
-    T *dkg = static_cast<T *>(p.dk) + b * p.dk_st.batch + (int64_t)krow * p.dk_st.row + kvh * p.dk_st.head;
-    T *dvg = static_cast<T *>(p.dv) + b * p.dv_st.batch + (int64_t)krow * p.dv_st.row + kvh * p.dv_st.head;
-    tile_store<WKEYS, HS, 32>(dkg, p.dk_st.row, sdK, p.T_k - krow, lane);
-    tile_store<WKEYS, HS, 32>(dvg, p.dv_st.row, sdV, p.T_k - krow, lane);
+    __syncthreads();
+    T *dkg = static_cast<T *>(p.dk) + b * p.dk_st.batch + (int64_t)n0 * p.dk_st.row + kvh * p.dk_st.head;
+    T *dvg = static_cast<T *>(p.dv) + b * p.dv_st.batch + (int64_t)n0 * p.dv_st.row + kvh * p.dv_st.head;
+    tile_store<BN, HS, NT>(dkg, p.dk_st.row, sK, n_valid, tid);
+    tile_store<BN, HS, NT>(dvg, p.dv_st.row, sV, n_valid, tid);
 }
 
 template <typename T, int HS, bool EXTRAS>

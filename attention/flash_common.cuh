@@ -81,6 +81,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int s
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes));
 }
+// 4-byte variant (per-row fp32 values such as LSE); src_bytes = 0 writes a zero.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -107,20 +111,22 @@ template <int COLS> struct SwizzledTile {
 
 // Copies rows [0, ROWS) of a strided global tile (row r at src + r*row_stride) into a swizzled
 // shared tile with cp.async; rows at or beyond n_valid are zero-filled so ragged tiles never feed
-// garbage (possibly NaN) into the MMAs.
+// garbage (possibly NaN) into the MMAs. Each thread copies the same 16-byte column of rows
+// r0, r0 + RPI, ...: RPI is a multiple of the swizzle's 8-row period, so one swizzled address
+// and one global pointer serve every pass (address math here once cost the backward spills).
 template <int ROWS, int COLS, int NTHREADS, typename T>
 __device__ __forceinline__ void tile_load_async(T *smem, const T *src, int64_t row_stride,
                                                 int n_valid, int tid) {
-    constexpr int CH = COLS / 8;
-    constexpr int TOTAL = ROWS * CH;
-    static_assert(TOTAL % NTHREADS == 0, "tile copy must divide evenly over the threads");
+    constexpr int CH = COLS / 8, RPI = NTHREADS / CH;  // 16-byte chunks per row, rows per pass
+    static_assert(NTHREADS % CH == 0 && RPI % 8 == 0 && ROWS % RPI == 0,
+                  "tile copy must divide evenly over the threads in whole swizzle periods");
+    const int r0 = tid / CH, col = (tid % CH) * 8;
+    const uint32_t dst = smem_u32(smem + SwizzledTile<COLS>::offset(r0, col));
+    const T *g = src + (int64_t)r0 * row_stride + col;
 #pragma unroll
-    for (int it = 0; it < TOTAL / NTHREADS; it++) {
-        int c = it * NTHREADS + tid;
-        int r = c / CH, col = (c % CH) * 8;
-        bool ok = r < n_valid;
-        const T *g = ok ? src + (int64_t)r * row_stride + col : src;
-        cp_async_16(smem_u32(smem + SwizzledTile<COLS>::offset(r, col)), g, ok ? 16 : 0);
+    for (int it = 0; it < ROWS / RPI; it++) {
+        const bool ok = r0 + it * RPI < n_valid;
+        cp_async_16(dst + it * RPI * COLS * 2, ok ? g + it * RPI * row_stride : src, ok ? 16 : 0);
     }
 }
 
@@ -168,6 +174,17 @@ template <int COLS, typename T>
 __device__ __forceinline__ uint32_t frag_addr_a_km(const T *tile, int m0, int k0, int lane) {
     return smem_u32(tile + SwizzledTile<COLS>::offset(k0 + (lane & 7) + ((lane >> 4) << 3),
                                                        m0 + (((lane >> 3) & 1) << 3)));
+}
+
+// acc[0..1] += (x, y) in global fp32 memory (8-byte aligned): one vector atomic on sm90, two
+// scalar ones before it. The result is unused, so both compile to reductions (RED).
+__device__ __forceinline__ void atomic_add_pair(float *acc, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(acc), make_float2(x, y));
+#else
+    atomicAdd(acc, x);
+    atomicAdd(acc + 1, y);
+#endif
 }
 
 // Converts the fp32 C fragments of two adjacent n8 tiles into the A fragment of their 16x16 union.

@@ -33,29 +33,39 @@ template <int HS> struct FwdTile {
     static_assert(SMEM <= SM80_SMEM_LIMIT, "forward tile exceeds shared memory");
 };
 
-// Backward (dK/dV kernel): each warp owns MT m16 tiles of keys (BN = 16 * MT * NWARPS) and
-// accumulates dK and dV (2 x 16*MT x HS fp32) in registers across all query tiles of all the
-// query heads that share its KV head (GQA sums in registers, no reduction pass). Query tiles of
-// BM rows stream through a two-stage Q/dO pipeline; dS goes through shared memory for dQ = dS K
-// (atomics into fp32). Measured on H200 (docs/PERFORMANCE.md):
-//   HS 64:  MT 2, 4 warps, BN 128, BM 32: dK+dV 128 registers, S^T and dP^T 32 each
-//           (173-188 TFLOP/s at 8K; MT 1 with BM 64: 134-139).
-//   HS 128: MT 1, 8 warps, BN 128, BM 64: dK+dV take 128 registers at MT 1; BM 64 reuses each
-//           K/V fragment over twice the queries of BM 32 (168-175 against 154-159).
+// Backward (main kernel), FlashAttention-2's structure: one block of 8 warps per key tile of BN
+// keys; query tiles of BM rows stream through a two-stage Q/dO pipeline. Each product runs on its
+// own 2-D grid of warps with both operands in shared memory:
+//   S = Q K^T, dP = dO V^T  (BM x BN)  over SD_WM x SD_WN warps, each SD_MT m16 x SD_NT n8 tiles;
+//   P and dS go to shared memory (BM x BN each, element type);
+//   dV += P^T dO, dK += dS^T Q  (BN x HS)  over KV_WN x KV_WD warps (accumulated in registers
+//   across all query tiles of all query heads sharing the KV head: GQA sums without a reduction);
+//   dQ += dS K  (BM x HS)  over DQ_WM x DQ_WD warps, added into fp32 with atomics.
+// Every warp's block is 32 rows (two m16 tiles), so each fragment read from shared memory feeds
+// at least 4 MMAs. The earlier design (warps owning whole key rows of dK and dV, S^T and dP^T in
+// registers) fit only 16 keys per warp at HS 128, where dK and dV took 128 of 255 registers.
+//   HS 64:  BM 128, BN 128; S/dP 4 x 2 warps (32 q x 64 k), dK/dV 4 x 2 (32 k x 32 d), dQ 4 x 2.
+//   HS 128: BM 64,  BN 128; S/dP 2 x 4 warps (32 q x 32 k), dK/dV 4 x 2 (32 k x 64 d), dQ 2 x 4.
+// Measured on H200 at 8K tokens (docs/PERFORMANCE.md), TFLOP/s against the earlier design:
+// HS 128 203-217 (169-177), HS 64 181-188 (173-187). P and dS in shared memory cost 2 x BM x BN
+// elements, which at HS 64 is why the row ranges are recomputed instead of staged.
 template <int HS> struct BwdTile {
-    static constexpr int MT = HS <= 64 ? 2 : 1;
-    static constexpr int NWARPS = MT == 2 ? 4 : 8;
-    static constexpr int BN = 16 * MT * NWARPS;
-    static constexpr int BM = HS <= 64 ? 32 : 64;
+    static constexpr int NWARPS = 8;
     static constexpr int NTHREADS = 32 * NWARPS;
-    // K, V, two stages of Q and dO, dS^T (BN x BM), LSE, D and the row ranges of one query tile
-    static constexpr size_t SMEM = (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
-                                   2 * (size_t)BM * (4 + 4 + 8);
-    // dQ = dS (BM x BN) K (BN x HS) is split over a (BM/16) x WN grid of warps.
-    static constexpr int WM = BM / 16;
-    static constexpr int WN = NWARPS / WM;
-    static_assert(NWARPS % WM == 0 && HS % (16 * WN) == 0, "dQ warp grid must tile BM x HS");
-    static_assert(BM % 16 == 0 && HS % 16 == 0, "MMA k-steps of 16");
+    static constexpr int BN = 128;
+    static constexpr int BM = HS <= 64 ? 128 : 64;
+    static constexpr int SD_WM = BM / 32, SD_WN = NWARPS / SD_WM;
+    static constexpr int KV_WN = BN / 32, KV_WD = NWARPS / KV_WN;
+    static constexpr int DQ_WM = BM / 32, DQ_WD = NWARPS / DQ_WM;
+    static constexpr int SD_MT = BM / SD_WM / 16, SD_NT = BN / SD_WN / 8;
+    static constexpr int KV_MT = BN / KV_WN / 16, KV_ND = HS / KV_WD / 8;
+    static constexpr int DQ_MT = BM / DQ_WM / 16, DQ_ND = HS / DQ_WD / 8;
+    // K, V, two stages of Q and dO, P and dS, two stages of LSE and D
+    static constexpr size_t SMEM = (size_t)(2 * BN + 4 * BM) * HS * 2 + 2 * (size_t)BM * BN * 2 +
+                                   2 * (size_t)BM * (4 + 4);
+    static_assert(NWARPS % SD_WM == 0 && NWARPS % KV_WN == 0 && NWARPS % DQ_WM == 0, "warp grids");
+    static_assert(SD_NT % 2 == 0 && KV_ND % 2 == 0 && DQ_ND % 2 == 0, "B fragments come in n8 pairs");
+    static_assert(BM % 16 == 0 && BN % 16 == 0 && HS % 16 == 0, "MMA k-steps of 16");
     static_assert(SMEM <= SM80_SMEM_LIMIT, "backward tile exceeds shared memory");
 };
 

@@ -8,7 +8,7 @@ and cuDNN backends, and our ratio to flash. FLOPs by the FlashAttention conventi
 4*B*H*N*N*D (halved when causal), backward 2.5x forward. Then the memory/time table of one
 GPT-2-small attention layer (B=8, 12 heads, head dim 64, causal), naive against flash.
 
-usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--json OUT.json]
+usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--no-memory] [--json OUT.json]
 """
 import argparse
 import ctypes as C
@@ -220,6 +220,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lib", default="build/libattention.so")
     ap.add_argument("--quick", action="store_true", help="fewer sequence lengths")
+    ap.add_argument("--no-memory", action="store_true", help="skip the GPT-2-small memory/time table")
     ap.add_argument("--json", help="write the raw numbers here")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
@@ -229,13 +230,14 @@ def main():
     ok = check_correctness(ours, dtype)
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
     speed = bench_speed(ours, dtype, seqs, args.reps)
-    mem = bench_memory(ours, dtype, [2048, 8192] if args.quick else [2048, 8192, 32768])
+    mem = [] if args.no_memory else bench_memory(ours, dtype, [2048, 8192] if args.quick else [2048, 8192, 32768])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"speed": speed, "memory": mem, "correct": ok}, f, indent=1)
-    print("\nGPT-2-small attention layer (B=8, H=12, D=64, causal), forward+backward:")
-    print("| seq | flash ms | flash extra GiB | naive ms | naive extra GiB |")
-    print("| --- | --- | --- | --- | --- |")
+    if mem:
+        print("\nGPT-2-small attention layer (B=8, H=12, D=64, causal), forward+backward:")
+        print("| seq | flash ms | flash extra GiB | naive ms | naive extra GiB |")
+        print("| --- | --- | --- | --- | --- |")
     for N in sorted({r["N"] for r in mem}):
         f = next(r for r in mem if r["N"] == N and r["impl"] == "flash")
         n = next(r for r in mem if r["N"] == N and r["impl"] == "naive")
