@@ -40,6 +40,9 @@ static const CfgKey KEYS[] = {
     {"model.pos_embedding", CFG_ENUM, OFF(model.pos_embedding), "learned", 0, 0, "learned|rope|alibi",
      "position encoding"},
     {"model.rope_theta", CFG_FLOAT, OFF(model.rope_theta), "10000", 1, 1e9, NULL, "RoPE base frequency"},
+    {"model.dropout", CFG_FLOAT, OFF(model.dropout), "0", 0, 0.99, NULL,
+     "dropout on embeddings and on the attention and MLP outputs before the residual add "
+     "(nanoGPT's dropout)"},
 
     {"data.train", CFG_STR, OFF(data.train), "", 0, 0, NULL, "glob pattern of training token shards"},
     {"data.val", CFG_STR, OFF(data.val), "", 0, 0, NULL, "glob pattern of validation token shards"},

@@ -75,6 +75,11 @@ struct Backend {
     // onehot) on the real columns and 0 on the padded ones (and on ignored rows).
     void (*softmax_xent)(Backend *be, void *logits, float *losses, const int *targets, int N, int V,
                          int Vp, float dscale);
+    // Dropout in place over x (n), 0 <= p < 1: element i becomes x[i] / (1 - p) when kept, 0 when
+    // dropped; kept iff attn_philox_keep(seed, offset, i, p) (attention/philox.h), so every backend
+    // and every thread count drops the same elements. Applied to a gradient with the same (p, seed,
+    // offset) it is its own backward.
+    void (*dropout)(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);
 };
 
 Backend *backend_cpu_create(void);

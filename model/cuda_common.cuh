@@ -136,3 +136,6 @@ void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, con
 void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
                           const void *pre, const void *inp, const void *w, int N, int C, int OC,
                           Epilogue epi);
+
+// ops_cuda_dropout.cu
+void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);

@@ -4,6 +4,12 @@
 // Per block (pre-LayerNorm):  x' = x + proj(attention(qkv(ln1(x))));  x'' = x' + fcproj(gelu(fc(ln2(x'))))
 // Head: logits = lnf(x_L) @ wte^T over Vp padded columns, of which the first V are real.
 //
+// Dropout (training forwards with targets only): attention.dropout on the attention
+// probabilities, model.dropout on the embedding sum and on the proj and fcproj outputs before
+// their residual adds, as nanoGPT. Every mask is Philox keyed by train.seed at an offset that is
+// a pure function of the micro-step set by gpt_set_rng_step and of the layer and site, so
+// backward, recomputation and a resumed run regenerate exactly the same masks.
+//
 // train.recompute trades compute for activation memory: attn_gelu keeps one attention output and
 // one GELU output for all layers and recomputes them in backward (16C -> 11C values per token
 // and layer); block keeps only each block's output and reruns the whole block forward in
@@ -58,8 +64,9 @@ struct GPT {
     AttnImpl impl;
     int window, deterministic, training;
     Recompute recompute;
-    float dropout;
-    uint64_t dropout_seed, dropout_calls;
+    float attn_dropout, resid_dropout;   // attention.dropout, model.dropout
+    uint64_t dropout_seed;               // train.seed
+    uint64_t rng_step;                   // micro-step whose masks the next forward draws
     float *alibi;                 // (NH) backend fp32, or NULL
 
     // every backend allocation, released by gpt_free
@@ -85,8 +92,8 @@ struct GPT {
 
     // last forward
     int last_B, last_T, n_valid, has_targets, logits_valid;
-    int last_dropout;             // it applied dropout, from the offset below
-    uint64_t dropout_offset;
+    int drop_attn, drop_resid;    // it applied attention / residual dropout
+    uint64_t dropout_base;        // Philox offset of its first dropout site
 
     // incremental decoding (allocated on first use)
     BlockActs dec;                // N = 1
@@ -105,6 +112,20 @@ static void *balloc(GPT *m, size_t bytes) {
 }
 
 static void *at(void *base, size_t elems, size_t ds) { return (char *)base + elems * ds; }
+
+// The dropout sites of one micro-step, each drawing from its own Philox offset: per layer the
+// attention probabilities, the attention output projection and the MLP output; then the
+// embeddings (as layer L).
+enum { SITE_ATTN = 0, SITE_PROJ = 1, SITE_MLP = 2, SITES_PER_LAYER = 3 };
+
+static uint64_t site_offset(const GPT *m, int l, int site) {
+    return m->dropout_base + (uint64_t)l * SITES_PER_LAYER + (uint64_t)site;
+}
+
+// Residual dropout of site (l, site) over x (n), in place; also its own backward on a gradient.
+static void resid_dropout(GPT *m, void *x, size_t n, int l, int site) {
+    m->be->dropout(m->be, x, n, m->resid_dropout, m->dropout_seed, site_offset(m, l, site));
+}
 
 // Pointer to tensor i inside the flat buffer `base` (params or grads).
 static void *tensor_ptr(const GPT *m, void *base, int i) {
@@ -265,7 +286,8 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         m->impl = strcmp(run->attention.impl, "naive") == 0 ? ATTN_IMPL_NAIVE : ATTN_IMPL_FLASH;
         m->window = run->attention.window;
         m->deterministic = run->attention.deterministic;
-        m->dropout = run->attention.dropout;
+        m->attn_dropout = run->attention.dropout;
+        m->resid_dropout = run->model.dropout;
         m->dropout_seed = (uint64_t)run->train.seed;
         const char *rc = run->train.recompute;
         m->recompute = strcmp(rc, "attn_gelu") == 0 ? RECOMPUTE_ATTN_GELU
@@ -307,6 +329,7 @@ const ParamTensor *gpt_tensor(const GPT *m, int i) { return &m->tensors[i]; }
 void *gpt_params(GPT *m) { return m->params; }
 void *gpt_grads(GPT *m) { return m->grads; }
 void gpt_set_training(GPT *m, int training) { m->training = training; }
+void gpt_set_rng_step(GPT *m, uint64_t step) { m->rng_step = step; }
 
 void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed) {
     const GPTConfig *g = &m->cfg;
@@ -373,19 +396,20 @@ static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T) {
 // The attention of layer l over a (B, T) training batch, with the last forward's dropout mask.
 static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
     AttnParams p = attn_params(m, a, B, T);
-    if (m->last_dropout) {
-        p.dropout_p = m->dropout;
+    if (m->drop_attn) {
+        p.dropout_p = m->attn_dropout;
         p.seed = m->dropout_seed;
-        p.offset = m->dropout_offset + (uint64_t)l;   // a fresh mask per layer and per call
+        p.offset = site_offset(m, l, SITE_ATTN);
     }
     return p;
 }
 
 // One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe
 // the attention with q/out/lse in `a`; with kv_row set (decoding), this token's k and v are
-// first copied there (p's k and v already point into the cache).
+// first copied there (p's k and v already point into the cache). With drop, the last forward's
+// residual dropout masks apply to both branch outputs.
 static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x_out, void *scratch,
-                          int N, AttnParams *p, void *kv_row) {
+                          int N, AttnParams *p, void *kv_row, int drop) {
     Backend *be = m->be;
     const int C = m->cfg.C;
     void *w = m->params;
@@ -399,6 +423,7 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
     be->attention_forward(be, p);
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
+    if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_PROJ);
     be->add(be, a->res_attn, x_in, scratch, (size_t)N * C);
     be->layernorm_forward(be, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_attn,
                           layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C);
@@ -406,6 +431,7 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
                        layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
     be->matmul_forward(be, scratch, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W),
                        layer_ptr(m, w, l, FCPROJ_B), N, 4 * C, C, EPI_NONE);
+    if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_MLP);
     be->add(be, x_out, a->res_attn, scratch, (size_t)N * C);
 }
 
@@ -429,15 +455,18 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     if (targets) check_ids(m, targets, B, T, 1);
     be->upload(be, m->tokens, tokens, (size_t)N * sizeof(int));
 
-    m->last_dropout = targets && m->training && m->dropout > 0.0f;
-    if (m->last_dropout) m->dropout_offset = m->dropout_calls++ * (uint64_t)g->L;
+    const int train = targets && m->training;
+    m->drop_attn = train && m->attn_dropout > 0.0f;
+    m->drop_resid = train && m->resid_dropout > 0.0f;
+    m->dropout_base = m->rng_step * (uint64_t)(SITES_PER_LAYER * g->L + 1);
     void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
     be->embed_forward(be, m->encoded, m->tokens, NULL, tensor_ptr(m, m->params, m->wte_i), wpe, B, T, C);
+    if (m->drop_resid) resid_dropout(m, m->encoded, (size_t)N * C, g->L, 0);
     const void *x = m->encoded;
     for (int l = 0; l < g->L; l++) {
         BlockActs *a = &m->acts[l];
         AttnParams p = layer_attn(m, a, B, T, l);
-        block_forward(m, l, a, x, a->res_mlp, m->scratch, N, &p, NULL);
+        block_forward(m, l, a, x, a->res_mlp, m->scratch, N, &p, NULL, m->drop_resid);
         x = a->res_mlp;
     }
     be->layernorm_forward(be, m->lnf, m->lnf_mean, m->lnf_rstd, x, tensor_ptr(m, m->params, m->lnf_i),
@@ -491,15 +520,16 @@ void gpt_backward(GPT *m, float grad_scale) {
         AttnParams p = layer_attn(m, a, B, T, l);
         if (m->recompute == RECOMPUTE_BLOCK) {
             // dtmp is free until the MLP branch below; the block output itself is not needed.
-            block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, &p, NULL);
+            block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, &p, NULL, m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
             be->attention_forward(be, &p);
             be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                                layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
         }
         // MLP branch. matmul_backward may use its dout as scratch, and dres is still needed for
-        // the residual path, so it gets a copy.
+        // the residual path, so it gets a copy (through the branch's dropout mask).
         be->copy(be, m->dtmp, m->dres, NC);
+        if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_MLP);
         be->matmul_backward(be, m->dfch, layer_ptr(m, dw, l, FCPROJ_W), layer_ptr(m, dw, l, FCPROJ_B),
                             m->dtmp, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W), N, 4 * C, C, EPI_NONE);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, FC_W), layer_ptr(m, dw, l, FC_B), m->dfch,
@@ -509,6 +539,7 @@ void gpt_backward(GPT *m, float grad_scale) {
                                a->ln2_rstd, N, C);
         // Attention branch.
         be->copy(be, m->dtmp, m->dres, NC);
+        if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_PROJ);
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
         p.dout = m->datty;
@@ -523,6 +554,7 @@ void gpt_backward(GPT *m, float grad_scale) {
         be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN1_W), layer_ptr(m, dw, l, LN1_B),
                                m->dln, x_in, layer_ptr(m, w, l, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);
     }
+    if (m->drop_resid) resid_dropout(m, m->dres, (size_t)N * C, g->L, 0);
     void *dwpe = m->wpe_i >= 0 ? tensor_ptr(m, dw, m->wpe_i) : NULL;
     be->embed_backward(be, tensor_ptr(m, dw, m->wte_i), dwpe, m->dres, m->tokens, NULL, B, T, C);
 }
@@ -585,7 +617,7 @@ void gpt_decode_step(GPT *m, int token, int pos, float *logits_out) {
         p.v = at(cache, (size_t)g->NKV * g->HS, m->ds);
         p.k_st = p.v_st = (AttnStrides){(int64_t)g->maxT * kv_row, (int64_t)kv_row, g->HS};
         block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, 1, &p,
-                      at(cache, (size_t)pos * kv_row, m->ds));
+                      at(cache, (size_t)pos * kv_row, m->ds), 0);
     }
     be->layernorm_forward(be, m->dec_lnf, m->dec_lnf_mean, m->dec_lnf_rstd, m->dec_x,
                           tensor_ptr(m, m->params, m->lnf_i), tensor_ptr(m, m->params, m->lnf_i + 1),

@@ -55,9 +55,13 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T);
 // grad_scale (1/grad_accum times the loss scale). Returns nothing; call gpt_zero_grad first.
 void gpt_backward(GPT *m, float grad_scale);
 void gpt_zero_grad(GPT *m);
-// Training mode (the default) applies attention.dropout in forwards with targets; evaluation
-// turns it off with gpt_set_training(m, 0).
+// Training mode (the default) applies attention.dropout and model.dropout in forwards with
+// targets; evaluation turns them off with gpt_set_training(m, 0). Decoding never drops.
 void gpt_set_training(GPT *m, int training);
+// The micro-step (e.g. step * grad_accum + micro-step) whose dropout masks the next forwards
+// draw: masks are a pure function of train.seed, this number, the layer and the site, so a
+// resumed run regenerates them. Default 0; forwards with the same rng step draw the same masks.
+void gpt_set_rng_step(GPT *m, uint64_t step);
 // Per-token losses (B*T) of the last forward with targets, fp32 host copy.
 void gpt_losses_f32(GPT *m, float *host);
 // Logits (B,T,Vp) of the last forward, converted to fp32 host (only real V columns copied into

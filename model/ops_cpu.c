@@ -1,6 +1,6 @@
 // ops_cpu: the CPU backend (fp32, OpenMP, OpenBLAS), the reference the CUDA backend is tested
 // against. This file holds its memory functions, the attention dispatch and the op table; the
-// layer ops live in ops_cpu_layers.c and ops_cpu_matmul.c.
+// layer ops live in ops_cpu_layers.c, ops_cpu_matmul.c and ops_cpu_dropout.c.
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,5 +102,6 @@ Backend *backend_cpu_create(void) {
     be->attention_forward = cpu_attention_forward;
     be->attention_backward = cpu_attention_backward;
     be->softmax_xent = cpu_softmax_xent;
+    be->dropout = cpu_dropout;
     return be;
 }

@@ -28,3 +28,5 @@ void cpu_matmul_forward(Backend *be, void *out, void *pre, const void *inp, cons
 void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
                          const void *pre, const void *inp, const void *w, int N, int C, int OC,
                          Epilogue epi);
+// ops_cpu_dropout.c
+void cpu_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);

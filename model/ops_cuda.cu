@@ -2,7 +2,8 @@
 // context (stream, cuBLASLt handle, workspaces, device properties), the memory functions, the
 // attention dispatch and the op table; the ops live in ops_cuda_layers.cu (embedding forward,
 // LayerNorm, add, GELU, conversions, deterministic column sums), ops_cuda_embed.cu (embedding
-// backward), ops_cuda_xent.cu (fused softmax cross-entropy) and ops_cuda_matmul.cu (cuBLASLt).
+// backward), ops_cuda_xent.cu (fused softmax cross-entropy), ops_cuda_matmul.cu (cuBLASLt) and
+// ops_cuda_dropout.cu (dropout).
 //
 // Every op is asynchronous on the context's one stream; download, download_f32 and synchronize
 // wait for it. The stream is a blocking stream, so work queued on the legacy default stream
@@ -222,5 +223,6 @@ Backend *backend_cuda_create(DType dtype, int device) {
     be->attention_forward = cu_attention_forward;
     be->attention_backward = cu_attention_backward;
     be->softmax_xent = cuda_softmax_xent;
+    be->dropout = cuda_dropout;
     return be;
 }

@@ -146,6 +146,8 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     double loss_sum = 0;
     for (int k = 0; k < accum; k++) {
         next(ctx, t->inputs, t->targets);
+        // Dropout masks from the step number alone: a resumed run draws the same ones.
+        gpt_set_rng_step(m, (uint64_t)step * (uint64_t)accum + (uint64_t)k);
         loss_sum += gpt_forward(m, t->inputs, t->targets, t->B, t->T);
         // Each micro-batch's mean loss weighs 1/accum, so the step's gradient is that of the
         // mean over micro-batches, multiplied by the loss scale.

@@ -2,10 +2,12 @@
 // here, and the whole GPT (model/gpt.c over that backend): gradients against finite differences
 // of its loss, padded vocabulary, KV-cache decoding, gradient accumulation, smaller batches.
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "attention/philox.h"
 #include "common/check.h"
 #include "common/config.h"
 #include "common/rng.h"
@@ -210,6 +212,71 @@ static void test_add(Backend *be, Rng *r, int n) {
     EXPECT(max_abs_diff(out, ref, n) < 1e-6, "add differs");
     be->add(be, a, a, b, n);   // in place
     EXPECT(max_abs_diff(a, ref, n) < 1e-6, "in-place add differs");
+}
+
+// Dropout keeps element i iff attn_philox_keep(seed, offset, i, p), scaling it by one fp32
+// multiply (so kept values are exact); the same call on a gradient is the backward.
+// Statistics: the keep count of n independent draws is binomial, standard deviation
+// sqrt(n p (1-p)); two independent masks disagree on a fraction q = 2p(1-p), standard deviation
+// sqrt(n q (1-q)). 5 sigma bounds fail by chance with probability < 1e-6, while a wrong threshold,
+// a lane of the Philox block reused (1/4 of the draws) or a mask that ignores the offset moves
+// the counts by far more at these n.
+static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
+    const uint64_t seed = 1337, offset = ((uint64_t)3 << 32) + 17;   // offset's high word used
+    const float scale = 1.0f / (1.0f - p);
+    float *x0 = xmalloc((size_t)n * sizeof(float)), *x = xmalloc((size_t)n * sizeof(float));  // (n)
+    float *g0 = xmalloc((size_t)n * sizeof(float)), *g = xmalloc((size_t)n * sizeof(float));  // (n)
+    float *y = xmalloc((size_t)n * sizeof(float));  // (n)
+    fill_normal(r, x0, n, 1.0f);
+    fill_normal(r, g0, n, 1.0f);
+    memcpy(x, x0, (size_t)n * sizeof(float));
+    be->dropout(be, x, n, p, seed, offset);
+    long kept = 0;
+    int mask_ok = 1, value_ok = 1;
+    for (int i = 0; i < n; i++) {
+        const int keep = attn_philox_keep(seed, offset, (uint64_t)i, p);
+        kept += keep;
+        mask_ok &= (x[i] != 0.0f) == keep;
+        value_ok &= x[i] == (keep ? x0[i] * scale : 0.0f);
+    }
+    EXPECT(mask_ok, "n %d p %g: keep decisions differ from attn_philox_keep", n, p);
+    EXPECT(value_ok, "n %d p %g: kept values must be x / (1 - p), dropped ones 0", n, p);
+    const double mean = n * (1.0 - p), sd = sqrt(n * (double)p * (1.0 - p));
+    EXPECT(fabs(kept - mean) <= 5.0 * sd, "n %d p %g: kept %ld, expected %.0f +- %.0f", n, p, kept,
+           mean, 5.0 * sd);
+
+    // Backward: a gradient through the same (p, seed, offset) is masked and scaled the same way.
+    memcpy(g, g0, (size_t)n * sizeof(float));
+    be->dropout(be, g, n, p, seed, offset);
+    int grad_ok = 1;
+    for (int i = 0; i < n; i++) grad_ok &= g[i] == (x[i] != 0.0f ? g0[i] * scale : 0.0f);
+    EXPECT(grad_ok, "n %d p %g: the gradient must go through the forward's mask", n, p);
+
+    // Another offset, then another seed: independent masks.
+    for (int k = 0; k < 2; k++) {
+        memcpy(y, x0, (size_t)n * sizeof(float));
+        be->dropout(be, y, n, p, seed + (uint64_t)k, offset + (uint64_t)(1 - k));
+        long differ = 0;
+        for (int i = 0; i < n; i++) differ += (y[i] != 0.0f) != (x[i] != 0.0f);
+        const double q = 2.0 * p * (1.0 - p), dm = n * q, dsd = sqrt(n * q * (1.0 - q));
+        EXPECT(fabs(differ - dm) <= 5.0 * dsd, "n %d p %g: another %s disagrees on %ld, expected "
+               "%.0f +- %.0f", n, p, k ? "seed" : "offset", differ, dm, 5.0 * dsd);
+    }
+
+    // Independent of the thread count: one thread gives bitwise the same result.
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    memcpy(y, x0, (size_t)n * sizeof(float));
+    be->dropout(be, y, n, p, seed, offset);
+    omp_set_num_threads(threads);
+    EXPECT(memcmp(x, y, (size_t)n * sizeof(float)) == 0, "n %d p %g: 1 thread differs from %d", n, p,
+           threads);
+
+    // p = 0 is the identity.
+    memcpy(y, x0, (size_t)n * sizeof(float));
+    be->dropout(be, y, n, 0.0f, seed, offset);
+    EXPECT(memcmp(x0, y, (size_t)n * sizeof(float)) == 0, "p = 0 must not change x");
+    free(x0), free(x), free(g0), free(g), free(y);
 }
 
 static void test_softmax_xent(Backend *be, Rng *r, int N) {
@@ -421,11 +488,15 @@ static double fd_grad(GPT *m, float *params, size_t i, const int *tokens, const 
     return (4.0 * d[1] - d[0]) / 3.0;
 }
 
-static void test_gradients(PosEmbedding pos, int window) {
+// dropout: attention.dropout and model.dropout both, masks fixed by the rng step, so the finite
+// differences see the same masked loss as the analytic gradient.
+static void test_gradients(PosEmbedding pos, int window, float dropout) {
     GPTConfig g = small_config(pos);
     Config run;
     config_defaults(&run);
     run.attention.window = window;
+    run.attention.dropout = dropout;
+    run.model.dropout = dropout;
     Backend *be = backend_cpu_create();
     GPT *m = gpt_create(&g, be, MB, MT, &run);
     size_t n = gpt_num_params(m);
@@ -435,6 +506,7 @@ static void test_gradients(PosEmbedding pos, int window) {
     rng_seed(&r, 11);
     random_batch(&r, tokens, targets, MB * MT, g.V);
     gpt_set_params_f32(m, params);
+    gpt_set_rng_step(m, 5);
     gpt_zero_grad(m);
     gpt_forward(m, tokens, targets, MB, MT);
     gpt_backward(m, 1.0f);
@@ -701,14 +773,17 @@ static void test_layout_and_init(void) {
     be->destroy(be);
 }
 
-// Attention dropout: on in training forwards with targets, reproducible, and off in eval mode.
-static void test_dropout(void) {
+// Dropout (attention.dropout, model.dropout): on in training forwards with targets, a pure
+// function of the rng step; never in forwards without targets, in eval mode or in decoding,
+// which all equal the dropout-free model bitwise (the same CPU ops in the same order).
+static void test_dropout(float attn_p, float resid_p) {
     GPTConfig g = small_config(POS_LEARNED);
     Config run;
     config_defaults(&run);
     Backend *be = backend_cpu_create();
     GPT *plain = gpt_create(&g, be, MB, MT, NULL);
-    run.attention.dropout = 0.3f;
+    run.attention.dropout = attn_p;
+    run.model.dropout = resid_p;
     GPT *m = gpt_create(&g, be, MB, MT, &run);
     float *params = test_params(m, 21);
     gpt_set_params_f32(m, params);
@@ -718,13 +793,39 @@ static void test_dropout(void) {
     rng_seed(&r, 22);
     random_batch(&r, tokens, targets, MB * MT, g.V);
     float l_plain = gpt_forward(plain, tokens, targets, MB, MT);
+    gpt_set_rng_step(m, 0);
+    float l_drop0 = gpt_forward(m, tokens, targets, MB, MT);
+    float l_again = gpt_forward(m, tokens, targets, MB, MT);
+    gpt_set_rng_step(m, 1);
     float l_drop1 = gpt_forward(m, tokens, targets, MB, MT);
-    float l_drop2 = gpt_forward(m, tokens, targets, MB, MT);
+    EXPECT(l_drop0 != l_plain && l_drop1 != l_drop0, "dropout must change the loss per rng step: "
+           "%g %g %g", l_plain, l_drop0, l_drop1);
+    EXPECT(l_again == l_drop0, "the same rng step must draw the same masks: %g vs %g", l_again,
+           l_drop0);
+
+    const size_t nl = (size_t)MB * MT * g.V;
+    float *lp = xmalloc(nl * sizeof(float)), *lm = xmalloc(nl * sizeof(float));  // (B, T, V)
+    gpt_forward(plain, tokens, NULL, MB, MT);
+    gpt_logits_f32(plain, lp);
+    gpt_forward(m, tokens, NULL, MB, MT);
+    gpt_logits_f32(m, lm);
+    EXPECT(memcmp(lp, lm, nl * sizeof(float)) == 0, "a forward without targets must not drop");
+
+    float dec_plain[101], dec_m[101];
+    int same_decode = 1;
+    for (int t = 0; t < 5; t++) {
+        gpt_decode_step(plain, tokens[t], t, dec_plain);
+        gpt_decode_step(m, tokens[t], t, dec_m);
+        same_decode &= memcmp(dec_plain, dec_m, sizeof dec_m) == 0;
+    }
+    EXPECT(same_decode, "decoding must not drop");
+
     gpt_set_training(m, 0);
     float l_eval = gpt_forward(m, tokens, targets, MB, MT);
-    EXPECT(l_drop1 != l_plain && l_drop2 != l_drop1, "dropout must change the loss per call: %g %g %g",
-           l_plain, l_drop1, l_drop2);
-    EXPECT(l_eval == l_plain, "eval mode must not drop: %g vs %g", l_eval, l_plain);
+    float l_eval2 = gpt_forward(m, tokens, targets, MB, MT);
+    EXPECT(l_eval == l_plain && l_eval2 == l_eval, "eval mode must not drop: %g, %g vs %g", l_eval,
+           l_eval2, l_plain);
+    free(lp), free(lm);
     free(params);
     gpt_free(m);
     gpt_free(plain);
@@ -738,6 +839,7 @@ static void test_recompute(const char *mode) {
     Config run;
     config_defaults(&run);
     run.attention.dropout = 0.1f;
+    run.model.dropout = 0.1f;
     Backend *be = backend_cpu_create();
     GPT *ref = gpt_create(&g, be, MB, MT, &run);
     snprintf(run.train.recompute, sizeof run.train.recompute, "%s", mode);
@@ -753,7 +855,8 @@ static void test_recompute(const char *mode) {
     for (int k = 0; k < 2; k++) {
         gpt_set_params_f32(models[k], params);
         gpt_zero_grad(models[k]);
-        for (int step = 0; step < 2; step++) {   // the second call draws fresh dropout masks
+        for (int step = 0; step < 2; step++) {   // the second step draws fresh dropout masks
+            gpt_set_rng_step(models[k], (uint64_t)step);
             loss[k] = gpt_forward(models[k], tokens, targets, MB, MT);
             gpt_backward(models[k], 1.0f);
         }
@@ -834,20 +937,28 @@ int main(void) {
     TEST_CASE("cpu matmul (threaded, wide output)", test_matmul(be, &r, EPI_NONE, 1, 61, 67, 523));
     TEST_CASE("cpu add", test_add(be, &r, 1001));
     TEST_CASE("cpu add (threaded)", test_add(be, &r, 40009));
+    TEST_CASE("cpu dropout p 0.2", test_dropout_op(be, &r, 1001, 0.2f));
+    TEST_CASE("cpu dropout p 0.5 (threaded)", test_dropout_op(be, &r, 40009, 0.5f));
+    TEST_CASE("cpu dropout p 0.9 (threaded)", test_dropout_op(be, &r, 100003, 0.9f));
     TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r, 13));
     TEST_CASE("cpu softmax cross-entropy (threaded)", test_softmax_xent(be, &r, 301));
     TEST_CASE("cpu attention on fused qkv (GQA)", test_attention(be, &r));
     be->destroy(be);
     TEST_CASE("gpt parameter layout and init", test_layout_and_init());
     TEST_CASE("gpt loss, ignored targets, smaller batch", test_loss_and_small_batch());
-    TEST_CASE("gpt gradients vs finite differences (learned)", test_gradients(POS_LEARNED, -1));
-    TEST_CASE("gpt gradients vs finite differences (alibi, window 8)", test_gradients(POS_ALIBI, 8));
+    TEST_CASE("gpt gradients vs finite differences (learned)", test_gradients(POS_LEARNED, -1, 0.0f));
+    TEST_CASE("gpt gradients vs finite differences (alibi, window 8)",
+              test_gradients(POS_ALIBI, 8, 0.0f));
+    TEST_CASE("gpt gradients vs finite differences (learned, attention and residual dropout 0.2)",
+              test_gradients(POS_LEARNED, -1, 0.2f));
     TEST_CASE("gpt padded vocabulary never wins", test_padded_vocab());
     TEST_CASE("gpt gradient accumulation and grad_scale", test_accumulation());
     TEST_CASE("gpt decode == forward (learned)", test_decode(POS_LEARNED, -1));
     TEST_CASE("gpt decode == forward (learned, window 8)", test_decode(POS_LEARNED, 8));
     TEST_CASE("gpt decode == forward (alibi)", test_decode(POS_ALIBI, -1));
-    TEST_CASE("gpt attention dropout", test_dropout());
+    TEST_CASE("gpt attention dropout", test_dropout(0.3f, 0.0f));
+    TEST_CASE("gpt residual dropout", test_dropout(0.0f, 0.3f));
+    TEST_CASE("gpt attention and residual dropout", test_dropout(0.2f, 0.2f));
     TEST_CASE("gpt recompute attn_gelu == none", test_recompute("attn_gelu"));
     TEST_CASE("gpt recompute block == none", test_recompute("block"));
     TEST_CASE("gpt bad input exits with code 2", {

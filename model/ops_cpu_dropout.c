@@ -1,0 +1,22 @@
+// ops_cpu_dropout: the CPU backend's dropout (Backend.dropout) in fp32. Each element's keep
+// decision depends only on (seed, offset, its index), so the result is the same for any thread
+// count, and the same op on a gradient is the backward.
+#include "common/check.h"
+#include "model/dropout.h"
+#include "model/ops_cpu.h"
+
+void cpu_dropout(Backend *be, void *x_, size_t n, float p, uint64_t seed, uint64_t offset) {
+    if (p <= 0.0f) return;
+    if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cpu dropout: p = %g must be below 1", (double)p);
+    float *x = x_;   // (n)
+    const uint32_t thresh = dropout_threshold(p);
+    const float scale = 1.0f / (1.0f - p);
+    const long n_blk = (long)((n + 3) / 4);   // one Philox block per 4 elements
+    #pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
+    for (long b = 0; b < n_blk; b++) {
+        const Philox4 r = dropout_block(seed, offset, (uint64_t)b);
+        const size_t e0 = (size_t)b * 4;
+        for (size_t j = 0; j < 4 && e0 + j < n; j++)
+            x[e0 + j] *= r.x[j] >= thresh ? scale : 0.0f;   // NaN stays NaN, as in PyTorch
+    }
+}

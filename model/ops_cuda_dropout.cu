@@ -1,0 +1,36 @@
+// ops_cuda_dropout: the CUDA backend's dropout (Backend.dropout), in place in the compute dtype.
+// One thread per Philox block of 4 consecutive elements; the keep decisions come from
+// model/dropout.h, the same as the CPU backend's, and the product is computed in fp32 and rounded
+// once to the dtype (bitwise the CPU's result in fp32).
+#include "model/cuda_common.cuh"
+#include "model/dropout.h"
+
+#define DROPOUT_THREADS 256   // threads per block, each deciding 4 elements
+
+template <typename T>
+__global__ void dropout_kernel(T *x, size_t n, uint32_t thresh, float scale, uint64_t seed,
+                               uint64_t offset) {
+    const size_t blk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t e0 = blk * 4;
+    if (e0 >= n) return;
+    const Philox4 r = dropout_block(seed, offset, blk);
+    for (int j = 0; j < 4 && e0 + j < n; j++)   // NaN stays NaN, as in PyTorch
+        x[e0 + j] = from_f32<T>(to_f32(x[e0 + j]) * (r.x[j] >= thresh ? scale : 0.0f));
+}
+
+static void launch_dropout(Backend *be, void *x, size_t n, uint32_t thresh, float scale,
+                           uint64_t seed, uint64_t offset) {
+    const long long n_blk = (long long)((n + 3) / 4);
+    dispatch_dtype(be->dtype, [&](auto tag) {
+        using E = decltype(tag);
+        dropout_kernel<E><<<cdiv(n_blk, DROPOUT_THREADS), DROPOUT_THREADS, 0,
+                            cuda_ctx(be)->stream>>>((E *)x, n, thresh, scale, seed, offset);
+    });
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset) {
+    if (n == 0 || p <= 0.0f) return;
+    if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cuda dropout: p = %g must be below 1", (double)p);
+    launch_dropout(be, x, n, dropout_threshold(p), 1.0f / (1.0f - p), seed, offset);
+}
