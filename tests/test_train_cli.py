@@ -140,11 +140,19 @@ def test_training_lowers_loss_and_logs(tmp_path):
     assert ckpts == ["ckpt_00000040", "ckpt_00000050", "ckpt_00000060"]  # keep_checkpoints 3
 
 
-def test_resume_is_bitwise_exact(tmp_path):
-    a = tiny(tmp_path / "a")
+def _resume_losses(tmp_path, **sections):
+    """Trains 40 steps in one go (a) and, in b, 40 steps stopped after the checkpoint at step 20
+    and resumed; returns the per-step losses of both. sections update TINY's sections."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfgs = []
+    for name in ["a", "b"]:
+        cfg = tiny(tmp_path / name)
+        for section, keys in sections.items():
+            cfg.setdefault(section, {}).update(keys)
+        cfgs.append(cfg)
+    a, b = cfgs
     r = run(["train", "-c", write_config(tmp_path, a, "a.json")])
     assert r.returncode == 0, r.stderr
-    b = tiny(tmp_path / "b")
     b_path = write_config(tmp_path, b, "b.json")
     r = run(["train", "-c", b_path, "--set", "train.steps=40", "--set", "log.checkpoint_every=20"])
     assert r.returncode == 0
@@ -158,8 +166,24 @@ def test_resume_is_bitwise_exact(tmp_path):
     resumed = {}
     for e in train_events(b["log"]["dir"]):
         resumed[e["step"]] = e["loss"]  # later lines (the resumed run) win
+    return full, resumed
+
+
+def test_resume_is_bitwise_exact(tmp_path):
+    full, resumed = _resume_losses(tmp_path)
     for step in range(21, 41):
         assert resumed[step] == full[step], (step, resumed[step], full[step])
+
+
+def test_resume_with_dropout_is_bitwise_exact(tmp_path):
+    # The masks are a function of the step and micro-step (grad_accum 2 gives two per step), so
+    # the resumed run draws the ones the uninterrupted run drew.
+    drop = {"model": {"dropout": 0.2}, "attention": {"dropout": 0.2}, "train": {"grad_accum": 2}}
+    full, resumed = _resume_losses(tmp_path / "drop", **drop)
+    for step in range(21, 41):
+        assert resumed[step] == full[step], (step, resumed[step], full[step])
+    plain, _ = _resume_losses(tmp_path / "plain", train={"grad_accum": 2})
+    assert all(full[s] != plain[s] for s in range(1, 41))  # dropout really is on
 
 
 def test_resume_refuses_other_architecture(tmp_path):

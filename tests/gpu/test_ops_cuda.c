@@ -231,6 +231,42 @@ static void test_add(Ctx *t) {
     free(a), free(b), free(ref), free(out);
 }
 
+// ---- dropout ----
+
+// The GPU must drop exactly the elements the CPU drops (the same Philox draws), and scale the
+// kept ones with one fp32 multiply rounded once to the dtype: tol(u, 1, 1), bitwise in fp32.
+// Sizes with a ragged last Philox block (n % 4 != 0) and offsets using the counter's high word.
+static void test_dropout(Ctx *t) {
+    const size_t sizes[] = {1, 7, 1001, 262147};
+    const float rates[] = {0.1f, 0.2f, 0.5f, 0.9f};
+    const uint64_t seed = 0x0123456789abcdefull, offset = ((uint64_t)5 << 32) + 3;
+    for (int si = 0; si < 4; si++)
+        for (int pi = 0; pi < 4; pi++) {
+            const size_t n = sizes[si];
+            const float p = rates[pi];
+            float *x = rand_vec(t, n, 0.0f, 1.0f);   // (n), no zeros: a 0 output means dropped
+            for (size_t i = 0; i < n; i++)
+                if (x[i] == 0.0f) x[i] = 1.0f;
+            void *d_x = dev_from(t, x, n);
+            float *ref = copy_of(x, n);
+            t->cpu->dropout(t->cpu, ref, n, p, seed, offset + (uint64_t)pi);
+            t->gpu->dropout(t->gpu, d_x, n, p, seed, offset + (uint64_t)pi);
+            float *out = fetch(t, d_x, n);
+            size_t differ = 0;
+            for (size_t i = 0; i < n; i++) differ += (out[i] != 0.0f) != (ref[i] != 0.0f);
+            EXPECT(differ == 0, "%s dropout n %zu p %g: %zu keep decisions differ from the CPU",
+                   dtype_name(t->dt), n, p, differ);
+            char what[64];
+            snprintf(what, sizeof what, "dropout n %zu p %g", n, p);
+            if (si == 3) expect_close(t, what, out, ref, n, tol(t->u, 1, 1));
+            if (t->dt == DTYPE_F32)
+                EXPECT(memcmp(out, ref, n * sizeof(float)) == 0, "fp32 %s: not bitwise the CPU's",
+                       what);
+            t->gpu->release(t->gpu, d_x);
+            free(x), free(ref), free(out);
+        }
+}
+
 // ---- matmul ----
 
 static void test_matmul_case(Ctx *t, int OC, Epilogue epi, int with_bias) {
@@ -410,9 +446,12 @@ static void small_config(Config *c) {
     c->attention.deterministic = 1;
 }
 
-static void test_model(Ctx *t) {
+// The model end to end, without dropout and with model.dropout (the same masks on both backends:
+// each dropout site adds one rounding to the dtype).
+static void model_case(Ctx *t, float resid_dropout) {
     Config c;
     small_config(&c);
+    c.model.dropout = resid_dropout;
     const int B = 2, T = 40, N = B * T;
     GPTConfig g = gpt_config_from(&c);
     GPT *mg = gpt_create(&g, t->gpu, B, T, &c), *mc = gpt_create(&g, t->cpu, B, T, &c);
@@ -427,11 +466,14 @@ static void test_model(Ctx *t) {
 
     // Stages on the path to the logits: embedding, 9 per block (ln1, qkv, attention, proj, add,
     // ln2, fc, fcproj, add), lnf, the classifier matmul; the gradients add as many backwards.
-    const int S_fwd = 2 + 9 * g.L + 1, S_bwd = 2 * S_fwd + 1;
+    const int S_drop = resid_dropout > 0.0f ? 2 * g.L + 1 : 0;
+    const int S_fwd = 2 + 9 * g.L + 1 + S_drop, S_bwd = 2 * S_fwd + 1;
     const double k_term = 4.0 * sqrt(4.0 * g.C) * U_F32;   // longest fp32 sum: K = 4C
     const double tol_fwd = 3.0 * sqrt((double)S_fwd) * (t->u + k_term);
     const double tol_bwd = 3.0 * sqrt((double)S_bwd) * (t->u + k_term);
 
+    gpt_set_rng_step(mg, 3);
+    gpt_set_rng_step(mc, 3);
     const float loss_g = gpt_forward(mg, tok, tgt, B, T), loss_c = gpt_forward(mc, tok, tgt, B, T);
     printf("    %-5s loss gpu %.6f cpu %.6f\n", dtype_name(t->dt), loss_g, loss_c);
     EXPECT(fabsf(loss_g - loss_c) <= tol_fwd * fabsf(loss_c), "model loss %g vs %g", loss_g,
@@ -474,6 +516,9 @@ static void test_model(Ctx *t) {
     free(w), free(tok), free(tgt), free(lg), free(lc), free(pl_g), free(pl_c), free(gg), free(gc),
         free(gg2);
 }
+
+static void test_model(Ctx *t) { model_case(t, 0.0f); }
+static void test_model_dropout(Ctx *t) { model_case(t, 0.2f); }
 
 // ---- AdamW and the gradient sum of squares ----
 
@@ -560,10 +605,12 @@ int main(int argc, char **argv) {
         RUN("embedding", test_embed);
         RUN("layernorm", test_layernorm);
         RUN("add", test_add);
+        RUN("dropout", test_dropout);
         RUN("matmul", test_matmul);
         RUN("softmax_xent", test_softmax_xent);
         RUN("attention", test_attention);
         RUN("model", test_model);
+        RUN("model with dropout", test_model_dropout);
         RUN("adamw", test_adamw);
 #undef RUN
         t.gpu->destroy(t.gpu);
