@@ -20,6 +20,9 @@
 //           (MT 1 x 8 warps: 160-180).
 //   HS 128: MT 1, 8 warps, BM 128, BN 64, Q in registers: O already takes 64 registers; MT 2
 //           (O at 128 registers, BN cut to 32 to fit) measured 10% slower.
+// Tried again after the backward rewrite, same run as PyTorch: FlashAttention-2's own shapes,
+// HS 64 with BN 128 (scores at 128 registers) and HS 128 with MT 2 x 4 warps and BN 64 (Q
+// re-read), both spill and ran 4-6% slower; HS 64 at 3 blocks per SM (168 registers) 2% slower.
 template <int HS> struct FwdTile {
     static constexpr int MT = HS <= 64 ? 2 : 1;
     static constexpr int NWARPS = MT == 2 ? 4 : 8;
@@ -47,8 +50,11 @@ template <int HS> struct FwdTile {
 //   HS 64:  BM 128, BN 128; S/dP 4 x 2 warps (32 q x 64 k), dK/dV 4 x 2 (32 k x 32 d), dQ 4 x 2.
 //   HS 128: BM 64,  BN 128; S/dP 2 x 4 warps (32 q x 32 k), dK/dV 4 x 2 (32 k x 64 d), dQ 2 x 4.
 // Measured on H200 at 8K tokens (docs/PERFORMANCE.md), TFLOP/s against the earlier design:
-// HS 128 203-217 (169-177), HS 64 181-188 (173-187). P and dS in shared memory cost 2 x BM x BN
-// elements, which at HS 64 is why the row ranges are recomputed instead of staged.
+// HS 128 215-225 (169-177), HS 64 184-192 (173-187). P and dS in shared memory cost 2 x BM x BN
+// elements, which at HS 64 is why the row ranges are recomputed instead of staged. One block
+// of 8 warps fits an SM (registers and shared memory): ncu shows 2 warps per scheduler stalled
+// on MMA/ldmatrix latency with the tensor pipe ~36% busy, which is the remaining gap to
+// PyTorch's FlashAttention-2 (0.68-0.96x).
 template <int HS> struct BwdTile {
     static constexpr int NWARPS = 8;
     static constexpr int NTHREADS = 32 * NWARPS;
