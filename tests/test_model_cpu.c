@@ -269,8 +269,8 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     memcpy(y, x0, (size_t)n * sizeof(float));
     be->dropout(be, y, n, p, seed, offset);
     omp_set_num_threads(threads);
-    EXPECT(memcmp(x, y, (size_t)n * sizeof(float)) == 0, "n %d p %g: 1 thread differs from %d", n, p,
-           threads);
+    EXPECT(memcmp(x, y, (size_t)n * sizeof(float)) == 0, "n %d p %g: 1 thread differs from %d",
+           n, p, threads);
 
     // p = 0 is the identity.
     memcpy(y, x0, (size_t)n * sizeof(float));
@@ -946,7 +946,8 @@ int main(void) {
     be->destroy(be);
     TEST_CASE("gpt parameter layout and init", test_layout_and_init());
     TEST_CASE("gpt loss, ignored targets, smaller batch", test_loss_and_small_batch());
-    TEST_CASE("gpt gradients vs finite differences (learned)", test_gradients(POS_LEARNED, -1, 0.0f));
+    TEST_CASE("gpt gradients vs finite differences (learned)",
+              test_gradients(POS_LEARNED, -1, 0.0f));
     TEST_CASE("gpt gradients vs finite differences (alibi, window 8)",
               test_gradients(POS_ALIBI, 8, 0.0f));
     TEST_CASE("gpt gradients vs finite differences (learned, attention and residual dropout 0.2)",
