@@ -135,8 +135,8 @@ static char *hf_config_json(const Config *c) {
     cJSON_AddNumberToObject(o, "layer_norm_epsilon", HF_LN_EPS);
     // Our only dropout is on attention probabilities: the closest GPT-2 setting.
     cJSON_AddNumberToObject(o, "attn_pdrop", c->attention.dropout);
-    cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
-    cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
+    cJSON_AddNumberToObject(o, "resid_pdrop", c->model.dropout);
+    cJSON_AddNumberToObject(o, "embd_pdrop", c->model.dropout);
     cJSON_AddNumberToObject(o, "summary_first_dropout", 0.0);
     cJSON_AddNumberToObject(o, "initializer_range", 0.02);
     cJSON_AddBoolToObject(o, "scale_attn_weights", 1);
