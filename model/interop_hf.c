@@ -133,7 +133,7 @@ static char *hf_config_json(const Config *c) {
     cJSON_AddNullToObject(o, "n_inner");
     cJSON_AddStringToObject(o, "activation_function", "gelu_new");
     cJSON_AddNumberToObject(o, "layer_norm_epsilon", HF_LN_EPS);
-    // Our only dropout is on attention probabilities: the closest GPT-2 setting.
+    // Dropout rates as GPT-2 names them: attention probabilities, and the residual/embedding sites.
     cJSON_AddNumberToObject(o, "attn_pdrop", c->attention.dropout);
     cJSON_AddNumberToObject(o, "resid_pdrop", c->model.dropout);
     cJSON_AddNumberToObject(o, "embd_pdrop", c->model.dropout);
