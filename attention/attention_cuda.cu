@@ -95,9 +95,9 @@ static void attn_run_cuda(const AttnParams *p, int backward) {
     if (backward && (uintptr_t)p->workspace % 16 != 0)
         fatal(EXIT_USAGE, "attention: the CUDA workspace must be 16-byte aligned (cudaMalloc's is)");
     int dev, major, minor;
-    ATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     AttnKernelChoice c;
     if (attn_select_kernel(*p, major * 10 + minor, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     if (c.family == ATTN_KERNEL_NAIVE) {

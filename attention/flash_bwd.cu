@@ -55,8 +55,8 @@ void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cud
     const unsigned blocks = (unsigned)((rows * (p.HS / 8) + THREADS - 1) / THREADS);
     if (p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, THREADS, 0, s>>>(p, dsum);
     else bwd_dsum_kernel<T, 128><<<blocks, THREADS, 0, s>>>(p, dsum);
-    ATTN_CUDA_CHECK(cudaGetLastError());
-    if (dq_accum) ATTN_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, (size_t)rows * p.HS * sizeof(float), s));
+    CUDA_CHECK(cudaGetLastError());
+    if (dq_accum) CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, (size_t)rows * p.HS * sizeof(float), s));
 }
 
 // ---- convert ------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ template <typename T> __global__ void bwd_convert_dq_kernel(const AttnParams p, 
 template <typename T> void flash_bwd_convert_dq(const AttnParams &p, const float *dq_accum, cudaStream_t s) {
     const int64_t n8 = (int64_t)p.B * p.NH * p.T_q * p.HS / 8;
     bwd_convert_dq_kernel<T><<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(p, dq_accum);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- main kernel --------------------------------------------------------------------------
@@ -374,10 +374,10 @@ template <typename T, int HS, bool EXTRAS>
 void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s) {
     using Tile = BwdTile<HS>;
     auto kernel = flash_bwd_kernel<T, HS, EXTRAS>;
-    ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_k, Tile::BN), p.NKV, p.B);
     kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
 
 #define INSTANTIATE_BWD(T, HS)                                                                        \

@@ -143,10 +143,10 @@ template <typename T, int HS, bool EXTRAS>
 void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s) {
     using Tile = DqTile<HS>;
     auto kernel = flash_bwd_dq_kernel<T, HS, EXTRAS>;
-    ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
     kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
 
 #define INSTANTIATE_DQ(T, HS)                                                                     \

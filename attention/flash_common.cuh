@@ -198,18 +198,6 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
 
 // ---- host side ----------------------------------------------------------------------------
 
-extern "C" {
-#include "common/check.h"
-}
-#include <cuda_runtime.h>
-
-// Fails with the statement text and CUDA's error string (a runtime failure, not bad input).
-#define ATTN_CUDA_CHECK(stmt)                                                                 \
-    do {                                                                                      \
-        cudaError_t attn_err_ = (stmt);                                                       \
-        if (attn_err_ != cudaSuccess)                                                         \
-            fatal(EXIT_RUNTIME, "CUDA error: %s failed: %s (%s, %s:%d)", #stmt,               \
-                  cudaGetErrorString(attn_err_), __func__, __FILE__, __LINE__);               \
-    } while (0)
+#include "common/cuda_check.cuh"
 
 __host__ __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }

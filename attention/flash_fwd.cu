@@ -237,10 +237,10 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
 template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s) {
     using Tile = FwdTile<HS>;
     auto kernel = flash_fwd_kernel<T, HS, EXTRAS>;
-    ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
     kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
 
 #define INSTANTIATE_FWD(T, HS)                                                  \

@@ -178,7 +178,7 @@ template <typename T> static void naive_forward_t(const AttnParams &p, cublasHan
         }
     const unsigned rows = (unsigned)((int64_t)p.B * p.NH * p.T_q);
     naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), false);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
             const int h0 = g * G;
@@ -209,7 +209,7 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
                       p.q_st.head, nb.s + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f});
         }
     naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), true);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     // dV (T_k x HS) = P_drop^T dO: col-major dV^T (HS x T_k) = dO^T (HS x T_q) P_drop (T_q x T_k)
     for (int b = 0; b < p.B; b++)
         for (int hh = 0; hh < p.NH; hh++) {
@@ -235,7 +235,7 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
                       p.do_st.head, dp + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, 1.f, 0.f});
         }
     naive_dsoftmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, dp, ld_ds);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     const T *ds = reinterpret_cast<const T *>(dp);  // (B, NH, T_q, T_k) with row stride ld_ds
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
@@ -266,7 +266,7 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
         const unsigned blocks = (unsigned)((n + 255) / 256);
         naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dk_acc, p.dk, p.dk_st);
         naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dv_acc, p.dv, p.dv_st);
-        ATTN_CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaGetLastError());
     }
 }
 

@@ -8,20 +8,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "common/cuda_check.cuh"
+
 extern "C" {
 #include "common/check.h"
 #include "model/backend.h"
 }
-
-// Fails with the statement text, CUDA's error string, function and file:line (a runtime failure,
-// not bad input).
-#define CUDA_CHECK(stmt)                                                                      \
-    do {                                                                                      \
-        cudaError_t cuda_err_ = (stmt);                                                       \
-        if (cuda_err_ != cudaSuccess)                                                         \
-            fatal(EXIT_RUNTIME, "CUDA error: %s failed: %s (%s, %s:%d)", #stmt,               \
-                  cudaGetErrorString(cuda_err_), __func__, __FILE__, __LINE__);               \
-    } while (0)
 
 #define CUBLAS_CHECK(stmt)                                                                    \
     do {                                                                                      \
@@ -31,8 +23,6 @@ extern "C" {
                   cublasLtGetStatusString(cublas_st_), __func__, __FILE__, __LINE__);         \
     } while (0)
 
-// After a kernel launch: reports bad launch configurations at the launch site.
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 // The backend's private state (Backend.ctx): no globals, everything a call needs is here.
 typedef struct {

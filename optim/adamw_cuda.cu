@@ -7,18 +7,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/cuda_check.cuh"
+
 extern "C" {
-#include "common/check.h"
 #include "optim/optim_cuda.h"
 }
-
-#define OPT_CUDA_CHECK(stmt)                                                                  \
-    do {                                                                                      \
-        cudaError_t opt_err_ = (stmt);                                                        \
-        if (opt_err_ != cudaSuccess)                                                          \
-            fatal(EXIT_RUNTIME, "CUDA error: %s failed: %s (%s, %s:%d)", #stmt,               \
-                  cudaGetErrorString(opt_err_), __func__, __FILE__, __LINE__);                \
-    } while (0)
 
 // One block updates one chunk of at most ADAMW_CHUNK elements of one span: 64 elements per
 // thread, and ~7.6K blocks for GPT-2 124M, enough to fill any GPU.
@@ -124,28 +117,28 @@ void adamw_cuda_init(AdamWCuda *opt, size_t n, const OptimSpan *spans, int n_spa
     opt->n_partial = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
 
     const size_t nb = (n ? n : 1) * sizeof(float);
-    OPT_CUDA_CHECK(cudaMalloc(&opt->master, nb));
-    OPT_CUDA_CHECK(cudaMalloc(&opt->m, nb));
-    OPT_CUDA_CHECK(cudaMalloc(&opt->v, nb));
-    OPT_CUDA_CHECK(cudaMalloc(&opt->chunks, (n_chunks ? n_chunks : 1) * sizeof(AdamWChunk)));
-    OPT_CUDA_CHECK(cudaMalloc(&opt->partial, (opt->n_partial + 1) * sizeof(double)));
+    CUDA_CHECK(cudaMalloc(&opt->master, nb));
+    CUDA_CHECK(cudaMalloc(&opt->m, nb));
+    CUDA_CHECK(cudaMalloc(&opt->v, nb));
+    CUDA_CHECK(cudaMalloc(&opt->chunks, (n_chunks ? n_chunks : 1) * sizeof(AdamWChunk)));
+    CUDA_CHECK(cudaMalloc(&opt->partial, (opt->n_partial + 1) * sizeof(double)));
     cudaStream_t st = opt_stream(opt);
-    OPT_CUDA_CHECK(cudaMemsetAsync(opt->master, 0, nb, st));
-    OPT_CUDA_CHECK(cudaMemsetAsync(opt->m, 0, nb, st));
-    OPT_CUDA_CHECK(cudaMemsetAsync(opt->v, 0, nb, st));
-    OPT_CUDA_CHECK(cudaMemcpyAsync(opt->chunks, table, n_chunks * sizeof(AdamWChunk),
+    CUDA_CHECK(cudaMemsetAsync(opt->master, 0, nb, st));
+    CUDA_CHECK(cudaMemsetAsync(opt->m, 0, nb, st));
+    CUDA_CHECK(cudaMemsetAsync(opt->v, 0, nb, st));
+    CUDA_CHECK(cudaMemcpyAsync(opt->chunks, table, n_chunks * sizeof(AdamWChunk),
                                    cudaMemcpyHostToDevice, st));
-    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
     free(table);
 }
 
 void adamw_cuda_free(AdamWCuda *opt) {
-    OPT_CUDA_CHECK(cudaStreamSynchronize(opt_stream(opt)));
-    OPT_CUDA_CHECK(cudaFree(opt->master));
-    OPT_CUDA_CHECK(cudaFree(opt->m));
-    OPT_CUDA_CHECK(cudaFree(opt->v));
-    OPT_CUDA_CHECK(cudaFree(opt->chunks));
-    OPT_CUDA_CHECK(cudaFree(opt->partial));
+    CUDA_CHECK(cudaStreamSynchronize(opt_stream(opt)));
+    CUDA_CHECK(cudaFree(opt->master));
+    CUDA_CHECK(cudaFree(opt->m));
+    CUDA_CHECK(cudaFree(opt->v));
+    CUDA_CHECK(cudaFree(opt->chunks));
+    CUDA_CHECK(cudaFree(opt->partial));
     memset(opt, 0, sizeof *opt);
 }
 
@@ -153,20 +146,20 @@ void adamw_cuda_upload(AdamWCuda *opt, const float *master, const float *m, cons
     cudaStream_t st = opt_stream(opt);
     const size_t nb = opt->n * sizeof(float);
     if (master)
-        OPT_CUDA_CHECK(cudaMemcpyAsync(opt->master, master, nb, cudaMemcpyHostToDevice, st));
-    if (m) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->m, m, nb, cudaMemcpyHostToDevice, st));
-    if (v) OPT_CUDA_CHECK(cudaMemcpyAsync(opt->v, v, nb, cudaMemcpyHostToDevice, st));
-    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+        CUDA_CHECK(cudaMemcpyAsync(opt->master, master, nb, cudaMemcpyHostToDevice, st));
+    if (m) CUDA_CHECK(cudaMemcpyAsync(opt->m, m, nb, cudaMemcpyHostToDevice, st));
+    if (v) CUDA_CHECK(cudaMemcpyAsync(opt->v, v, nb, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 void adamw_cuda_download(const AdamWCuda *opt, float *master, float *m, float *v) {
     cudaStream_t st = opt_stream(opt);
     const size_t nb = opt->n * sizeof(float);
     if (master)
-        OPT_CUDA_CHECK(cudaMemcpyAsync(master, opt->master, nb, cudaMemcpyDeviceToHost, st));
-    if (m) OPT_CUDA_CHECK(cudaMemcpyAsync(m, opt->m, nb, cudaMemcpyDeviceToHost, st));
-    if (v) OPT_CUDA_CHECK(cudaMemcpyAsync(v, opt->v, nb, cudaMemcpyDeviceToHost, st));
-    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+        CUDA_CHECK(cudaMemcpyAsync(master, opt->master, nb, cudaMemcpyDeviceToHost, st));
+    if (m) CUDA_CHECK(cudaMemcpyAsync(m, opt->m, nb, cudaMemcpyDeviceToHost, st));
+    if (v) CUDA_CHECK(cudaMemcpyAsync(v, opt->v, nb, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 // Runs f with a value of the element type of `dtype` (the run-time dtype switch of this file).
@@ -187,13 +180,13 @@ double adamw_cuda_grad_sumsq(AdamWCuda *opt, const void *grads) {
         sumsq_kernel<E><<<(unsigned)opt->n_partial, SUMSQ_THREADS, 0, st>>>(
             opt->partial, (const E *)grads, opt->n);
     });
-    OPT_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     sumsq_total_kernel<<<1, 1, 0, st>>>(opt->partial, opt->n_partial);
-    OPT_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     double total = 0.0;
-    OPT_CUDA_CHECK(cudaMemcpyAsync(&total, opt->partial + opt->n_partial, sizeof total,
+    CUDA_CHECK(cudaMemcpyAsync(&total, opt->partial + opt->n_partial, sizeof total,
                                    cudaMemcpyDeviceToHost, st));
-    OPT_CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
     return total;
 }
 
@@ -217,5 +210,5 @@ void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, 
             (E *)params, opt->master, opt->m, opt->v, (const E *)grads,
             (const AdamWChunk *)opt->chunks, s);
     });
-    OPT_CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
