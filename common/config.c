@@ -93,6 +93,12 @@ static const CfgKey KEYS[] = {
      "flash (tiled, memory linear in T) or naive (materialised scores)"},
     {"attention.window", CFG_INT, OFF(attention.window), "-1", -1, BIG, NULL,
      "sliding window: keys at most this far back; -1 = unbounded"},
+    {"attention.window_every", CFG_INT, OFF(attention.window_every), "1", 1, 1024, NULL,
+     "layer l uses attention.window iff l % window_every == 0 (1 = every layer, 2 = local/global "
+     "alternating from layer 0); the other layers attend globally"},
+    {"attention.doc_mask", CFG_BOOL, OFF(attention.doc_mask), "false", 0, 0, NULL,
+     "packed documents: a document starts after each data.eot_token and at each row start; "
+     "tokens attend only within their document and positions restart at 0 in each"},
     {"attention.dropout", CFG_FLOAT, OFF(attention.dropout), "0", 0, 0.99, NULL,
      "dropout on attention probabilities"},
     {"attention.deterministic", CFG_BOOL, OFF(attention.deterministic), "false", 0, 0, NULL,
@@ -356,6 +362,12 @@ int config_validate(Config *c, char *err, size_t errlen) {
     if (strcmp(c->data.synthetic, "none") == 0 && c->data.train[0] == '\0')
         return set_error(err, errlen, "data.train is empty: give a shard pattern (see train_gpt prepare) "
                                    "or a built-in task with data.synthetic");
+    if (c->attention.doc_mask && c->data.eot_token < 0)
+        return set_error(err, errlen, "attention.doc_mask = true needs data.eot_token (the token that "
+                                   "ends each document), but it is -1");
+    if (c->attention.window_every > 1 && c->attention.window < 0)
+        return set_error(err, errlen, "attention.window_every = %d needs a sliding window: set "
+                                   "attention.window >= 0", c->attention.window_every);
     if (c->data.eot_token >= c->model.vocab_size)
         return set_error(err, errlen, "data.eot_token (%d) must be below model.vocab_size (%d)",
                       c->data.eot_token, c->model.vocab_size);

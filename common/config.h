@@ -42,6 +42,8 @@ typedef struct {
     struct {
         char impl[CFG_NAME_MAX];             // flash | naive
         int window;                          // -1 = unbounded
+        int window_every;                    // layer l uses the window iff l % window_every == 0
+        int doc_mask;                        // packed documents split at data.eot_token
         float dropout;
         int deterministic;
     } attention;

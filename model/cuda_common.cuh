@@ -129,3 +129,9 @@ void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *
 
 // ops_cuda_dropout.cu
 void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);
+
+// ops_cuda_rope.cu
+void cuda_rope_forward(Backend *be, void *qkv, const float *table, const int *pos, int N, int T,
+                       int NH, int NKV, int HS);
+void cuda_rope_backward(Backend *be, void *dqkv, const float *table, const int *pos, int N, int T,
+                        int NH, int NKV, int HS);

@@ -1,8 +1,18 @@
-// gpt: the GPT-2 model (learned or ALiBi positions, GQA) written once over the Backend ops. It
-// never touches backend memory directly: the same code drives the CPU and the CUDA backends.
+// gpt: the GPT-2 model (learned, rotary or ALiBi positions, GQA, sliding windows, packed
+// documents) written once over the Backend ops. It never touches backend memory directly: the
+// same code drives the CPU and the CUDA backends.
 //
 // Per block (pre-LayerNorm):  x' = x + proj(attention(qkv(ln1(x))));  x'' = x' + fcproj(gelu(fc(ln2(x'))))
 // Head: logits = lnf(x_L) @ wte^T over Vp padded columns, of which the first V are real.
+//
+// Positions: learned (wpe table added to the token embedding), rope (q and k rotated in place in
+// the fused qkv buffer right after its matmul, from a cos/sin table computed once in
+// gpt_create; half-split convention, see Backend.rope_forward) or alibi (the attention kernel's
+// slopes). attention.window applies to the layers l with l % attention.window_every == 0.
+// With attention.doc_mask, gpt_forward splits each row into documents after every
+// data.eot_token: attention stays inside a document (the kernels' cu_seqlens path) and the
+// positions given to wpe or RoPE restart at 0 in each document. The eot token itself ends its
+// document, so it is the last token the document sees.
 //
 // Dropout (training forwards with targets only): attention.dropout on the attention
 // probabilities, model.dropout on the embedding sum and on the proj and fcproj outputs before
@@ -62,12 +72,14 @@ struct GPT {
 
     // run options
     AttnImpl impl;
-    int window, deterministic, training;
+    int window, window_every, deterministic, training;
+    int eot;                      // data.eot_token when attention.doc_mask is on, else -1
     Recompute recompute;
     float attn_dropout, resid_dropout;   // attention.dropout, model.dropout
     uint64_t dropout_seed;               // train.seed
     uint64_t rng_step;                   // micro-step whose masks the next forward draws
     float *alibi;                 // (NH) backend fp32, or NULL
+    float *rope;                  // (maxT, HS/2, 2) backend fp32 [cos, sin] per position, or NULL
 
     // every backend allocation, released by gpt_free
     void **allocs;
@@ -75,6 +87,9 @@ struct GPT {
 
     // forward activations and backward scratch, sized for B x T
     int *tokens, *targets;        // (B, T) backend int32
+    int *doc_pos, *cu_seqlens;    // (B, T), (B*T + 1) backend int32: positions within documents
+                                  // and document offsets (doc_mask only, else NULL)
+    int *doc_pos_host, *cu_host;  // (B, T), (B*T + 1) their host copies
     void *encoded;                // (N, C) embeddings
     BlockActs *acts;              // (L)
     void *lnf;                    // (N, C)
@@ -93,6 +108,8 @@ struct GPT {
     // last forward
     int last_B, last_T, n_valid, has_targets, logits_valid;
     int drop_attn, drop_resid;    // it applied attention / residual dropout
+    int n_docs;                   // documents in the batch (doc_mask), else 0
+    const int *pos;               // doc_pos when doc_mask, else NULL (pos = t)
     uint64_t dropout_base;        // Philox offset of its first dropout site
 
     // incremental decoding (allocated on first use)
@@ -164,8 +181,9 @@ static void check_config(const GPTConfig *g, int B, int T) {
         fatal(EXIT_USAGE, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", g->NH, g->NKV);
     if (g->Vp % 128 != 0 || g->Vp < g->V)
         fatal(EXIT_USAGE, "model: padded vocabulary %d must be a multiple of 128 and >= %d", g->Vp, g->V);
-    if (g->pos == POS_ROPE)
-        fatal(EXIT_USAGE, "model.pos_embedding = rope is not supported yet: use learned or alibi");
+    if (g->pos == POS_ROPE && (g->HS % 2 != 0 || !(g->rope_theta > 0.0f)))
+        fatal(EXIT_USAGE, "model.pos_embedding = rope needs an even head size (got %d) and "
+                          "model.rope_theta > 0 (got %g)", g->HS, (double)g->rope_theta);
     if (B < 1 || T < 1 || T > g->maxT)
         fatal(EXIT_USAGE, "batch %d x %d: need B >= 1 and 1 <= T <= model.max_seq_len (%d)", B, T,
               g->maxT);
@@ -218,6 +236,27 @@ static void build_tensors(GPT *m, int decay_wpe) {
 
 static void *need(GPT *m, void *p, size_t bytes) { return p ? p : balloc(m, bytes); }
 
+// The RoPE table (maxT, HS/2, 2): [cos, sin] of the angle pos * theta^(-2d/HS), computed in
+// double (positions reach 1e5 and more, where an fp32 angle would already be off by ~1e-2 rad)
+// and rounded once to fp32.
+static float *rope_table(GPT *m) {
+    const GPTConfig *g = &m->cfg;
+    const int half = g->HS / 2;
+    const size_t n = (size_t)g->maxT * half * 2;
+    float *host = xmalloc(n * sizeof(float));   // (maxT, HS/2, 2)
+    for (int d = 0; d < half; d++) {
+        const double inv_freq = pow((double)g->rope_theta, -2.0 * d / g->HS);
+        for (int t = 0; t < g->maxT; t++) {
+            host[((size_t)t * half + d) * 2] = (float)cos(t * inv_freq);
+            host[((size_t)t * half + d) * 2 + 1] = (float)sin(t * inv_freq);
+        }
+    }
+    float *table = balloc(m, n * sizeof(float));
+    m->be->upload(m->be, table, host, n * sizeof(float));
+    free(host);
+    return table;
+}
+
 // Allocates every buffer of `a` that is still NULL (the others are shared with another layer).
 static void alloc_block(GPT *m, BlockActs *a, int B, int T) {
     size_t N = (size_t)B * T, C = m->cfg.C, ds = m->ds;
@@ -240,6 +279,12 @@ static void alloc_activations(GPT *m) {
     size_t N = (size_t)m->B * m->T, C = m->cfg.C, ds = m->ds;
     m->tokens = balloc(m, N * sizeof(int));
     m->targets = balloc(m, N * sizeof(int));
+    if (m->eot >= 0) {
+        m->doc_pos = balloc(m, N * sizeof(int));
+        m->cu_seqlens = balloc(m, (N + 1) * sizeof(int));
+        m->doc_pos_host = xcalloc(N, sizeof(int));
+        m->cu_host = xcalloc(N + 1, sizeof(int));
+    }
     m->encoded = balloc(m, N * C * ds);
     m->acts = xcalloc((size_t)m->cfg.L, sizeof(BlockActs));
     alloc_block(m, &m->acts[0], m->B, m->T);
@@ -281,10 +326,19 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
     m->OCq = (cfg->NH + 2 * cfg->NKV) * cfg->HS;
     m->impl = ATTN_IMPL_FLASH;
     m->window = -1;
+    m->window_every = 1;
+    m->eot = -1;
     m->training = 1;
     if (run) {
         m->impl = strcmp(run->attention.impl, "naive") == 0 ? ATTN_IMPL_NAIVE : ATTN_IMPL_FLASH;
         m->window = run->attention.window;
+        m->window_every = run->attention.window_every > 0 ? run->attention.window_every : 1;
+        if (run->attention.doc_mask) {
+            if (run->data.eot_token < 0 || run->data.eot_token >= cfg->V)
+                fatal(EXIT_USAGE, "attention.doc_mask needs data.eot_token in [0, %d), got %d",
+                      cfg->V, run->data.eot_token);
+            m->eot = run->data.eot_token;
+        }
         m->deterministic = run->attention.deterministic;
         m->attn_dropout = run->attention.dropout;
         m->resid_dropout = run->model.dropout;
@@ -307,6 +361,7 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         be->upload(be, m->alibi, slopes, (size_t)cfg->NH * sizeof(float));
         free(slopes);
     }
+    if (cfg->pos == POS_ROPE) m->rope = rope_table(m);
     alloc_activations(m);
     return m;
 }
@@ -317,6 +372,8 @@ void gpt_free(GPT *m) {
     free(m->allocs);
     free(m->acts);
     free(m->losses_host);
+    free(m->doc_pos_host);
+    free(m->cu_host);
     free(m->tensors);
     free(m);
 }
@@ -363,9 +420,12 @@ void gpt_get_grads_f32(GPT *m, float *host) {
 }
 void gpt_zero_grad(GPT *m) { m->be->fill_zero(m->be, m->grads, m->n_params * m->ds); }
 
-// Attention over the fused qkv buffer of a (B, T) batch: q, k, v are views into the per-token
-// row [q (NH*HS) | k (NKV*HS) | v (NKV*HS)], no permute copies.
-static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T) {
+// Layer l's sliding window (attention.window on every window_every-th layer), -1 = unbounded.
+static int layer_window(const GPT *m, int l) { return l % m->window_every == 0 ? m->window : -1; }
+
+// Attention of layer l over the fused qkv buffer of a (B, T) batch: q, k, v are views into the
+// per-token row [q (NH*HS) | k (NKV*HS) | v (NKV*HS)], no permute copies.
+static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T, int l) {
     const GPTConfig *g = &m->cfg;
     AttnParams p;
     memset(&p, 0, sizeof p);
@@ -385,7 +445,7 @@ static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T) {
     p.HS = g->HS;
     p.scale = 1.0f / sqrtf((float)g->HS);
     p.causal = 1;
-    p.window_left = m->window;
+    p.window_left = layer_window(m, l);
     p.window_right = -1;   // causal already hides every later key
     p.alibi_slopes = m->alibi;
     p.impl = m->impl;
@@ -394,8 +454,13 @@ static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T) {
 }
 
 // The attention of layer l over a (B, T) training batch, with the last forward's dropout mask.
+// With packed documents, the last forward's document boundaries.
 static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
-    AttnParams p = attn_params(m, a, B, T);
+    AttnParams p = attn_params(m, a, B, T, l);
+    if (m->n_docs > 0) {
+        p.cu_seqlens = m->cu_seqlens;
+        p.n_docs = m->n_docs;
+    }
     if (m->drop_attn) {
         p.dropout_p = m->attn_dropout;
         p.seed = m->dropout_seed;
@@ -406,10 +471,11 @@ static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
 
 // One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe
 // the attention with q/out/lse in `a`; with kv_row set (decoding), this token's k and v are
-// first copied there (p's k and v already point into the cache). With drop, the last forward's
-// residual dropout masks apply to both branch outputs.
+// first copied there (p's k and v already point into the cache). pos (N) backend int32 gives
+// the RoPE positions (NULL: i % T). With drop, the last forward's residual dropout masks apply
+// to both branch outputs.
 static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x_out, void *scratch,
-                          int N, AttnParams *p, void *kv_row, int drop) {
+                          int N, int T, const int *pos, AttnParams *p, void *kv_row, int drop) {
     Backend *be = m->be;
     const int C = m->cfg.C;
     void *w = m->params;
@@ -417,6 +483,8 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
                           layer_ptr(m, w, l, LN1_B), N, C);
     be->matmul_forward(be, a->qkv, NULL, a->ln1, layer_ptr(m, w, l, QKV_W), layer_ptr(m, w, l, QKV_B),
                        N, C, m->OCq, EPI_NONE);
+    if (m->rope)
+        be->rope_forward(be, a->qkv, m->rope, pos, N, T, m->cfg.NH, m->cfg.NKV, m->cfg.HS);
     if (kv_row)
         be->copy(be, kv_row, at(a->qkv, (size_t)m->cfg.NH * m->cfg.HS, m->ds),
                  (size_t)2 * m->cfg.NKV * m->cfg.HS * m->ds);
@@ -444,6 +512,20 @@ static void check_ids(const GPT *m, const int *ids, int B, int T, int is_target)
                   is_target ? "target" : "token", ids[i], i / T, i % T, m->cfg.V);
 }
 
+// The documents of a (B, T) batch: one starts at each row start and after each eot token
+// inside the row. Writes the position of every token within its document to pos (B*T) and the
+// document offsets over the flattened batch to cu (n_docs + 1); returns n_docs.
+static int find_documents(const int *tokens, int B, int T, int eot, int *pos, int *cu) {
+    int n = 0;
+    for (int i = 0; i < B * T; i++) {
+        const int t = i % T;
+        if (t == 0 || tokens[i - 1] == eot) cu[n++] = i;
+        pos[i] = i - cu[n - 1];
+    }
+    cu[n] = B * T;
+    return n;
+}
+
 float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     Backend *be = m->be;
     const GPTConfig *g = &m->cfg;
@@ -454,19 +536,28 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     check_ids(m, tokens, B, T, 0);
     if (targets) check_ids(m, targets, B, T, 1);
     be->upload(be, m->tokens, tokens, (size_t)N * sizeof(int));
+    m->n_docs = 0;
+    m->pos = NULL;
+    if (m->eot >= 0) {
+        m->n_docs = find_documents(tokens, B, T, m->eot, m->doc_pos_host, m->cu_host);
+        be->upload(be, m->doc_pos, m->doc_pos_host, (size_t)N * sizeof(int));
+        be->upload(be, m->cu_seqlens, m->cu_host, (size_t)(m->n_docs + 1) * sizeof(int));
+        m->pos = m->doc_pos;
+    }
 
     const int train = targets && m->training;
     m->drop_attn = train && m->attn_dropout > 0.0f;
     m->drop_resid = train && m->resid_dropout > 0.0f;
     m->dropout_base = m->rng_step * (uint64_t)(SITES_PER_LAYER * g->L + 1);
     void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
-    be->embed_forward(be, m->encoded, m->tokens, NULL, tensor_ptr(m, m->params, m->wte_i), wpe, B, T, C);
+    be->embed_forward(be, m->encoded, m->tokens, m->pos, tensor_ptr(m, m->params, m->wte_i), wpe, B,
+                      T, C);
     if (m->drop_resid) resid_dropout(m, m->encoded, (size_t)N * C, g->L, 0);
     const void *x = m->encoded;
     for (int l = 0; l < g->L; l++) {
         BlockActs *a = &m->acts[l];
         AttnParams p = layer_attn(m, a, B, T, l);
-        block_forward(m, l, a, x, a->res_mlp, m->scratch, N, &p, NULL, m->drop_resid);
+        block_forward(m, l, a, x, a->res_mlp, m->scratch, N, T, m->pos, &p, NULL, m->drop_resid);
         x = a->res_mlp;
     }
     be->layernorm_forward(be, m->lnf, m->lnf_mean, m->lnf_rstd, x, tensor_ptr(m, m->params, m->lnf_i),
@@ -520,7 +611,8 @@ void gpt_backward(GPT *m, float grad_scale) {
         AttnParams p = layer_attn(m, a, B, T, l);
         if (m->recompute == RECOMPUTE_BLOCK) {
             // dtmp is free until the MLP branch below; the block output itself is not needed.
-            block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, &p, NULL, m->drop_resid);
+            block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, T, m->pos, &p, NULL,
+                          m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
             be->attention_forward(be, &p);
             be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
@@ -549,6 +641,7 @@ void gpt_backward(GPT *m, float grad_scale) {
         p.dv = at(m->dqkv, (size_t)(g->NH + g->NKV) * g->HS, m->ds);
         p.dq_st = p.dk_st = p.dv_st = p.q_st;
         be->attention_backward(be, &p);
+        if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
                             NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);
         be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN1_W), layer_ptr(m, dw, l, LN1_B),
@@ -556,7 +649,7 @@ void gpt_backward(GPT *m, float grad_scale) {
     }
     if (m->drop_resid) resid_dropout(m, m->dres, (size_t)N * C, g->L, 0);
     void *dwpe = m->wpe_i >= 0 ? tensor_ptr(m, dw, m->wpe_i) : NULL;
-    be->embed_backward(be, tensor_ptr(m, dw, m->wte_i), dwpe, m->dres, m->tokens, NULL, B, T, C);
+    be->embed_backward(be, tensor_ptr(m, dw, m->wte_i), dwpe, m->dres, m->tokens, m->pos, B, T, C);
 }
 
 void gpt_losses_f32(GPT *m, float *host) {
@@ -609,14 +702,14 @@ void gpt_decode_step(GPT *m, int token, int pos, float *logits_out) {
                       1, 1, C);
     for (int l = 0; l < g->L; l++) {
         void *cache = at(m->kv, (size_t)l * g->maxT * kv_row, m->ds);   // (maxT, 2*NKV*HS)
-        AttnParams p = attn_params(m, &m->dec, 1, 1);
+        AttnParams p = attn_params(m, &m->dec, 1, 1, l);
         // One query against the pos+1 cached positions (bottom-right aligned: the query is the
         // last position, so causal masking hides nothing here but a window still applies).
         p.T_k = pos + 1;
         p.k = cache;
         p.v = at(cache, (size_t)g->NKV * g->HS, m->ds);
         p.k_st = p.v_st = (AttnStrides){(int64_t)g->maxT * kv_row, (int64_t)kv_row, g->HS};
-        block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, 1, &p,
+        block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, 1, 1, m->dec_pos, &p,
                       at(cache, (size_t)pos * kv_row, m->ds), 0);
     }
     be->layernorm_forward(be, m->dec_lnf, m->dec_lnf_mean, m->dec_lnf_rstd, m->dec_x,

@@ -1,6 +1,6 @@
 // ops_cpu: the CPU backend (fp32, OpenMP, OpenBLAS), the reference the CUDA backend is tested
 // against. This file holds its memory functions, the attention dispatch and the op table; the
-// layer ops live in ops_cpu_layers.c, ops_cpu_matmul.c and ops_cpu_dropout.c.
+// layer ops live in ops_cpu_layers.c, ops_cpu_matmul.c, ops_cpu_dropout.c and ops_cpu_rope.c.
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,5 +103,7 @@ Backend *backend_cpu_create(void) {
     be->attention_backward = cpu_attention_backward;
     be->softmax_xent = cpu_softmax_xent;
     be->dropout = cpu_dropout;
+    be->rope_forward = cpu_rope_forward;
+    be->rope_backward = cpu_rope_backward;
     return be;
 }

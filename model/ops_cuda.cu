@@ -3,7 +3,7 @@
 // attention dispatch and the op table; the ops live in ops_cuda_layers.cu (embedding forward,
 // LayerNorm, add, GELU, conversions, deterministic column sums), ops_cuda_embed.cu (embedding
 // backward), ops_cuda_xent.cu (fused softmax cross-entropy), ops_cuda_matmul.cu (cuBLASLt) and
-// ops_cuda_dropout.cu (dropout).
+// ops_cuda_dropout.cu (dropout) and ops_cuda_rope.cu (rotary position embedding).
 //
 // Every op is asynchronous on the context's one stream; download, download_f32 and synchronize
 // wait for it. The stream is a blocking stream, so work queued on the legacy default stream
@@ -224,5 +224,7 @@ Backend *backend_cuda_create(DType dtype, int device) {
     be->attention_backward = cu_attention_backward;
     be->softmax_xent = cuda_softmax_xent;
     be->dropout = cuda_dropout;
+    be->rope_forward = cuda_rope_forward;
+    be->rope_backward = cuda_rope_backward;
     return be;
 }

@@ -406,6 +406,59 @@ static void test_attention(Backend *be, Rng *r) {
     }
 }
 
+// RoPE on the fused qkv buffer against the rotation written out in double: q and k heads turn
+// by pos * theta^(-2d/HS) (half-split pairs), v heads stay bitwise; backward is the transpose:
+// <rope(x), y> = <x, rope_backward(y)>, and rope_backward(rope(x)) = x.
+static void test_rope_op(Backend *be, Rng *r, int use_pos) {
+    enum { B = 2, T = 9, NH = 4, NKV = 2, HS = 8, OC = (NH + 2 * NKV) * HS, MAXT = 40, N = B * T };
+    const double theta = 10000.0;
+    float table[MAXT * HS], x[N * OC], y[N * OC], fx[N * OC], by[N * OC];
+    int pos[N];
+    double ref[N * OC];
+    for (int t = 0; t < MAXT; t++)
+        for (int d = 0; d < HS / 2; d++) {
+            double a = t * pow(theta, -2.0 * d / HS);
+            table[t * HS + 2 * d] = (float)cos(a);
+            table[t * HS + 2 * d + 1] = (float)sin(a);
+        }
+    for (int i = 0; i < N; i++) pos[i] = (7 * i + 3) % MAXT;   // arbitrary, some past T
+    fill_normal(r, x, N * OC, 1.0f);
+    fill_normal(r, y, N * OC, 1.0f);
+    for (int i = 0; i < N; i++) {
+        const int p = use_pos ? pos[i] : i % T;
+        for (int c = 0; c < OC; c++) ref[i * OC + c] = x[i * OC + c];
+        for (int h = 0; h < NH + NKV; h++)
+            for (int d = 0; d < HS / 2; d++) {
+                const double a = p * pow(theta, -2.0 * d / HS);
+                const double x1 = x[i * OC + h * HS + d], x2 = x[i * OC + h * HS + d + HS / 2];
+                ref[i * OC + h * HS + d] = x1 * cos(a) - x2 * sin(a);
+                ref[i * OC + h * HS + d + HS / 2] = x2 * cos(a) + x1 * sin(a);
+            }
+    }
+    memcpy(fx, x, sizeof fx);
+    memcpy(by, y, sizeof by);
+    be->rope_forward(be, fx, table, use_pos ? pos : NULL, N, T, NH, NKV, HS);
+    be->rope_backward(be, by, table, use_pos ? pos : NULL, N, T, NH, NKV, HS);
+    // Each output is two products and a sum of fp32 values with a table entry rounded once:
+    // a few 2^-24 relative, far inside OP_TOL.
+    EXPECT(rel_err_d(fx, ref, N * OC) < OP_TOL, "rope forward rel err %g", rel_err_d(fx, ref, N * OC));
+    int v_same = 1;
+    for (int i = 0; i < N; i++)
+        v_same &= memcmp(fx + i * OC + (NH + NKV) * HS, x + i * OC + (NH + NKV) * HS,
+                         NKV * HS * sizeof(float)) == 0;
+    EXPECT(v_same, "rope must leave the value heads untouched");
+    double lhs = 0, rhs = 0, mag = 0;
+    for (int k = 0; k < N * OC; k++) {
+        lhs += (double)fx[k] * y[k];
+        rhs += (double)x[k] * by[k];
+        mag += fabs((double)x[k] * by[k]);
+    }
+    EXPECT(fabs(lhs - rhs) < OP_TOL * mag, "rope backward is not the transpose: %g vs %g", lhs, rhs);
+    be->rope_backward(be, fx, table, use_pos ? pos : NULL, N, T, NH, NKV, HS);
+    EXPECT(rel_err_f32(fx, x, N * OC) < OP_TOL, "rope backward(forward(x)) != x: rel err %g",
+           rel_err_f32(fx, x, N * OC));
+}
+
 // ---------------------------------------------------------------------------------------------
 // the whole model
 
@@ -423,7 +476,25 @@ static GPTConfig small_config(PosEmbedding pos) {
     g.C = 64;
     g.HS = 16;
     g.pos = pos;
+    g.rope_theta = 10000.0f;
     return g;
+}
+
+// Packed documents (attention.doc_mask with data.eot_token = DOC_EOT): the runs' settings, and
+// a batch with an eot every few tokens, one ending a row and two at the start of the next.
+#define DOC_EOT 5
+typedef enum { SINGLE_DOC = 0, PACKED_DOCS = 1 } DocMode;
+
+static void set_docs(Config *run, DocMode docs) {
+    run->attention.doc_mask = docs == PACKED_DOCS;
+    run->data.eot_token = docs == PACKED_DOCS ? DOC_EOT : -1;
+}
+
+static void pack_documents(int *tokens, int B, int T) {
+    for (int i = 0; i < B * T; i++)
+        if ((i * 7) % 11 == 3) tokens[i] = DOC_EOT;
+    if (B < 2) return;
+    tokens[T - 1] = tokens[T] = tokens[T + 1] = DOC_EOT;
 }
 
 // GPT-2 init, then every parameter moved by noise of std 0.1 so that attention is far from
@@ -490,11 +561,14 @@ static double fd_grad(GPT *m, float *params, size_t i, const int *tokens, const 
 
 // dropout: attention.dropout and model.dropout both, masks fixed by the rng step, so the finite
 // differences see the same masked loss as the analytic gradient.
-static void test_gradients(PosEmbedding pos, int window, float dropout) {
+// docs: packed documents, with the window on even layers only (window_every 2).
+static void test_gradients(PosEmbedding pos, int window, float dropout, DocMode docs) {
     GPTConfig g = small_config(pos);
     Config run;
     config_defaults(&run);
     run.attention.window = window;
+    set_docs(&run, docs);
+    if (docs == PACKED_DOCS) run.attention.window_every = 2;
     run.attention.dropout = dropout;
     run.model.dropout = dropout;
     Backend *be = backend_cpu_create();
@@ -505,6 +579,7 @@ static void test_gradients(PosEmbedding pos, int window, float dropout) {
     Rng r;
     rng_seed(&r, 11);
     random_batch(&r, tokens, targets, MB * MT, g.V);
+    if (docs == PACKED_DOCS) pack_documents(tokens, MB, MT);
     gpt_set_params_f32(m, params);
     gpt_set_rng_step(m, 5);
     gpt_zero_grad(m);
@@ -550,7 +625,7 @@ static void test_gradients(PosEmbedding pos, int window, float dropout) {
     int zero = 1;
     for (size_t i = (size_t)g.V * g.C; i < wte->numel; i++) zero &= grads[wte->offset + i] == 0.0f;
     EXPECT(zero, "padded wte rows must get exactly zero gradient");
-    if (pos == POS_LEARNED) {
+    if (pos == POS_LEARNED && docs == SINGLE_DOC) {
         zero = 1;
         for (size_t i = (size_t)MT * g.C; i < wpe->numel; i++) zero &= grads[wpe->offset + i] == 0.0f;
         EXPECT(zero, "wpe rows past T must get zero gradient");
@@ -681,11 +756,12 @@ static void test_loss_and_small_batch(void) {
 }
 
 // KV-cache decoding reproduces the full forward's logits at every position.
-static void test_decode(PosEmbedding pos, int window) {
+static void test_decode(PosEmbedding pos, int window, int window_every) {
     GPTConfig g = small_config(pos);
     Config run;
     config_defaults(&run);
     run.attention.window = window;
+    run.attention.window_every = window_every;
     Backend *be = backend_cpu_create();
     GPT *m = gpt_create(&g, be, 1, MT, &run);
     float *params = test_params(m, 12);
@@ -701,11 +777,61 @@ static void test_decode(PosEmbedding pos, int window) {
         for (int t = 0; t < MT; t++) gpt_decode_step(m, tokens[t], t, step + (size_t)t * g.V);
         // The same sums in a different order (one row through sgemm instead of 37, attention over
         // a cache): fp32 rounding only, as for the ops.
-        EXPECT(rel_err_f32(step, full, MT * g.V) < OP_TOL, "decode (pos %d, window %d) rel err %g", pos,
-               window, rel_err_f32(step, full, MT * g.V));
+        EXPECT(rel_err_f32(step, full, MT * g.V) < OP_TOL, "decode (pos %d, window %d every %d) "
+               "rel err %g", pos, window, window_every, rel_err_f32(step, full, MT * g.V));
         tokens[0] = (tokens[0] + 1) % g.V;
     }
     free(params);
+    gpt_free(m);
+    be->destroy(be);
+}
+
+// Packed documents: every document's logits in the packed batch equal those of the document run
+// alone as its own row (positions from 0, nothing before it visible), for any position scheme.
+static void test_documents(PosEmbedding pos) {
+    GPTConfig g = small_config(pos);
+    Config run;
+    config_defaults(&run);
+    set_docs(&run, PACKED_DOCS);
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, MB, MT, &run);
+    float *params = test_params(m, 41);
+    gpt_set_params_f32(m, params);
+    int tokens[MB * MT], targets[MB * MT];
+    Rng r;
+    rng_seed(&r, 42);
+    random_batch(&r, tokens, targets, MB * MT, g.V);
+    pack_documents(tokens, MB, MT);
+    float *packed = xmalloc((size_t)MB * MT * g.V * sizeof(float));   // (B, T, V)
+    float *alone = xmalloc((size_t)MB * MT * g.V * sizeof(float));    // (T, V), then (B, T, V)
+    gpt_forward(m, tokens, NULL, MB, MT);
+    gpt_logits_f32(m, packed);
+    int n_docs = 0;
+    double worst = 0;
+    for (int i0 = 0; i0 < MB * MT;) {   // one document: [i0, i1)
+        int i1 = i0 + 1;
+        while (i1 % MT != 0 && tokens[i1 - 1] != DOC_EOT) i1++;
+        gpt_forward(m, tokens + i0, NULL, 1, i1 - i0);
+        gpt_logits_f32(m, alone);
+        double e = rel_err_f32(alone, packed + (size_t)i0 * g.V, (size_t)(i1 - i0) * g.V);
+        worst = e > worst ? e : worst;
+        n_docs++;
+        i0 = i1;
+    }
+    // Same sums over the same visible keys, in blocks of another shape: fp32 rounding only.
+    EXPECT(worst < OP_TOL, "packed vs alone (pos %d): worst rel err %g over %d documents", pos, worst,
+           n_docs);
+    EXPECT(n_docs >= 10, "the batch must pack many documents, got %d", n_docs);
+    // Without doc_mask the same batch is one sequence per row: the logits must differ.
+    GPT *plain = gpt_create(&g, be, MB, MT, NULL);
+    gpt_set_params_f32(plain, params);
+    gpt_forward(plain, tokens, NULL, MB, MT);
+    gpt_logits_f32(plain, alone);
+    EXPECT(rel_err_f32(alone, packed, MT * g.V) > 1e-3, "doc_mask changed nothing");
+    free(packed);
+    free(alone);
+    free(params);
+    gpt_free(plain);
     gpt_free(m);
     be->destroy(be);
 }
@@ -834,10 +960,11 @@ static void test_dropout(float attn_p, float resid_p) {
 
 // train.recompute: recomputing activations in backward (with the forward's dropout masks) gives
 // bitwise the gradients of keeping them, since every CPU op is deterministic.
-static void test_recompute(const char *mode) {
-    GPTConfig g = small_config(POS_LEARNED);
+static void test_recompute(const char *mode, PosEmbedding pos, DocMode docs) {
+    GPTConfig g = small_config(pos);
     Config run;
     config_defaults(&run);
+    set_docs(&run, docs);
     run.attention.dropout = 0.1f;
     run.model.dropout = 0.1f;
     Backend *be = backend_cpu_create();
@@ -850,6 +977,7 @@ static void test_recompute(const char *mode) {
     Rng r;
     rng_seed(&r, 32);
     random_batch(&r, tokens, targets, MB * MT, g.V);
+    if (docs == PACKED_DOCS) pack_documents(tokens, MB, MT);
     float loss[2];
     GPT *models[2] = {ref, m};
     for (int k = 0; k < 2; k++) {
@@ -887,9 +1015,20 @@ static int exit_code_of(void (*fn)(void)) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static void create_rope(void) {
+static void create_rope_odd_head(void) {
     GPTConfig g = small_config(POS_ROPE);
+    g.NH = 64;
+    g.NKV = 64;
+    g.HS = 1;
     gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
+}
+
+static void create_docs_without_eot(void) {
+    GPTConfig g = small_config(POS_ROPE);
+    Config run;
+    config_defaults(&run);
+    run.attention.doc_mask = 1;
+    gpt_create(&g, backend_cpu_create(), 1, 8, &run);
 }
 
 static void create_too_long(void) {
@@ -943,27 +1082,45 @@ int main(void) {
     TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r, 13));
     TEST_CASE("cpu softmax cross-entropy (threaded)", test_softmax_xent(be, &r, 301));
     TEST_CASE("cpu attention on fused qkv (GQA)", test_attention(be, &r));
+    TEST_CASE("cpu rope forward/backward (positions i % T)", test_rope_op(be, &r, 0));
+    TEST_CASE("cpu rope forward/backward (explicit positions)", test_rope_op(be, &r, 1));
     be->destroy(be);
     TEST_CASE("gpt parameter layout and init", test_layout_and_init());
     TEST_CASE("gpt loss, ignored targets, smaller batch", test_loss_and_small_batch());
     TEST_CASE("gpt gradients vs finite differences (learned)",
-              test_gradients(POS_LEARNED, -1, 0.0f));
+              test_gradients(POS_LEARNED, -1, 0.0f, SINGLE_DOC));
     TEST_CASE("gpt gradients vs finite differences (alibi, window 8)",
-              test_gradients(POS_ALIBI, 8, 0.0f));
+              test_gradients(POS_ALIBI, 8, 0.0f, SINGLE_DOC));
     TEST_CASE("gpt gradients vs finite differences (learned, attention and residual dropout 0.2)",
-              test_gradients(POS_LEARNED, -1, 0.2f));
+              test_gradients(POS_LEARNED, -1, 0.2f, SINGLE_DOC));
+    TEST_CASE("gpt gradients vs finite differences (rope, GQA)",
+              test_gradients(POS_ROPE, -1, 0.0f, SINGLE_DOC));
+    TEST_CASE("gpt gradients vs finite differences (rope, packed documents, window 6 on even layers)",
+              test_gradients(POS_ROPE, 6, 0.0f, PACKED_DOCS));
+    TEST_CASE("gpt gradients vs finite differences (learned, packed documents, dropout 0.1)",
+              test_gradients(POS_LEARNED, -1, 0.1f, PACKED_DOCS));
     TEST_CASE("gpt padded vocabulary never wins", test_padded_vocab());
     TEST_CASE("gpt gradient accumulation and grad_scale", test_accumulation());
-    TEST_CASE("gpt decode == forward (learned)", test_decode(POS_LEARNED, -1));
-    TEST_CASE("gpt decode == forward (learned, window 8)", test_decode(POS_LEARNED, 8));
-    TEST_CASE("gpt decode == forward (alibi)", test_decode(POS_ALIBI, -1));
+    TEST_CASE("gpt decode == forward (learned)", test_decode(POS_LEARNED, -1, 1));
+    TEST_CASE("gpt decode == forward (learned, window 8)", test_decode(POS_LEARNED, 8, 1));
+    TEST_CASE("gpt decode == forward (alibi)", test_decode(POS_ALIBI, -1, 1));
+    TEST_CASE("gpt decode == forward (rope)", test_decode(POS_ROPE, -1, 1));
+    TEST_CASE("gpt decode == forward (rope, window 8 on even layers)", test_decode(POS_ROPE, 8, 2));
+    TEST_CASE("gpt packed documents == each document alone (learned)", test_documents(POS_LEARNED));
+    TEST_CASE("gpt packed documents == each document alone (rope)", test_documents(POS_ROPE));
+    TEST_CASE("gpt packed documents == each document alone (alibi)", test_documents(POS_ALIBI));
     TEST_CASE("gpt attention dropout", test_dropout(0.3f, 0.0f));
     TEST_CASE("gpt residual dropout", test_dropout(0.0f, 0.3f));
     TEST_CASE("gpt attention and residual dropout", test_dropout(0.2f, 0.2f));
-    TEST_CASE("gpt recompute attn_gelu == none", test_recompute("attn_gelu"));
-    TEST_CASE("gpt recompute block == none", test_recompute("block"));
+    TEST_CASE("gpt recompute attn_gelu == none", test_recompute("attn_gelu", POS_LEARNED, SINGLE_DOC));
+    TEST_CASE("gpt recompute block == none", test_recompute("block", POS_LEARNED, SINGLE_DOC));
+    TEST_CASE("gpt recompute block == none (rope, packed documents)",
+              test_recompute("block", POS_ROPE, PACKED_DOCS));
+    TEST_CASE("gpt recompute attn_gelu == none (rope, packed documents)",
+              test_recompute("attn_gelu", POS_ROPE, PACKED_DOCS));
     TEST_CASE("gpt bad input exits with code 2", {
-        EXPECT(exit_code_of(create_rope) == 2, "rope");
+        EXPECT(exit_code_of(create_rope_odd_head) == 2, "rope with an odd head size");
+        EXPECT(exit_code_of(create_docs_without_eot) == 2, "doc_mask without data.eot_token");
         EXPECT(exit_code_of(create_too_long) == 2, "T > max_seq_len");
         EXPECT(exit_code_of(create_bad_heads) == 2, "n_kv_head not dividing n_head");
         EXPECT(exit_code_of(forward_bad_token) == 2, "token id >= vocab_size");

@@ -24,6 +24,8 @@
 
 // Share of targets replaced by -1 ("ignore"), so the ignore path is part of every comparison.
 #define IGNORE_FRACTION 0.1f
+// With data.eot_token >= 0, share of inputs replaced by it: ~4 documents per row of 37.
+#define EOT_FRACTION 0.1f
 
 // The oracle model of test_oracle.py; --set overrides any of it.
 static const char *const DEFAULTS[] = {
@@ -47,10 +49,20 @@ static void next_batch(void *ctx, int *inputs, int *targets) {
 }
 
 // Random inputs and a learnable target (a fixed function of the current token), some ignored.
-static void make_batches(Rng *rng, int *inputs, int *targets, size_t n, int V) {
+// With eot >= 0 some inputs are the end-of-text token, and the first batch (B, T) holds the
+// edge cases of document splitting: an eot ending row 0, and two at the start of row 1 (a
+// one-token document at a row start).
+static void make_batches(Rng *rng, int *inputs, int *targets, size_t n, int V, int eot, int T) {
     for (size_t i = 0; i < n; i++) {
         inputs[i] = (int)rng_below(rng, (uint64_t)V);
+        if (eot >= 0 && rng_uniform(rng) < EOT_FRACTION) inputs[i] = eot;
         targets[i] = rng_uniform(rng) < IGNORE_FRACTION ? -1 : (3 * inputs[i] + 1) % V;
+    }
+    if (eot < 0 || n < (size_t)2 * T) return;
+    const size_t edges[3] = {(size_t)T - 1, (size_t)T, (size_t)T + 1};
+    for (int k = 0; k < 3; k++) {
+        inputs[edges[k]] = eot;
+        if (targets[edges[k]] >= 0) targets[edges[k]] = (3 * eot + 1) % V;
     }
 }
 
@@ -135,7 +147,8 @@ int main(int argc, char **argv) {
     float *norms = xcalloc((size_t)steps + 1, sizeof(float));      // (steps)
     Rng rng;
     rng_seed(&rng, (uint64_t)c.train.seed + 1);
-    make_batches(&rng, inputs, targets, (size_t)n_batches * BT, g.V);
+    make_batches(&rng, inputs, targets, (size_t)n_batches * BT, g.V,
+                 c.attention.doc_mask ? c.data.eot_token : -1, T);
     if (init) load_weights(m, params0, init);
     else random_weights(m, params0, (uint64_t)c.train.seed);
     gpt_set_params_f32(m, params0);
