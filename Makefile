@@ -12,7 +12,7 @@ LDLIBS  = -lcjson -lpcre2-8 -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
 MODULES := common attention model optim data dist
 C_SRC   := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 CU_SRC  := $(foreach m,$(MODULES),$(wildcard $(m)/*.cu))
-C_OBJ   := $(C_SRC:%.c=$(BUILD)/%.o)
+C_OBJ    = $(C_SRC:%.c=$(BUILD)/%.o)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*.cuh))
 
@@ -31,6 +31,26 @@ OBJ        = $(C_OBJ) $(CU_OBJ)
 else
 OBJ        = $(C_OBJ)
 endif
+
+# Data parallelism (dist/): MPI for the CPU backend's collectives when mpicc is found (NO_MPI=1
+# skips it), NCCL for the GPUs when building with CUDA and the toolkit has nccl.h.
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifeq ($(NO_MPI),1)
+MPICC :=
+endif
+ifneq ($(MPICC),)
+CFLAGS    += -DFLASHGPT_MPI $(shell $(MPICC) --showme:compile)
+DIST_LIBS += $(shell $(MPICC) --showme:link)
+else
+C_SRC     := $(filter-out dist/comm_mpi.c,$(C_SRC))
+endif
+ifneq ($(and $(NVCC),$(wildcard $(CUDA_HOME)/include/nccl.h)),)
+CFLAGS    += -DFLASHGPT_NCCL
+DIST_LIBS += -L$(CUDA_HOME)/lib64 -lnccl
+else
+C_SRC     := $(filter-out dist/comm_nccl.c,$(C_SRC))
+endif
+LDLIBS    += $(DIST_LIBS)
 
 TEST_SRC     := $(wildcard tests/test_*.c)
 TEST_BIN     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -76,7 +96,7 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
 
 $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libflashgpt.a -o $@ -lcjson -lopenblas -lcublasLt -lcublas -lgomp $(LDFLAGS_EXTRA)
+	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libflashgpt.a -o $@ -lcjson -lopenblas -lcublasLt -lcublas -lgomp $(DIST_LIBS) $(LDFLAGS_EXTRA)
 
 # The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
 # It needs only common/check.o from the rest of common (no cJSON, so it loads on machines

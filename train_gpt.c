@@ -10,6 +10,8 @@
 #include "data/gpt2_bpe.h"      // defines: GPT-2 byte-level BPE (prompts of GPT-2-tokenized models)
 #include "data/prepare.h"       // defines: the prepare subcommand
 #include "data/tokenizer.h"     // defines: llm.c tokenizer files (decode samples)
+#include "dist/comm.h"          // defines: collectives (single, MPI, NCCL) for data parallelism
+#include "dist/launch.h"        // defines: torchrun / mpirun / srun detection
 #include "model/backend.h"      // defines: the op set, cpu (and cuda) backends
 #include "model/checkpoint.h"   // defines: checkpoint directories, resume
 #include "model/generate.h"     // defines: sampling with the KV cache
@@ -80,13 +82,14 @@ static const char *device_arg(int argc, char **argv, int *i) {
 }
 
 // --device cpu|cuda, or NULL for the default: cuda when this build has it and a GPU is present,
-// else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype); the cpu
-// backend is fp32 only and says so when another dtype was asked for.
-static Backend *open_backend(const char *device, const char *dtype) {
+// else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype) on GPU
+// `gpu` (the launch's local rank); the cpu backend is fp32 only and says so when another dtype
+// was asked for.
+static Backend *open_backend(const char *device, const char *dtype, int gpu) {
     const int want_cuda = device && strcmp(device, "cuda") == 0;
 #ifdef FLASHGPT_CUDA
     if (want_cuda || (!device && backend_cuda_device_count() > 0))
-        return backend_cuda_create(dtype_of(dtype), 0);  // no usable GPU: a message, exit 2
+        return backend_cuda_create(dtype_of(dtype), gpu);  // no usable GPU: a message, exit 2
     if (!device) fprintf(stderr, "notice: no CUDA GPU found: running on the CPU backend (fp32)\n");
 #else
     if (want_cuda)
@@ -94,6 +97,7 @@ static Backend *open_backend(const char *device, const char *dtype) {
                           "it was built): rebuild with the CUDA toolkit, or use --device cpu");
     if (!device) fprintf(stderr, "notice: built without CUDA: running on the CPU backend (fp32)\n");
 #endif
+    (void)gpu;
     if (strcmp(dtype, "fp32") != 0)
         fprintf(stderr, "notice: the CPU backend computes in fp32: precision.dtype = %s is "
                         "ignored\n", dtype);
@@ -111,8 +115,9 @@ static long long eval_batches(const Dataset *d, int B, int T, long long tokens) 
     return n < 1 ? 1 : n;
 }
 
-// Mean loss over the non-ignored targets of n_batches batches from the start of d.
-static double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches) {
+// Mean loss over the non-ignored targets of n_batches batches from the start of d, over every
+// rank of comm (NULL: this process alone; each rank reads its slice of every batch).
+static double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm) {
     int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
     float *losses = xmalloc((size_t)B * T * sizeof(float));  // (B*T)
     double sum = 0;
@@ -130,7 +135,9 @@ static double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches) {
     free(in);
     free(tg);
     free(losses);
-    return count ? sum / (double)count : NAN;
+    double sums[2] = {sum, (double)count};
+    if (comm) comm->allreduce_host_f64(comm, sums, 2);
+    return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
 // Decodes ids into text (malloc'ed); ids print as <id> when there is no tokenizer.
@@ -220,6 +227,8 @@ typedef struct {
     Metrics metrics;
     Rng rng;              // sampling
     TrainState state;
+    LaunchInfo launch;
+    Comm *comm;           // the ranks of a data-parallel run (world size 1: single process)
 } Run;
 
 static void usage_train(FILE *f) {
@@ -277,32 +286,52 @@ static void probe_device(GPT *m, int B, int T) {
 
 // Opens everything a run needs. All input is validated (data, tokenizer, model, a checkpoint to
 // resume from) before anything is written into log.dir.
+// With several ranks (r->launch) every rank runs this; each reads its slice of every batch, and
+// only rank 0 writes into log.dir (and prints: the other ranks' stdout is closed).
 static void open_run(Run *r, const char *device) {
     char err[ERR_LEN];
     Config *c = &r->cfg;
     const int B = c->train.batch_size, T = c->train.seq_len;
-    r->train = dataset_open(c, SPLIT_TRAIN, B, T, 0, 1, err, sizeof err);
+    const int rank = r->launch.rank, world = r->launch.world;
+    r->train = dataset_open(c, SPLIT_TRAIN, B, T, rank, world, err, sizeof err);
     if (!r->train) fatal(EXIT_USAGE, "%s", err);
     r->val = NULL;
     if (strcmp(c->data.synthetic, "none") != 0 || c->data.val[0]) {
-        r->val = dataset_open(c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
+        r->val = dataset_open(c, SPLIT_VAL, B, T, rank, world, err, sizeof err);
         if (!r->val) fatal(EXIT_USAGE, "%s", err);
     } else {
         fprintf(stderr, "notice: data.val is empty: no evaluation\n");
     }
     r->tok = c->data.tokenizer[0] ? load_tokenizer_or_die(c->data.tokenizer) : NULL;
 
-    r->be = open_backend(device, c->precision.dtype);
+    // Each rank binds the GPU of its local rank.
+    r->be = open_backend(device, c->precision.dtype, r->launch.local_rank);
+    const int on_gpu = strcmp(r->be->name, "cuda") == 0;
+    void *stream = NULL;
+#ifdef FLASHGPT_CUDA
+    if (on_gpu) stream = backend_cuda_stream(r->be);
+#endif
+    r->comm = comm_open(&r->launch, on_gpu ? COMM_DEVICE : COMM_HOST, stream, err, sizeof err);
+    if (!r->comm) fatal(EXIT_USAGE, "%s", err);
+    // Every rank starts from the same weights (the same seed) and sees the same checkpoints.
     GPTConfig gc = gpt_config_from(c);
     r->model = gpt_create(&gc, r->be, B, T, c);
-    if (strcmp(r->be->name, "cuda") == 0) probe_device(r->model, B, T);
-    r->trainer = trainer_create(r->model, c);
+    if (on_gpu) probe_device(r->model, B, T);
+    r->trainer = trainer_create_dist(r->model, c, r->comm);
     memset(&r->state, 0, sizeof r->state);
-    r->state.world_size = 1;
+    r->state.world_size = world;
     rng_seed(&r->rng, (uint64_t)c->train.seed ^ 0x5A4D504C45ull);
 
     char ckpt[4096];
     int resume = checkpoint_find_latest(c->log.dir, ckpt, sizeof ckpt);
+    // The ranks must start from the same place: a log.dir that is not one shared directory
+    // (different hosts, no shared filesystem) could let some resume and others not.
+    double resuming = resume;
+    r->comm->allreduce_host_f64(r->comm, &resuming, 1);
+    if (resuming != 0 && resuming != world)
+        fatal(EXIT_USAGE, "rank %d %s a checkpoint in log.dir '%s' but other ranks did%s: log.dir must be "
+              "one directory that every rank sees (a shared filesystem across hosts)", rank,
+              resume ? "found" : "found no", c->log.dir, resume ? " not" : "");
     if (resume) {
         Config saved;
         if (checkpoint_read_config(ckpt, &saved, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
@@ -312,9 +341,11 @@ static void open_run(Run *r, const char *device) {
                             sizeof err) != 0)
             fatal(EXIT_USAGE, "%s", err);
         trainer_optim_state_commit(r->trainer);
-        if (r->state.world_size != 1)
-            fatal(EXIT_USAGE, "cannot resume from '%s': it was written by %d ranks, this run has 1", ckpt,
-                  r->state.world_size);
+        if (r->state.world_size != world && rank == 0)
+            fprintf(stderr, "notice: '%s' was written by %d ranks, this run has %d: the optimizer "
+                            "shards are re-cut, and the data continues at the same window\n",
+                    ckpt, r->state.world_size, world);
+        r->state.world_size = world;
         *trainer_scaler(r->trainer) = r->state.scaler;
         memcpy(r->rng.s, r->state.rng, sizeof r->rng.s);
         DatasetState ds = {r->state.data[0], r->state.data[1], r->state.data[2]};
@@ -326,6 +357,11 @@ static void open_run(Run *r, const char *device) {
         free(host);
     }
 
+    if (rank != 0) {
+        // Rank 0 reports for all; the others keep stderr for their own errors.
+        if (!freopen("/dev/null", "w", stdout)) fatal(EXIT_RUNTIME, "rank %d: cannot close stdout", rank);
+        return;
+    }
     if (mkdir_p(c->log.dir, err, sizeof err) != 0) fatal(EXIT_USAGE, "log.dir: %s", err);
     char path[CFG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.json", c->log.dir);
@@ -346,20 +382,23 @@ static void close_run(Run *r) {
     dataset_close(r->train);
     trainer_free(r->trainer);
     gpt_free(r->model);
+    comm_close(r->comm);   // before the backend: NCCL works on its stream
     r->be->destroy(r->be);
 }
 
 static void run_eval(Run *r, long long step) {
     const Config *c = &r->cfg;
     const int B = c->train.batch_size, T = c->train.seq_len;
-    long long n_batches = eval_batches(r->val, B, T, c->log.eval_tokens);
+    // Every rank evaluates its slice of each global batch of B x world sequences.
+    const int world = r->launch.world;
+    long long n_batches = eval_batches(r->val, B * world, T, c->log.eval_tokens);
     double t0 = now_seconds();
-    double loss = eval_loss(r->model, r->val, B, T, n_batches);
+    double loss = eval_loss(r->model, r->val, B, T, n_batches, r->comm);
     double floor = dataset_loss_floor(r->val);
     if (floor >= 0) printf("eval step %lld | val loss %.4f (task floor %.4f) | %.1f s\n", step, loss, floor, now_seconds() - t0);
     else printf("eval step %lld | val loss %.4f | %.1f s\n", step, loss, now_seconds() - t0);
     metrics_write(&r->metrics, "eval", step, "val_loss", 'd', loss, "tokens", 'i',
-                  (long long)(n_batches * B * T), "tokens_seen", 'i', r->state.tokens_seen, NULL);
+                  (long long)(n_batches * B * world * T), "tokens_seen", 'i', r->state.tokens_seen, NULL);
 }
 
 static void run_sample(Run *r, long long step) {
@@ -377,9 +416,9 @@ static void run_checkpoint(Run *r) {
     memcpy(st->rng, r->rng.s, sizeof st->rng);
     DatasetState ds = dataset_get_state(r->train);
     st->data[0] = ds.a, st->data[1] = ds.b, st->data[2] = ds.c;
-    if (checkpoint_save_state(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer), st,
-                              &r->cfg, r->cfg.log.keep_checkpoints, path, sizeof path, err,
-                              sizeof err) != 0)
+    if (checkpoint_save_dist(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer), st,
+                             &r->cfg, r->cfg.log.keep_checkpoints, r->comm, path, sizeof path, err,
+                             sizeof err) != 0)
         fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)", st->step, err);
     printf("checkpoint %s\n", path);
     metrics_write(&r->metrics, "checkpoint", st->step, "path", 's', path, NULL);
@@ -414,17 +453,26 @@ static int every(int n, long long step, long long total) { return (n > 0 && step
 
 static int cmd_train(int argc, char **argv) {
     Run r;
+    memset(&r, 0, sizeof r);
+    char err[ERR_LEN];
     const char *device = NULL;
     parse_train_args(argc, argv, &r.cfg, &device);
+    if (launch_detect(&r.launch, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     open_run(&r, device);
     const Config *c = &r.cfg;
+    const int world = r.launch.world;
     const long long total = c->train.steps;
-    const long long tokens_per_step = (long long)c->train.batch_size * c->train.seq_len * c->train.grad_accum;
+    const long long tokens_per_step =
+        (long long)c->train.batch_size * c->train.seq_len * c->train.grad_accum * world;
+    if (world > 1)
+        printf("data parallel: %d ranks (%s, %s collectives), each reads batch %d of every step\n",
+               world, launch_kind_name(r.launch.kind), r.comm->name, c->train.batch_size);
     printf("model: %d layers, %d heads (%d kv), width %d, vocab %d, %.2fM parameters\n", c->model.n_layer,
            c->model.n_head, c->model.n_kv_head, c->model.n_embd, c->model.vocab_size,
            gpt_num_params(r.model) / 1e6);
-    printf("training: %lld steps of %lld tokens (batch %d x seq %d x accum %d), log.dir %s\n", total,
-           tokens_per_step, c->train.batch_size, c->train.seq_len, c->train.grad_accum, c->log.dir);
+    printf("training: %lld steps of %lld tokens (batch %d x seq %d x accum %d x ranks %d), log.dir "
+           "%s\n", total, tokens_per_step, c->train.batch_size, c->train.seq_len, c->train.grad_accum,
+           world, c->log.dir);
 
     const double flops_per_step =
         flops_per_token(c, gpt_num_params(r.model)) * (double)tokens_per_step;
@@ -455,13 +503,14 @@ static int cmd_train(int argc, char **argv) {
             if (gib > peak_gib) peak_gib = gib;
             if (gib >= 0)
                 printf(" | MFU %.1f%% | mem %.2f GiB",
-                       100.0 * flops_per_step * window_steps / window_time / PEAK_FLOPS, peak_gib);
+                       100.0 * flops_per_step * window_steps / window_time / (PEAK_FLOPS * world),
+                       peak_gib);
             printf(" | ETA %s\n", eta);
             fflush(stdout);
             window_time = 0, window_steps = 0;
         }
         if (r.val && every(c->log.eval_every, step, total)) run_eval(&r, step);
-        if (every(c->log.sample_every, step, total)) run_sample(&r, step);
+        if (r.launch.rank == 0 && every(c->log.sample_every, step, total)) run_sample(&r, step);
         if (every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
     }
     printf("done: %lld steps, %.1f s of training (%.0f tok/s), %.1f s wall with evaluation, "
@@ -480,7 +529,7 @@ static Backend *open_checkpoint(const char *dir, Config *c, const char *device) 
     char err[ERR_LEN];
     if (!is_dir(dir)) fatal(EXIT_USAGE, "--checkpoint '%s' is not a directory", dir);
     if (checkpoint_read_config(dir, c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
-    return open_backend(device, c->precision.dtype);
+    return open_backend(device, c->precision.dtype, 0);
 }
 
 // The model of checkpoint `dir` (config c from open_checkpoint) on be, for batches up to B x T.
@@ -519,7 +568,7 @@ static int cmd_eval(int argc, char **argv) {
     Dataset *d = dataset_open(&c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
     if (!d) fatal(EXIT_USAGE, "%s", err);
     long long n_batches = eval_batches(d, B, T, tokens > 0 ? tokens : (long long)dataset_num_tokens(d));
-    printf("val_loss: %.6f\n", eval_loss(m, d, B, T, n_batches));
+    printf("val_loss: %.6f\n", eval_loss(m, d, B, T, n_batches, NULL));
     dataset_close(d);
     gpt_free(m);
     be->destroy(be);
@@ -607,7 +656,7 @@ static int cmd_bench(int argc, char **argv) {
     }
     parse_train_args(n, rest, &c, &device);
     free(rest);
-    Backend *be = open_backend(device, c.precision.dtype);
+    Backend *be = open_backend(device, c.precision.dtype, 0);
     GPTConfig gc = gpt_config_from(&c);
     const int B = c.train.batch_size, T = c.train.seq_len;
     GPT *m = gpt_create(&gc, be, B, T, &c);

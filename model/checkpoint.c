@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/fileio.h"
 #include "common/safetensors.h"
+#include "dist/comm.h"
 
 #define CKPT_PREFIX "ckpt_"
 
@@ -44,16 +45,23 @@ static int write_model(const char *dir, GPT *m, const float *weights, const Conf
     return rc;
 }
 
+// This rank's shard of the moments, with its place in the flat vector as metadata (offset,
+// total), so a loader can check it against the layout it expects.
 static int write_optimizer(const char *dir, const OptimState *opt, int rank, char *err,
                            size_t errlen) {
+    const size_t count = opt->shard_n ? opt->shard_n : opt->n;
     StFile f;
     st_init(&f);
-    int64_t n = (int64_t)opt->n;
+    int64_t n = (int64_t)count;
     st_add(&f, "m", ST_F32, 1, &n, opt->m);
     st_add(&f, "v", ST_F32, 1, &n, opt->v);
-    char t[32];
+    char t[32], off[32], total[32];
     snprintf(t, sizeof t, "%lld", opt->t);
+    snprintf(off, sizeof off, "%zu", opt->shard_offset);
+    snprintf(total, sizeof total, "%zu", opt->n);
     st_set_meta(&f, "t", t);
+    st_set_meta(&f, "offset", off);
+    st_set_meta(&f, "total", total);
     char path[4096];
     snprintf(path, sizeof path, "%s/optimizer_rank%d.safetensors", dir, rank);
     int rc = st_write(&f, path, err, errlen);
@@ -164,19 +172,25 @@ int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainSt
 int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
                           const Config *c, int keep, char *path_out, size_t path_len, char *err,
                           size_t errlen) {
-    if (opt->n != gpt_num_params(m))
-        return set_error(err, errlen, "checkpoint: optimizer state has %zu elements, the model %zu",
-                         opt->n, gpt_num_params(m));
-    char tmp[4096], final[4096], old[4200];
-    snprintf(tmp, sizeof tmp, "%s/.tmp-" CKPT_PREFIX "%08lld.%d", run_dir, st->step, (int)getpid());
-    snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%08lld", run_dir, st->step);
-    remove_tree(tmp);
-    if (mkdir_p(tmp, err, errlen) != 0) return -1;
-    if (write_model(tmp, m, opt->master, c, err, errlen) != 0 || write_optimizer(tmp, opt, 0, err, errlen) != 0 ||
-        copy_tokenizer(tmp, c, err, errlen) != 0 || write_state(tmp, st, c, err, errlen) != 0) {
-        remove_tree(tmp);
-        return -1;
-    }
+    Comm *one = comm_single_create();
+    const int rc = checkpoint_save_dist(run_dir, m, opt, st, c, keep, one, path_out, path_len, err,
+                                        errlen);
+    comm_close(one);
+    return rc;
+}
+
+// Rank 0's part: the weights, the tokenizer and state.json.
+static int write_rank0(const char *dir, GPT *m, const OptimState *opt, const TrainState *st,
+                       const Config *c, char *err, size_t errlen) {
+    if (write_model(dir, m, opt->master, c, err, errlen) != 0) return -1;
+    if (copy_tokenizer(dir, c, err, errlen) != 0) return -1;
+    return write_state(dir, st, c, err, errlen);
+}
+
+// Rank 0 moves the finished directory tmp into place as final and prunes old checkpoints.
+static int publish(const char *run_dir, const char *tmp, const char *final, int keep, char *err,
+                   size_t errlen) {
+    char old[4200];
     fsync_dir(tmp);
     // A checkpoint of the same step may exist (a resumed run saving again): move it aside first,
     // so there is always one complete copy under some name.
@@ -190,8 +204,6 @@ int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, co
     }
     if (had_old) remove_tree(old);
     fsync_dir(run_dir);
-    if (path_out) snprintf(path_out, path_len, "%s", final);
-
     long long *steps;
     int n = list_checkpoints(run_dir, &steps);
     for (int i = 0; i < n - keep; i++) {
@@ -200,6 +212,40 @@ int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, co
         remove_tree(victim);
     }
     free(steps);
+    return 0;
+}
+
+int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
+                         const Config *c, int keep, Comm *comm, char *path_out, size_t path_len,
+                         char *err, size_t errlen) {
+    if (opt->n != gpt_num_params(m))
+        return set_error(err, errlen, "checkpoint: optimizer state has %zu elements, the model %zu",
+                         opt->n, gpt_num_params(m));
+    const int rank = comm->rank;
+    char tmp[4096], final[4096];
+    // One name every rank derives alike; a leftover of a crashed attempt at this step is removed.
+    snprintf(tmp, sizeof tmp, "%s/.tmp-" CKPT_PREFIX "%08lld", run_dir, st->step);
+    snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%08lld", run_dir, st->step);
+    int ok = 1;
+    if (rank == 0) {
+        remove_tree(tmp);
+        ok = mkdir_p(tmp, err, errlen) == 0;
+    }
+    if (!comm_all_ok(comm, ok))
+        return ok ? set_error(err, errlen, "rank 0 could not create '%s'", tmp) : -1;
+    // Every rank writes its shard of the optimizer state, rank 0 also the rest; the directory
+    // is renamed into place only when every part is written (the checkpoint is complete).
+    ok = write_optimizer(tmp, opt, rank, err, errlen) == 0;
+    if (ok && rank == 0) ok = write_rank0(tmp, m, opt, st, c, err, errlen) == 0;
+    if (!comm_all_ok(comm, ok)) {
+        if (rank == 0) remove_tree(tmp);
+        return ok ? set_error(err, errlen, "another rank could not write its part of '%s' (its log "
+                                           "says why)", tmp) : -1;
+    }
+    ok = rank != 0 || publish(run_dir, tmp, final, keep, err, errlen) == 0;
+    if (!comm_all_ok(comm, ok))
+        return ok ? set_error(err, errlen, "rank 0 could not move '%s' into place", tmp) : -1;
+    if (path_out) snprintf(path_out, path_len, "%s", final);
     return 0;
 }
 
@@ -256,7 +302,8 @@ static int load_state(const char *dir, TrainState *st, char *err, size_t errlen)
     const cJSON *ws = cJSON_GetObjectItemCaseSensitive(o, "world_size");
     const cJSON *sc = cJSON_GetObjectItemCaseSensitive(o, "loss_scaler");
     int rc = 0;
-    if (!cJSON_IsNumber(step) || !cJSON_IsNumber(tok) || !cJSON_IsNumber(ws) || !cJSON_IsObject(sc) ||
+    if (!cJSON_IsNumber(step) || !cJSON_IsNumber(tok) || !cJSON_IsNumber(ws) || ws->valueint < 1 ||
+        !cJSON_IsObject(sc) ||
         read_u64_array(cJSON_GetObjectItemCaseSensitive(o, "rng"), st->rng, 4) != 0 ||
         read_u64_array(cJSON_GetObjectItemCaseSensitive(o, "data"), st->data, 3) != 0) {
         rc = set_error(err, errlen, "%s/state.json is missing fields or has wrong types: damaged checkpoint", dir);
@@ -308,25 +355,48 @@ static int load_model(const char *dir, GPT *m, float *master, char *err, size_t 
     return rc;
 }
 
-static int load_optimizer(const char *dir, OptimState *opt, char *err, size_t errlen) {
+// One rank's file of a checkpoint written by `world` ranks: copies the part of its moments that
+// falls into [lo, lo + count) of the flat vector into m, v (relative to lo); returns the number of
+// elements copied, or -1 with err set.
+static long long load_optimizer_file(const char *dir, int rank, int world, size_t total, size_t lo,
+                                     size_t count, OptimState *opt, char *err, size_t errlen) {
+    size_t off, len;
+    comm_shard(total, world, rank, &off, &len, NULL);
+    const size_t a = off > lo ? off : lo, b = off + len < lo + count ? off + len : lo + count;
+    if (a >= b) return 0;
     char path[4096];
-    snprintf(path, sizeof path, "%s/optimizer_rank0.safetensors", dir);
+    snprintf(path, sizeof path, "%s/optimizer_rank%d.safetensors", dir, rank);
     StFile f;
     if (st_read(&f, path, err, errlen) != 0) return -1;
     const StTensor *m = st_find(&f, "m"), *v = st_find(&f, "v");
-    const char *t = st_meta(&f, "t");
-    int rc = 0;
+    const char *t = st_meta(&f, "t"), *file_off = st_meta(&f, "offset");
+    long long rc = (long long)(b - a);
     if (!m || !v || !t || m->dtype != ST_F32 || v->dtype != ST_F32 ||
-        m->nbytes != opt->n * sizeof(float) || v->nbytes != opt->n * sizeof(float)) {
-        rc = set_error(err, errlen, "%s: expected F32 tensors m and v of %zu elements and metadata t",
-                    path, opt->n);
+        m->nbytes != len * sizeof(float) || v->nbytes != len * sizeof(float) ||
+        (file_off ? strtoull(file_off, NULL, 10) : 0) != off) {
+        rc = set_error(err, errlen, "%s: expected F32 tensors m and v of %zu elements at offset %zu "
+                                    "(rank %d of %d) and metadata t", path, len, off, rank, world);
     } else {
-        memcpy(opt->m, m->data, m->nbytes);
-        memcpy(opt->v, v->data, v->nbytes);
+        memcpy(opt->m + (a - lo), (const float *)m->data + (a - off), (b - a) * sizeof(float));
+        memcpy(opt->v + (a - lo), (const float *)v->data + (a - off), (b - a) * sizeof(float));
         opt->t = strtoll(t, NULL, 10);
     }
     st_free(&f);
     return rc;
+}
+
+// The moments of opt's shard from the optimizer_rank<R> files of a checkpoint written by
+// `world` ranks: any world size, since every file's place follows from comm_shard.
+static int load_optimizer(const char *dir, int world, OptimState *opt, char *err, size_t errlen) {
+    const size_t lo = opt->shard_n ? opt->shard_offset : 0, count = opt->shard_n ? opt->shard_n : opt->n;
+    size_t filled = 0;
+    for (int r = 0; r < world; r++) {
+        const long long k = load_optimizer_file(dir, r, world, opt->n, lo, count, opt, err, errlen);
+        if (k < 0) return -1;
+        filled += (size_t)k;
+    }
+    CHECK(filled == count);  // the shards of `world` ranks tile the vector
+    return 0;
 }
 
 int checkpoint_load(const char *dir, GPT *m, OptimState *opt, TrainState *st, char *err,
@@ -335,7 +405,9 @@ int checkpoint_load(const char *dir, GPT *m, OptimState *opt, TrainState *st, ch
         return set_error(err, errlen, "checkpoint: optimizer state has %zu elements, the model %zu",
                          opt->n, gpt_num_params(m));
     if (load_model(dir, m, opt ? opt->master : NULL, err, errlen) != 0) return -1;
-    if (opt && load_optimizer(dir, opt, err, errlen) != 0) return -1;
-    if (st && load_state(dir, st, err, errlen) != 0) return -1;
+    TrainState saved;
+    if ((opt || st) && load_state(dir, &saved, err, errlen) != 0) return -1;
+    if (opt && load_optimizer(dir, saved.world_size, opt, err, errlen) != 0) return -1;
+    if (st) *st = saved;
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "dist/comm.h"
 #include "model/gpt.h"
 #include "optim/optim.h"
 
@@ -16,11 +17,14 @@
 // optimizer updates when the model computes in a lower precision (CUDA): it is what
 // model.safetensors stores, and what loading fills. NULL means the model's own parameters are
 // fp32 and are the master (CPU).
+// With ZeRO-1 (several ranks) m and v hold this rank's shard [shard_offset, shard_offset +
+// shard_n) of the flat vector only; shard_n 0 means the whole vector (one process).
 typedef struct {
     size_t n;
     float *master;   // (n) or NULL
-    float *m, *v;    // (n) AdamW moments
+    float *m, *v;    // (shard_n, or n when shard_n is 0) AdamW moments
     long long t;     // completed optimizer steps (bias correction)
+    size_t shard_offset, shard_n;
 } OptimState;
 
 typedef struct {
@@ -38,6 +42,14 @@ typedef struct {
 int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
                           const Config *c, int keep, char *path_out, size_t path_len, char *err,
                           size_t errlen);
+// checkpoint_save_state for every rank of comm (a collective call): each rank writes its
+// optimizer_rank<R>.safetensors (opt's shard), rank 0 the weights and state.json, and rank 0
+// renames the directory into place only after every rank reported its part written, so a
+// checkpoint is complete only when all parts are. Every rank returns the same status (-1 with
+// err set when any rank failed; the temporary directory is then removed).
+int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
+                         const Config *c, int keep, Comm *comm, char *path_out, size_t path_len,
+                         char *err, size_t errlen);
 // checkpoint_save_state with the state of a host AdamW whose parameters are the model's.
 int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainState *st,
                     const Config *c, int keep, char *path_out, size_t path_len, char *err,
@@ -47,7 +59,8 @@ int checkpoint_find_latest(const char *run_dir, char *path, size_t path_len);
 // Reads the run config stored in a checkpoint (state.json). Returns 0 or -1 with err set.
 int checkpoint_read_config(const char *dir, Config *c, char *err, size_t errlen);
 // Loads weights into m, and (when not NULL) the optimizer state into opt's views (the weights
-// into opt->master too, when set) and the train state. Validates names, shapes and sizes against
-// the model. Returns 0 or -1 with err set.
+// into opt->master too, when set; the moments of opt's shard, assembled from the files of
+// however many ranks wrote the checkpoint) and the train state. Validates names, shapes and
+// sizes against the model. Returns 0 or -1 with err set.
 int checkpoint_load(const char *dir, GPT *m, OptimState *opt, TrainState *st, char *err,
                     size_t errlen);

@@ -2,6 +2,7 @@
 // host parameters with adamw_step_cpu; the cuda backend keeps fp32 master weights and moments in
 // AdamWCuda, whose fused step writes the compute-dtype parameters the model reads. Both take the
 // global norm from a deterministic sum of squares that turns inf/NaN on a non-finite gradient.
+// With several ranks each optimizer covers only this rank's shard (ZeRO-1, train_step.h).
 #include "model/train_step.h"
 
 #include <math.h>
@@ -16,23 +17,31 @@ struct Trainer {
     GPT *m;
     Config c;
     int on_gpu;             // cuda backend: AdamWCuda; otherwise the host AdamW
-    AdamW opt;              // cpu
+    Comm *comm;             // NULL: one process
+    int rank, world;
+    size_t n;               // elements of the flat parameter vector
+    size_t shard_off, shard_n;   // this rank's optimizer shard of the flat vector
+    size_t *counts;         // (world) every rank's shard length
+    AdamW opt;              // cpu, over the shard
 #ifdef FLASHGPT_CUDA
-    AdamWCuda gopt;         // cuda
+    AdamWCuda gopt;         // cuda, over the shard
 #endif
     OptimState view;        // checkpoint views (trainer_optim_state)
-    float *host_state;      // (3, n) cuda: host copies of master, m, v behind the views
+    float *host_state;      // cuda: (n + 2 * shard_n) host master (all of it), m, v behind the views
     LossScaler scaler;
     int B, T;
     int *inputs, *targets;  // (B, T) host, the current micro-batch
 };
 
+static CommDtype comm_dtype(DType d) { return d == DTYPE_BF16 ? COMM_BF16 : d == DTYPE_F16 ? COMM_F16 : COMM_F32; }
+
 #ifdef FLASHGPT_CUDA
-// The optimizer state (fp32 master weights and two moments, 12 bytes per parameter) is the last
-// large allocation of a run: check it fits, so a full GPU is a message, not a crash.
+// The optimizer state (fp32 master weights and two moments, 12 bytes per parameter of the
+// shard) is the last large allocation of a run: check it fits, so a full GPU is a message, not
+// a crash.
 static void gpu_optimizer_create(Trainer *t, const OptimSpan *spans, int n_spans) {
     Backend *be = gpt_backend(t->m);
-    const size_t n = gpt_num_params(t->m);
+    const size_t n = t->shard_n;
     size_t free_b, used_b;
     backend_cuda_memory(be, &free_b, &used_b);
     const size_t need = 3 * n * sizeof(float) + ((size_t)64 << 20);  // + 64 MiB for the tables
@@ -45,14 +54,31 @@ static void gpu_optimizer_create(Trainer *t, const OptimSpan *spans, int n_spans
     adamw_cuda_init(&t->gopt, n, spans, n_spans, &t->c, (OptimDtype)be->dtype,
                     backend_cuda_stream(be));
     // The model's current parameters become the master weights.
-    float *host = xmalloc(n * sizeof(float));  // (n)
+    float *host = xmalloc(t->n * sizeof(float));  // (n)
     gpt_get_params_f32(t->m, host);
-    adamw_cuda_upload(&t->gopt, host, NULL, NULL);
+    adamw_cuda_upload(&t->gopt, host + t->shard_off, NULL, NULL);
     free(host);
 }
 #endif
 
-Trainer *trainer_create(GPT *m, const Config *c) {
+// The optimizer spans inside this rank's shard, relative to its start: one per parameter tensor
+// that overlaps it (the model decides which ones decay). Returns the count (malloc'ed *out).
+static int shard_spans(const Trainer *t, OptimSpan **out) {
+    const int n = gpt_num_tensors(t->m);
+    const size_t lo = t->shard_off, hi = t->shard_off + t->shard_n;
+    OptimSpan *spans = xmalloc((size_t)(n ? n : 1) * sizeof(OptimSpan));
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const ParamTensor *p = gpt_tensor(t->m, i);
+        const size_t a = p->offset > lo ? p->offset : lo;
+        const size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (a < b) spans[k++] = (OptimSpan){.offset = a - lo, .n = b - a, .decay = p->decay};
+    }
+    *out = spans;
+    return k;
+}
+
+Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     Backend *be = gpt_backend(m);
     Trainer *t = xcalloc(1, sizeof *t);
     t->m = m;
@@ -61,27 +87,30 @@ Trainer *trainer_create(GPT *m, const Config *c) {
     if (!t->on_gpu && be->dtype != DTYPE_F32)
         fatal(EXIT_USAGE, "training on the %s backend needs fp32, got %s", be->name,
               dtype_name(be->dtype));
+    t->comm = comm && comm->world > 1 ? comm : NULL;
+    t->rank = t->comm ? comm->rank : 0;
+    t->world = t->comm ? comm->world : 1;
+    t->n = gpt_num_params(m);
+    t->counts = xmalloc((size_t)t->world * sizeof(size_t));
+    comm_shard(t->n, t->world, t->rank, &t->shard_off, &t->shard_n, t->counts);
     t->B = c->train.batch_size;
     t->T = c->train.seq_len;
     t->inputs = xmalloc((size_t)t->B * t->T * sizeof(int));
     t->targets = xmalloc((size_t)t->B * t->T * sizeof(int));
-    // One optimizer span per parameter tensor; the model decides which ones decay.
-    const int n = gpt_num_tensors(m);
-    OptimSpan *spans = xmalloc((size_t)n * sizeof(OptimSpan));
-    for (int i = 0; i < n; i++) {
-        const ParamTensor *p = gpt_tensor(m, i);
-        spans[i] = (OptimSpan){.offset = p->offset, .n = p->numel, .decay = p->decay};
-    }
+    OptimSpan *spans;
+    const int n_spans = shard_spans(t, &spans);
 #ifdef FLASHGPT_CUDA
-    if (t->on_gpu) gpu_optimizer_create(t, spans, n);
+    if (t->on_gpu) gpu_optimizer_create(t, spans, n_spans);
 #endif
-    if (!t->on_gpu) adamw_init(&t->opt, gpt_num_params(m), spans, n, c);
+    if (!t->on_gpu) adamw_init(&t->opt, t->shard_n, spans, n_spans, c);
     free(spans);
     // fp16 gradients underflow without a loss scale; bf16 (fp32's exponent range) and fp32 need
     // none, but the scaler still detects non-finite steps.
     scaler_init(&t->scaler, c, be->dtype == DTYPE_F16);
     return t;
 }
+
+Trainer *trainer_create(GPT *m, const Config *c) { return trainer_create_dist(m, c, NULL); }
 
 void trainer_free(Trainer *t) {
     if (!t) return;
@@ -90,6 +119,7 @@ void trainer_free(Trainer *t) {
 #endif
     if (!t->on_gpu) adamw_free(&t->opt);
     free(t->host_state);
+    free(t->counts);
     free(t->inputs);
     free(t->targets);
     free(t);
@@ -101,21 +131,42 @@ LossScaler *trainer_scaler(Trainer *t) { return &t->scaler; }
 void trainer_set_weights_f32(Trainer *t, const float *host) {
     gpt_set_params_f32(t->m, host);
 #ifdef FLASHGPT_CUDA
-    if (t->on_gpu) adamw_cuda_upload(&t->gopt, host, NULL, NULL);
+    if (t->on_gpu) adamw_cuda_upload(&t->gopt, host + t->shard_off, NULL, NULL);
 #endif
 }
 
+#ifdef FLASHGPT_CUDA
+// The full fp32 master weights into host (n): this rank's shard from AdamWCuda, the others'
+// gathered through a temporary device vector (every rank takes part).
+static void download_master(Trainer *t, float *host) {
+    if (!t->comm) {
+        adamw_cuda_download(&t->gopt, host, NULL, NULL);
+        return;
+    }
+    Backend *be = gpt_backend(t->m);
+    float *all = be->alloc(be, t->n * sizeof(float));  // (n) device
+    be->copy(be, all + t->shard_off, t->gopt.master, t->shard_n * sizeof(float));
+    t->comm->allgather(t->comm, all, t->counts, COMM_F32);
+    t->comm->wait(t->comm);
+    be->download(be, host, all, t->n * sizeof(float));
+    be->release(be, all);
+}
+#endif
+
 OptimState *trainer_optim_state(Trainer *t) {
-    const size_t n = gpt_num_params(t->m);
+    const size_t shard_n = t->comm ? t->shard_n : 0;
     if (!t->on_gpu) {
-        t->view = (OptimState){.n = n, .master = NULL, .m = t->opt.m, .v = t->opt.v, .t = t->opt.t};
+        t->view = (OptimState){.n = t->n, .master = NULL, .m = t->opt.m, .v = t->opt.v,
+                               .t = t->opt.t, .shard_offset = t->shard_off, .shard_n = shard_n};
         return &t->view;
     }
 #ifdef FLASHGPT_CUDA
-    if (!t->host_state) t->host_state = xmalloc(3 * n * sizeof(float));
-    float *master = t->host_state, *mom = master + n, *vel = mom + n;
-    adamw_cuda_download(&t->gopt, master, mom, vel);
-    t->view = (OptimState){.n = n, .master = master, .m = mom, .v = vel, .t = t->gopt.t};
+    if (!t->host_state) t->host_state = xmalloc((t->n + 2 * t->shard_n) * sizeof(float));
+    float *master = t->host_state, *mom = master + t->n, *vel = mom + t->shard_n;
+    adamw_cuda_download(&t->gopt, NULL, mom, vel);
+    download_master(t, master);
+    t->view = (OptimState){.n = t->n, .master = master, .m = mom, .v = vel, .t = t->gopt.t,
+                           .shard_offset = t->shard_off, .shard_n = shard_n};
 #endif
     return &t->view;
 }
@@ -126,7 +177,7 @@ void trainer_optim_state_commit(Trainer *t) {
         return;
     }
 #ifdef FLASHGPT_CUDA
-    adamw_cuda_upload(&t->gopt, t->view.master, t->view.m, t->view.v);
+    adamw_cuda_upload(&t->gopt, t->view.master + t->shard_off, t->view.m, t->view.v);
     t->gopt.t = t->view.t;
     // The same round-to-nearest-even as the AdamW kernel's write: the parameters are bitwise
     // those the saving run computed with.
@@ -146,33 +197,48 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     double loss_sum = 0;
     for (int k = 0; k < accum; k++) {
         next(ctx, t->inputs, t->targets);
-        // Dropout masks from the step number alone: a resumed run draws the same ones.
-        gpt_set_rng_step(m, (uint64_t)step * (uint64_t)accum + (uint64_t)k);
+        // Dropout masks from the step number and the rank alone: a resumed run draws the same
+        // ones, and ranks draw different ones.
+        gpt_set_rng_step(m, ((uint64_t)step * (uint64_t)accum + (uint64_t)k) * (uint64_t)t->world +
+                                (uint64_t)t->rank);
         loss_sum += gpt_forward(m, t->inputs, t->targets, t->B, t->T);
-        // Each micro-batch's mean loss weighs 1/accum, so the step's gradient is that of the
-        // mean over micro-batches, multiplied by the loss scale.
-        gpt_backward(m, st.loss_scale / (float)accum);
+        // Each micro-batch's mean loss weighs 1/(accum * world), so the step's gradient summed
+        // over ranks is that of the mean over the global batch, multiplied by the loss scale.
+        gpt_backward(m, st.loss_scale / (float)(accum * t->world));
     }
-    st.loss = (float)(loss_sum / accum);
 
-    void *params = gpt_params(m), *grads = gpt_grads(m);  // (n_params) backend memory, dtype
-    const size_t n = gpt_num_params(m);
+    Backend *be = gpt_backend(m);
+    char *params = gpt_params(m), *grads = gpt_grads(m);  // (n_params) backend memory, dtype
+    const size_t es = dtype_size(be->dtype), off = t->shard_off * es;
+    if (t->comm) {
+        // Only after the last micro-step: accumulation adds locally, the ranks meet once.
+        t->comm->reduce_scatter_sum(t->comm, grads, t->counts, comm_dtype(be->dtype));
+        t->comm->wait(t->comm);
+    }
 #ifdef FLASHGPT_CUDA
-    const double sumsq = t->on_gpu ? adamw_cuda_grad_sumsq(&t->gopt, grads) : sumsq_cpu(grads, n);
+    const double sumsq = t->on_gpu ? adamw_cuda_grad_sumsq(&t->gopt, grads + off)
+                                   : sumsq_cpu((const float *)(grads + off), t->shard_n);
 #else
-    const double sumsq = sumsq_cpu(grads, n);
+    const double sumsq = sumsq_cpu((const float *)(grads + off), t->shard_n);
 #endif
-    const double norm = sqrt(sumsq) / st.loss_scale;
+    // Summed over the ranks, so every rank sees the same loss and norm and takes the same
+    // clipping and skip decisions.
+    double sums[2] = {loss_sum, sumsq};
+    if (t->comm) t->comm->allreduce_host_f64(t->comm, sums, 2);
+    st.loss = (float)(sums[0] / (accum * t->world));
+    const double norm = sqrt(sums[1]) / st.loss_scale;
     st.grad_norm = (float)norm;
     st.skipped = scaler_update(&t->scaler, isfinite(norm));
     if (st.skipped) return st;
     const float mult = grad_multiplier(norm, t->c.optim.grad_clip, st.loss_scale);
 #ifdef FLASHGPT_CUDA
-    if (t->on_gpu) {
-        adamw_cuda_step(&t->gopt, params, grads, st.lr, mult);
-        return st;
-    }
+    if (t->on_gpu) adamw_cuda_step(&t->gopt, params + off, grads + off, st.lr, mult);
 #endif
-    adamw_step_cpu(&t->opt, params, grads, st.lr, mult);
+    if (!t->on_gpu)
+        adamw_step_cpu(&t->opt, (float *)(params + off), (const float *)(grads + off), st.lr, mult);
+    if (t->comm) {
+        t->comm->allgather(t->comm, params, t->counts, comm_dtype(be->dtype));
+        t->comm->wait(t->comm);
+    }
     return st;
 }

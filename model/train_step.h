@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "dist/comm.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "optim/optim.h"
@@ -31,6 +32,10 @@ typedef struct {
 // with trainer_set_weights_f32 to keep the fp32 values a lower compute dtype rounds away).
 // Exits with EXIT_USAGE when the GPU lacks the memory for the optimizer state.
 Trainer *trainer_create(GPT *m, const Config *c);
+// The data-parallel trainer: comm (not owned; NULL or world 1 = one process) carries the
+// gradient reduce-scatter, the parameter all-gather and the global loss and norm. Every rank
+// must call trainer_step (and trainer_optim_state) the same number of times.
+Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm);
 void trainer_free(Trainer *t);
 // Runs optimizer step `step` (0-based) of c->train.steps.
 StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
@@ -40,7 +45,9 @@ void trainer_set_weights_f32(Trainer *t, const float *host);
 AdamW *trainer_optimizer(Trainer *t);
 LossScaler *trainer_scaler(Trainer *t);
 // The optimizer state as host views for checkpoints, filled with the current state (on CUDA
-// downloaded into host buffers the trainer owns; on the CPU the AdamW moments themselves). Valid
+// downloaded into host buffers the trainer owns; on the CPU the AdamW moments themselves): the
+// moments of this rank's shard, and on CUDA the full fp32 master weights (with several ranks
+// gathered from every shard, so this is a collective call: every rank makes it). Valid
 // until the next call of a trainer function. After writing into the views (checkpoint_load),
 // trainer_optim_state_commit makes them the optimizer's state, and on CUDA rounds the master
 // weights into the compute-dtype parameters.

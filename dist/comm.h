@@ -1,0 +1,83 @@
+// comm: the collectives data parallelism needs, behind one interface with three
+// implementations: single process (world 1, nothing to do), MPI (host buffers, the CPU backend;
+// built when mpicc is found) and NCCL (device buffers on the CUDA backend's stream; built with
+// CUDA). A rank that died or hangs never makes the others wait forever: every wait is bounded by
+// the comm's timeout (FLASHGPT_DIST_TIMEOUT seconds, default 300), after which the process
+// prints which operation timed out and exits with EXIT_RUNTIME (MPI: MPI_Abort ends the job).
+#pragma once
+#include <stddef.h>
+
+#include "dist/launch.h"
+
+typedef enum { COMM_F32 = 0, COMM_BF16 = 1, COMM_F16 = 2, COMM_F64 = 3 } CommDtype;
+// Where the buffers live: COMM_HOST for the CPU backend (MPI), COMM_DEVICE for CUDA (NCCL).
+typedef enum { COMM_HOST = 0, COMM_DEVICE = 1 } CommMemory;
+
+size_t comm_dtype_size(CommDtype t);
+
+enum { COMM_HOST_MAX = 16 };   // doubles per allreduce_host_f64 call
+
+typedef struct Comm Comm;
+struct Comm {
+    const char *name;   // "single", "mpi" or "nccl"
+    int rank, world;
+    double timeout_s;
+    void *ctx;          // implementation state
+
+    // buf (count) becomes the element-wise sum over ranks, in place.
+    void (*allreduce_sum)(Comm *c, void *buf, size_t count, CommDtype t);
+    // buf (n = sum of counts) holds each rank's full vector; afterwards rank r's segment
+    // [offset_r, offset_r + counts[r]) holds the sum over ranks (the rest is undefined).
+    void (*reduce_scatter_sum)(Comm *c, void *buf, const size_t *counts, CommDtype t);
+    // In place: rank r's segment of buf (counts as above) is copied into every rank's buf.
+    void (*allgather)(Comm *c, void *buf, const size_t *counts, CommDtype t);
+    // bytes of buf from rank `root` to every rank.
+    void (*broadcast)(Comm *c, void *buf, size_t bytes, int root);
+    void (*barrier)(Comm *c);
+    // buf (count <= COMM_HOST_MAX) of HOST doubles becomes the sum over ranks, for every
+    // implementation (NCCL goes through a device scratch): global losses, norms, agreements.
+    void (*allreduce_host_f64)(Comm *c, double *buf, size_t count);
+    // Waits until every queued collective has finished (NCCL queues them on its stream; host
+    // implementations finish each call before returning), bounded by the timeout.
+    void (*wait)(Comm *c);
+    void (*destroy)(Comm *c);
+    // Ends every rank of the job after a fatal error (MPI_Abort); NULL: exit this process only.
+    void (*abort)(Comm *c);
+};
+
+// 1 on every rank when every rank passed ok != 0, else 0: how ranks agree that all of them
+// wrote their part of a checkpoint (a collective call).
+int comm_all_ok(Comm *c, int ok);
+
+// Rank r's contiguous shard [*offset, *offset + *count) of a flat vector of n elements: shards
+// are ceil(n / world) rounded up to a multiple of 64 elements (aligned vector loads), so the
+// last ones may be shorter or empty. counts (world) may be NULL; else it receives every count.
+void comm_shard(size_t n, int world, int rank, size_t *offset, size_t *count, size_t *counts);
+
+// The communicator for this launch. World size 1 gives the single-process comm. Otherwise
+// COMM_HOST needs an MPI build launched by mpirun; COMM_DEVICE needs CUDA (NCCL, on
+// cuda_stream, a cudaStream_t, with device li->local_rank already current), and gets NCCL's
+// unique id through MPI when built with it and launched by mpirun, else over TCP from rank 0
+// (dist/bootstrap_tcp.h). Returns NULL with err set when this launch cannot be served.
+Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, char *err, size_t errlen);
+void comm_close(Comm *c);   // NULL is fine
+
+// The timeout from FLASHGPT_DIST_TIMEOUT (seconds, > 0), default 300.
+double comm_timeout_from_env(void);
+// Prints "rank R of W: <what> did not complete within S s ..." on stderr, then c->abort (when
+// set) or exit(EXIT_RUNTIME).
+void comm_fail_timeout(const Comm *c, const char *what) __attribute__((noreturn));
+
+Comm *comm_single_create(void);
+#ifdef FLASHGPT_MPI
+// Initialises MPI (once per process) and wraps MPI_COMM_WORLD; the world must match li's.
+Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen);
+#endif
+#ifdef FLASHGPT_NCCL
+// A new NCCL unique id (128 bytes) on rank 0.
+int comm_nccl_unique_id(void *id, char *err, size_t errlen);
+// NCCL over li's world on cuda_stream, the unique id already shared by every rank. boot (may be
+// NULL) is the MPI comm that carried the id; the NCCL comm closes it when it is closed.
+Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_stream, Comm *boot,
+                       char *err, size_t errlen);
+#endif

@@ -1,0 +1,145 @@
+// comm_mpi: the communicator over MPI_COMM_WORLD for host buffers (the CPU backend). Every
+// collective is non-blocking and polled against the deadline, so a dead or hung peer ends the
+// job through MPI_Abort after the timeout instead of blocking this rank forever.
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/check.h"
+#include "common/timer.h"
+#include "dist/comm.h"
+
+// Polls spin this many times before sleeping between tests: collectives that finish at once
+// cost no sleep, waits on a slower rank cost a core little.
+enum { SPIN_POLLS = 1000 };
+#define POLL_SLEEP_NS 50000L
+
+typedef struct {
+    int finalize;         // this comm initialised MPI and finalizes it
+    void *tmp;            // reduce-scatter receive buffer
+    size_t tmp_bytes;
+    int *icounts, *displs;   // (world) counts and offsets of the last segment layout
+} MpiCtx;
+
+static MPI_Datatype mpi_type(CommDtype t) {
+    if (t == COMM_F32) return MPI_FLOAT;
+    if (t == COMM_F64) return MPI_DOUBLE;
+    fatal(EXIT_RUNTIME, "the MPI communicator carries fp32 and fp64 only (host buffers of the CPU "
+                        "backend), not 16-bit floats");
+}
+
+static int to_int(size_t n) {
+    if (n > INT_MAX)
+        fatal(EXIT_RUNTIME, "MPI collective of %zu elements: more than MPI's int count allows", n);
+    return (int)n;
+}
+
+static void mpi_abort(Comm *c) {
+    MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
+    exit(EXIT_RUNTIME);
+}
+
+// Waits for req, bounded by the comm's timeout.
+static void wait_bounded(Comm *c, MPI_Request *req, const char *what) {
+    const double deadline = now_seconds() + c->timeout_s;
+    for (long polls = 0;; polls++) {
+        int done = 0;
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        if (now_seconds() > deadline) comm_fail_timeout(c, what);
+        if (polls >= SPIN_POLLS) nanosleep(&(struct timespec){0, POLL_SLEEP_NS}, NULL);
+    }
+}
+
+// The int counts and displacements MPI wants for a segment layout.
+static void set_layout(Comm *c, const size_t *counts) {
+    MpiCtx *x = c->ctx;
+    size_t off = 0;
+    for (int r = 0; r < c->world; r++) {
+        x->icounts[r] = to_int(counts[r]);
+        x->displs[r] = to_int(off);
+        off += counts[r];
+    }
+}
+
+static void mpi_allreduce(Comm *c, void *buf, size_t count, CommDtype t) {
+    MPI_Request req;
+    MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req);
+    wait_bounded(c, &req, "all-reduce");
+}
+
+static void mpi_reduce_scatter(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+    MpiCtx *x = c->ctx;
+    set_layout(c, counts);
+    const size_t es = comm_dtype_size(t), mine = counts[c->rank] * es;
+    if (x->tmp_bytes < mine) x->tmp = xrealloc(x->tmp, x->tmp_bytes = mine);
+    MPI_Request req;
+    MPI_Ireduce_scatter(buf, x->tmp, x->icounts, mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req);
+    wait_bounded(c, &req, "reduce-scatter");
+    memcpy((char *)buf + (size_t)x->displs[c->rank] * es, x->tmp, mine);
+}
+
+static void mpi_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+    MpiCtx *x = c->ctx;
+    set_layout(c, counts);
+    MPI_Request req;
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, x->icounts, x->displs, mpi_type(t),
+                    MPI_COMM_WORLD, &req);
+    wait_bounded(c, &req, "all-gather");
+}
+
+static void mpi_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+    MPI_Request req;
+    MPI_Ibcast(buf, to_int(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req);
+    wait_bounded(c, &req, "broadcast");
+}
+
+static void mpi_barrier(Comm *c) {
+    MPI_Request req;
+    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    wait_bounded(c, &req, "barrier");
+}
+
+static void mpi_allreduce_host(Comm *c, double *buf, size_t count) {
+    mpi_allreduce(c, buf, count, COMM_F64);
+}
+
+static void mpi_wait(Comm *c) {}
+
+static void mpi_destroy(Comm *c) {
+    MpiCtx *x = c->ctx;
+    if (x->finalize) MPI_Finalize();
+    free(x->tmp);
+    free(x->icounts);
+    free(x->displs);
+    free(x);
+    free(c);
+}
+
+Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen) {
+    int inited = 0, provided, rank, world;
+    MPI_Initialized(&inited);
+    if (!inited) MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (rank != li->rank || world != li->world) {
+        if (!inited) MPI_Finalize();
+        set_error(err, errlen, "MPI sees rank %d of %d, the %s environment rank %d of %d: launch with "
+                               "Open MPI's mpirun", rank, world, launch_kind_name(li->kind), li->rank,
+                  li->world);
+        return NULL;
+    }
+    MpiCtx *x = xcalloc(1, sizeof *x);
+    x->finalize = !inited;
+    x->icounts = xcalloc((size_t)world, sizeof(int));
+    x->displs = xcalloc((size_t)world, sizeof(int));
+    Comm *c = xcalloc(1, sizeof *c);
+    *c = (Comm){.name = "mpi", .rank = rank, .world = world, .timeout_s = comm_timeout_from_env(),
+                .ctx = x, .allreduce_sum = mpi_allreduce, .reduce_scatter_sum = mpi_reduce_scatter,
+                .allgather = mpi_allgather, .broadcast = mpi_broadcast, .barrier = mpi_barrier,
+                .allreduce_host_f64 = mpi_allreduce_host, .wait = mpi_wait, .destroy = mpi_destroy, .abort = mpi_abort};
+    return c;
+}

@@ -1,0 +1,221 @@
+// comm_nccl: the communicator over NCCL for device buffers (the CUDA backend), on the backend's
+// stream. The NCCL communicator is non-blocking (config.blocking = 0): no NCCL call can block the
+// host, and every wait polls ncclCommGetAsyncError beside the deadline, so a peer that died (a
+// remote or system error) or hangs (the deadline) makes this rank abort the communicator and
+// exit non-zero instead of spinning in a kernel forever.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/check.h"
+#include "common/timer.h"
+#include "dist/comm.h"
+
+#define POLL_SLEEP_NS 20000L
+
+typedef struct {
+    ncclComm_t nccl;
+    cudaStream_t stream;
+    cudaEvent_t done;   // recorded by wait() behind the queued collectives
+    double *scratch;    // (COMM_HOST_MAX) device, for host all-reduces and the barrier
+    Comm *boot;         // the MPI comm that carried the unique id, or NULL
+} NcclCtx;
+
+static ncclDataType_t nccl_type(CommDtype t) {
+    switch (t) {
+    case COMM_BF16: return ncclBfloat16;
+    case COMM_F16: return ncclFloat16;
+    case COMM_F64: return ncclFloat64;
+    default: return ncclFloat32;
+    }
+}
+
+static void nccl_abort(Comm *c) {
+    NcclCtx *x = c->ctx;
+    ncclCommAbort(x->nccl);
+    if (x->boot && x->boot->abort) x->boot->abort(x->boot);
+    exit(EXIT_RUNTIME);
+}
+
+static void fail_async(Comm *c, ncclResult_t r, const char *what) {
+    NcclCtx *x = c->ctx;
+    fprintf(stderr, "error: rank %d of %d: NCCL %s failed: %s (%s): a peer rank died or its "
+                    "network failed\n", c->rank, c->world, what, ncclGetErrorString(r),
+            ncclGetLastError(x->nccl));
+    fflush(stderr);
+    nccl_abort(c);
+}
+
+// Polls the communicator until its last call has been queued (non-blocking NCCL returns
+// ncclInProgress until then), bounded by the timeout.
+static void wait_queued(Comm *c, ncclResult_t r, const char *what) {
+    NcclCtx *x = c->ctx;
+    const double deadline = now_seconds() + c->timeout_s;
+    while (r == ncclInProgress) {
+        if (now_seconds() > deadline) comm_fail_timeout(c, what);
+        nanosleep(&(struct timespec){0, POLL_SLEEP_NS}, NULL);
+        ncclCommGetAsyncError(x->nccl, &r);
+    }
+    if (r != ncclSuccess) fail_async(c, r, what);
+}
+
+static int equal_counts(const Comm *c, const size_t *counts) {
+    for (int r = 1; r < c->world; r++)
+        if (counts[r] != counts[0]) return 0;
+    return 1;
+}
+
+static size_t offset_of(const size_t *counts, int r) {
+    size_t off = 0;
+    for (int i = 0; i < r; i++) off += counts[i];
+    return off;
+}
+
+static void nccl_allreduce(Comm *c, void *buf, size_t count, CommDtype t) {
+    NcclCtx *x = c->ctx;
+    wait_queued(c, ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, x->nccl, x->stream),
+                "all-reduce");
+}
+
+// Equal segments use NCCL's in-place reduce-scatter; unequal ones (the last shard shorter) a
+// group of reductions, one to each segment's owner.
+static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+    NcclCtx *x = c->ctx;
+    const size_t es = comm_dtype_size(t);
+    char *b = buf;
+    if (equal_counts(c, counts)) {
+        wait_queued(c, ncclReduceScatter(b, b + (size_t)c->rank * counts[0] * es, counts[0],
+                                         nccl_type(t), ncclSum, x->nccl, x->stream),
+                    "reduce-scatter");
+        return;
+    }
+    ncclGroupStart();
+    for (int r = 0; r < c->world; r++) {
+        char *seg = b + offset_of(counts, r) * es;
+        ncclReduce(seg, seg, counts[r], nccl_type(t), ncclSum, r, x->nccl, x->stream);
+    }
+    wait_queued(c, ncclGroupEnd(), "reduce-scatter");
+}
+
+static void nccl_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+    NcclCtx *x = c->ctx;
+    const size_t es = comm_dtype_size(t);
+    char *b = buf;
+    if (equal_counts(c, counts)) {
+        wait_queued(c, ncclAllGather(b + (size_t)c->rank * counts[0] * es, b, counts[0], nccl_type(t),
+                                     x->nccl, x->stream),
+                    "all-gather");
+        return;
+    }
+    ncclGroupStart();
+    for (int r = 0; r < c->world; r++) {
+        char *seg = b + offset_of(counts, r) * es;
+        ncclBroadcast(seg, seg, counts[r], nccl_type(t), r, x->nccl, x->stream);
+    }
+    wait_queued(c, ncclGroupEnd(), "all-gather");
+}
+
+static void nccl_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+    NcclCtx *x = c->ctx;
+    wait_queued(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->nccl, x->stream), "broadcast");
+}
+
+// Waits for everything queued on the stream, watching NCCL's error state and the deadline.
+static void nccl_wait(Comm *c) {
+    NcclCtx *x = c->ctx;
+    const double deadline = now_seconds() + c->timeout_s;
+    if (cudaEventRecord(x->done, x->stream) != cudaSuccess)
+        fatal(EXIT_RUNTIME, "rank %d: cudaEventRecord failed", c->rank);
+    for (;;) {
+        const cudaError_t e = cudaEventQuery(x->done);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady)
+            fatal(EXIT_RUNTIME, "rank %d: CUDA error while waiting for a collective: %s", c->rank,
+                  cudaGetErrorString(e));
+        ncclResult_t r;
+        ncclCommGetAsyncError(x->nccl, &r);
+        if (r != ncclSuccess && r != ncclInProgress) fail_async(c, r, "collective");
+        if (now_seconds() > deadline) comm_fail_timeout(c, "a collective (NCCL)");
+        nanosleep(&(struct timespec){0, POLL_SLEEP_NS}, NULL);
+    }
+}
+
+static void nccl_barrier(Comm *c) {
+    NcclCtx *x = c->ctx;
+    nccl_allreduce(c, x->scratch, 1, COMM_F64);
+    nccl_wait(c);
+}
+
+static void copy_async(Comm *c, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
+    NcclCtx *x = c->ctx;
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, x->stream);
+    if (e != cudaSuccess)
+        fatal(EXIT_RUNTIME, "rank %d: cudaMemcpyAsync: %s", c->rank, cudaGetErrorString(e));
+}
+
+static void nccl_allreduce_host(Comm *c, double *buf, size_t count) {
+    NcclCtx *x = c->ctx;
+    CHECK(count <= COMM_HOST_MAX);
+    copy_async(c, x->scratch, buf, count * sizeof(double), cudaMemcpyHostToDevice);
+    nccl_allreduce(c, x->scratch, count, COMM_F64);
+    copy_async(c, buf, x->scratch, count * sizeof(double), cudaMemcpyDeviceToHost);
+    nccl_wait(c);
+}
+
+static void nccl_destroy(Comm *c) {
+    NcclCtx *x = c->ctx;
+    nccl_wait(c);
+    wait_queued(c, ncclCommFinalize(x->nccl), "finalize");
+    ncclCommDestroy(x->nccl);
+    cudaEventDestroy(x->done);
+    cudaFree(x->scratch);
+    comm_close(x->boot);
+    free(x);
+    free(c);
+}
+
+int comm_nccl_unique_id(void *id, char *err, size_t errlen) {
+    ncclUniqueId u;
+    const ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess)
+        return set_error(err, errlen, "ncclGetUniqueId: %s (no usable network interface? set "
+                                      "NCCL_SOCKET_IFNAME)", ncclGetErrorString(r));
+    CHECK(sizeof u == 128);
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
+Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_stream, Comm *boot,
+                       char *err, size_t errlen) {
+    // NVLink SHARP (NVLS multicast) stays off unless the user sets the variable (the launch
+    // scripts set it to 0 as well).
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    NcclCtx *x = xcalloc(1, sizeof *x);
+    x->stream = (cudaStream_t)cuda_stream;
+    x->boot = boot;
+    Comm *c = xcalloc(1, sizeof *c);
+    *c = (Comm){.name = "nccl", .rank = li->rank, .world = li->world,
+                .timeout_s = comm_timeout_from_env(), .ctx = x, .allreduce_sum = nccl_allreduce,
+                .reduce_scatter_sum = nccl_reduce_scatter, .allgather = nccl_allgather,
+                .broadcast = nccl_broadcast, .barrier = nccl_barrier, .allreduce_host_f64 = nccl_allreduce_host,
+                .wait = nccl_wait, .destroy = nccl_destroy, .abort = nccl_abort};
+    ncclUniqueId u;
+    memcpy(&u, unique_id, sizeof u);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&x->nccl, li->world, u, li->rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        set_error(err, errlen, "rank %d: ncclCommInitRankConfig: %s", li->rank, ncclGetErrorString(r));
+        free(x);
+        free(c);
+        return NULL;
+    }
+    wait_queued(c, r, "NCCL initialisation (every rank must reach it)");
+    if (cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaMalloc((void **)&x->scratch, COMM_HOST_MAX * sizeof(double)) != cudaSuccess)
+        fatal(EXIT_RUNTIME, "rank %d: cannot create the NCCL communicator's CUDA event", li->rank);
+    return c;
+}
