@@ -1,0 +1,155 @@
+// dist: launch detection from each launcher's variables, shard arithmetic, the single-process
+// communicator, and the TCP bootstrap between forked processes (all ranks arrive; one rank
+// missing; rank 0 missing), which is how NCCL's unique id travels without MPI.
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dist/bootstrap_tcp.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
+#include "tests/testlib.h"
+
+static const char *ALL_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+                                 "SLURM_LOCALID"};
+
+static void clear_env(void) {
+    for (size_t i = 0; i < sizeof ALL_VARS / sizeof ALL_VARS[0]; i++) unsetenv(ALL_VARS[i]);
+}
+
+static int detect(LaunchInfo *li, char *err) { return launch_detect(li, err, 256); }
+
+static void test_launch(void) {
+    LaunchInfo li;
+    char err[256];
+    clear_env();
+    EXPECT(detect(&li, err) == 0 && li.kind == LAUNCH_SINGLE && li.world == 1 && li.rank == 0,
+           "no variables: single process");
+    setenv("RANK", "3", 1), setenv("WORLD_SIZE", "4", 1), setenv("LOCAL_RANK", "1", 1);
+    setenv("MASTER_ADDR", "node7", 1), setenv("MASTER_PORT", "29500", 1);
+    EXPECT(detect(&li, err) == 0 && li.kind == LAUNCH_TORCHRUN && li.rank == 3 && li.world == 4 &&
+               li.local_rank == 1 && strcmp(li.master_addr, "node7") == 0 && li.master_port == 29500,
+           "torchrun: %s", err);
+    clear_env();
+    setenv("OMPI_COMM_WORLD_RANK", "1", 1), setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+    EXPECT(detect(&li, err) == 0 && li.kind == LAUNCH_MPIRUN && li.rank == 1 && li.world == 2 &&
+               li.local_rank == 0 && li.master_port == 0,
+           "mpirun: %s", err);
+    clear_env();
+    setenv("SLURM_PROCID", "5", 1), setenv("SLURM_NTASKS", "8", 1);
+    EXPECT(detect(&li, err) == 0 && li.kind == LAUNCH_SLURM && li.rank == 5 && li.world == 8 &&
+               li.local_rank == 5,
+           "srun without SLURM_LOCALID: local rank = rank: %s", err);
+    setenv("SLURM_PROCID", "8", 1);
+    EXPECT(detect(&li, err) != 0 && strstr(err, "SLURM_PROCID=8 is not below SLURM_NTASKS=8"),
+           "rank outside the world: %s", err);
+    clear_env();
+    setenv("RANK", "0", 1);
+    EXPECT(detect(&li, err) != 0 && strstr(err, "WORLD_SIZE"), "partner missing: %s", err);
+    setenv("WORLD_SIZE", "two", 1);
+    EXPECT(detect(&li, err) != 0 && strstr(err, "WORLD_SIZE='two'"), "malformed: %s", err);
+    clear_env();
+    setenv("MASTER_PORT", "65535", 1);
+    EXPECT(detect(&li, err) != 0 && strstr(err, "MASTER_PORT"), "no room for port + 1: %s", err);
+    clear_env();
+}
+
+static void test_shard(void) {
+    const size_t ns[] = {0, 1, 63, 64, 65, 1000, 124475904, 124475905};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        for (int world = 1; world <= 8; world++) {
+            size_t counts[8], next = 0;
+            int ok = 1;
+            for (int r = 0; r < world; r++) {
+                size_t off, cnt;
+                comm_shard(ns[i], world, r, &off, &cnt, counts);
+                ok &= off == next && cnt == counts[r] && (off % 64 == 0 || cnt == 0);
+                next = off + cnt;
+            }
+            EXPECT(ok && next == ns[i], "shards of n=%zu over %d ranks tile the vector, aligned",
+                   ns[i], world);
+        }
+}
+
+static void test_single_comm(void) {
+    Comm *c = comm_single_create();
+    double x[2] = {1.5, -2};
+    c->allreduce_host_f64(c, x, 2);
+    EXPECT(c->world == 1 && x[0] == 1.5 && x[1] == -2, "single: all-reduce is the identity");
+    EXPECT(comm_all_ok(c, 1) == 1 && comm_all_ok(c, 0) == 0, "single: agreement");
+    comm_close(c);
+}
+
+enum { ID_BYTES = 128 };
+
+// A port per test run (pid-derived) so parallel runs of the suite do not collide.
+static int test_port(int k) { return 20000 + (int)(getpid() % 20000) + k; }
+
+// Forks ranks first..world-1 (skipping `absent`), each fetching the bytes and exiting 0 when it
+// got `expect`; returns their pids in pids.
+static int spawn_ranks(int port, int world, int absent, const unsigned char *expect, double timeout,
+                       pid_t *pids) {
+    int n = 0;
+    for (int r = 1; r < world; r++) {
+        if (r == absent) continue;
+        pid_t p = fork();
+        if (p == 0) {
+            unsigned char got[ID_BYTES] = {0};
+            char err[512];
+            int rc = tcp_broadcast("127.0.0.1", port, r, world, got, ID_BYTES, timeout, err, sizeof err);
+            _exit(rc == 0 && memcmp(got, expect, ID_BYTES) == 0 ? 0 : 1);
+        }
+        pids[n++] = p;
+    }
+    return n;
+}
+
+static int children_ok(const pid_t *pids, int n) {
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        int status;
+        waitpid(pids[i], &status, 0);
+        ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    return ok;
+}
+
+static void test_tcp_bootstrap(void) {
+    unsigned char id[ID_BYTES];
+    for (int i = 0; i < ID_BYTES; i++) id[i] = (unsigned char)(i * 37 + 11);
+    char err[512] = "";
+    pid_t pids[4];
+
+    // Every rank arrives (some before rank 0 listens: they retry).
+    int port = test_port(0);
+    int n = spawn_ranks(port, 4, -1, id, 20, pids);
+    EXPECT(tcp_broadcast("127.0.0.1", port, 0, 4, id, ID_BYTES, 20, err, sizeof err) == 0,
+           "rank 0 serves 3 ranks: %s", err);
+    EXPECT(children_ok(pids, n), "every rank received rank 0's bytes");
+
+    // Rank 2 of 3 never starts: rank 0 says so after the timeout; rank 1 still got the id.
+    port = test_port(1);
+    n = spawn_ranks(port, 3, 2, id, 20, pids);
+    EXPECT(tcp_broadcast("127.0.0.1", port, 0, 3, id, ID_BYTES, 1.0, err, sizeof err) != 0 &&
+               strstr(err, "rank(s) 2 of 3 did not connect"),
+           "a missing rank is named: %s", err);
+    EXPECT(children_ok(pids, n), "the rank that arrived received the bytes");
+
+    // Rank 0 never starts: the others give up after the timeout and name rank 0.
+    unsigned char got[ID_BYTES];
+    EXPECT(tcp_broadcast("127.0.0.1", test_port(2), 1, 2, got, ID_BYTES, 0.5, err, sizeof err) != 0 &&
+               strstr(err, "rank 1: rank 0 did not answer"),
+           "a missing rank 0 is named: %s", err);
+}
+
+int main(void) {
+    TEST_CASE("launch detection: torchrun, mpirun, srun, none, bad variables", test_launch());
+    TEST_CASE("comm_shard tiles the flat vector in aligned shards", test_shard());
+    TEST_CASE("single-process communicator", test_single_comm());
+    TEST_CASE("TCP bootstrap: all arrive, one missing, rank 0 missing", test_tcp_bootstrap());
+    return TEST_SUMMARY();
+}
