@@ -81,15 +81,28 @@ static const char *device_arg(int argc, char **argv, int *i) {
     return v;
 }
 
+#ifdef FLASHGPT_CUDA
+// The GPU of a process with this local rank: the one GPU it sees when the launcher bound one per
+// process (CUDA_VISIBLE_DEVICES, srun --gpus-per-task), else GPU local_rank of the host.
+static int gpu_of(int local_rank) {
+    const int n = backend_cuda_device_count();
+    if (n <= 1 || local_rank == 0) return 0;
+    if (local_rank >= n)
+        fatal(EXIT_USAGE, "local rank %d has no GPU of its own: this host shows %d GPUs; launch at "
+                          "most %d ranks per host", local_rank, n, n);
+    return local_rank;
+}
+#endif
+
 // --device cpu|cuda, or NULL for the default: cuda when this build has it and a GPU is present,
-// else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype) on GPU
-// `gpu` (the launch's local rank); the cpu backend is fp32 only and says so when another dtype
-// was asked for.
-static Backend *open_backend(const char *device, const char *dtype, int gpu) {
+// else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype) on the GPU of
+// `local_rank` (the launch's rank on this host); the cpu backend is fp32 only and says so when
+// another dtype was asked for.
+static Backend *open_backend(const char *device, const char *dtype, int local_rank) {
     const int want_cuda = device && strcmp(device, "cuda") == 0;
 #ifdef FLASHGPT_CUDA
     if (want_cuda || (!device && backend_cuda_device_count() > 0))
-        return backend_cuda_create(dtype_of(dtype), gpu);  // no usable GPU: a message, exit 2
+        return backend_cuda_create(dtype_of(dtype), gpu_of(local_rank));  // no GPU: exit 2
     if (!device) fprintf(stderr, "notice: no CUDA GPU found: running on the CPU backend (fp32)\n");
 #else
     if (want_cuda)
@@ -97,7 +110,6 @@ static Backend *open_backend(const char *device, const char *dtype, int gpu) {
                           "it was built): rebuild with the CUDA toolkit, or use --device cpu");
     if (!device) fprintf(stderr, "notice: built without CUDA: running on the CPU backend (fp32)\n");
 #endif
-    (void)gpu;
     if (strcmp(dtype, "fp32") != 0)
         fprintf(stderr, "notice: the CPU backend computes in fp32: precision.dtype = %s is "
                         "ignored\n", dtype);
