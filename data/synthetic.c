@@ -11,17 +11,18 @@
 
 #define SYNTH_MAX_SYMBOLS 256   // copy alphabet and Markov states: small enough for a demo model
 #define MARKOV_SUCCESSORS 4     // sparse rows: entropy at most ln 4 per token
+#define RETRIEVAL_PAIRS 16      // key/value pairs per retrieval sequence (fewer for tiny alphabets)
 // Power iteration stops when an L1 step is below this; the lazy chain's error in pi is then of
 // the same order divided by its spectral gap, far below the 1e-12 promised for the floor.
 #define MARKOV_PI_TOL 1e-15
 #define MARKOV_PI_MAX_ITERS 1000000
 
-typedef enum { TASK_COPY, TASK_MARKOV } TaskKind;
+typedef enum { TASK_COPY, TASK_MARKOV, TASK_RETRIEVAL } TaskKind;
 
 struct Synthetic {
     TaskKind kind;
     int T, S;          // sequence length, alphabet size (ids in [0, S))
-    int K;             // Markov successors per state
+    int K;             // Markov successors per state; retrieval key/value pairs
     int *next;         // (S, K) successor ids
     double *cum;       // (S, K) cumulative transition probabilities, last = 1
     double *pi_cum;    // (S,) cumulative stationary distribution, last = 1
@@ -118,13 +119,21 @@ Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t se
     TaskKind kind;
     if (strcmp(name, "copy") == 0) kind = TASK_COPY;
     else if (strcmp(name, "markov") == 0) kind = TASK_MARKOV;
+    else if (strcmp(name, "retrieval") == 0) kind = TASK_RETRIEVAL;
     else {
-        set_error(err, errlen, "data.synthetic: unknown task '%s' (expected copy or markov)", name);
+        set_error(err, errlen, "data.synthetic: unknown task '%s' (expected copy, markov or retrieval)",
+                  name);
         return NULL;
     }
     if (kind == TASK_COPY && T < 2) {
         set_error(err, errlen, "data.synthetic=copy needs train.seq_len >= 2 (got %d): the second half "
                             "must repeat a non-empty first half", T);
+        return NULL;
+    }
+    if (kind == TASK_RETRIEVAL && (vocab_size < 8 || T < 4 * RETRIEVAL_PAIRS + 1)) {
+        set_error(err, errlen, "data.synthetic=retrieval needs model.vocab_size >= 8 (got %d) and "
+                            "train.seq_len > %d (got %d): key, value and filler ranges and two "
+                            "copies of the pairs must fit", vocab_size, 4 * RETRIEVAL_PAIRS, T);
         return NULL;
     }
     if (vocab_size < 2) {
@@ -142,6 +151,7 @@ Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t se
         s->pi_cum = xmalloc(sizeof(double) * s->S);
         markov_build(s, seed);
     }
+    if (kind == TASK_RETRIEVAL) s->K = s->S / 4 < RETRIEVAL_PAIRS ? s->S / 4 : RETRIEVAL_PAIRS;
     return s;
 }
 
@@ -159,6 +169,39 @@ static void copy_sequence(const Synthetic *s, Rng *r, int *inputs, int *targets)
     for (int t = 0; t < s->T; t++) targets[t] = t < H ? -1 : inputs[(t + 1) % H];
 }
 
+// Keys: a partial Fisher-Yates shuffle of [0, S/4) gives K distinct ones.
+static void retrieval_sequence(const Synthetic *s, Rng *r, int *inputs, int *targets) {
+    const int K = s->K, nk = s->S / 4, T = s->T;
+    int keys[SYNTH_MAX_SYMBOLS / 4], vals[RETRIEVAL_PAIRS], order[RETRIEVAL_PAIRS];
+    for (int i = 0; i < nk; i++) keys[i] = i;
+    for (int i = 0; i < K; i++) {
+        int j = i + (int)rng_below(r, (uint64_t)(nk - i));
+        int tmp = keys[i];
+        keys[i] = keys[j];
+        keys[j] = tmp;
+        vals[i] = nk + (int)rng_below(r, (uint64_t)nk);
+        order[i] = i;
+    }
+    for (int i = K - 1; i > 0; i--) {
+        int j = (int)rng_below(r, (uint64_t)(i + 1));
+        int tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    for (int t = 0; t < T; t++) {
+        inputs[t] = 2 * nk + (int)rng_below(r, (uint64_t)(s->S - 2 * nk));   // filler
+        targets[t] = -1;
+    }
+    for (int i = 0; i < K; i++) {
+        inputs[2 * i] = keys[i];
+        inputs[2 * i + 1] = vals[i];
+        const int q = T - 2 * K + 2 * i;   // the closing copy, shuffled
+        inputs[q] = keys[order[i]];
+        inputs[q + 1] = vals[order[i]];
+        targets[q] = vals[order[i]];
+    }
+}
+
 static void markov_sequence(const Synthetic *s, Rng *r, int *inputs, int *targets) {
     int x = search_cum(s->pi_cum, s->S, (double)(rng_u64(r) >> 11) * (1.0 / 9007199254740992.0));
     for (int t = 0; t < s->T; t++) {
@@ -173,7 +216,8 @@ void synthetic_sequence(const Synthetic *s, uint64_t stream_seed, int *inputs, i
     Rng r;
     rng_seed(&r, stream_seed);
     if (s->kind == TASK_COPY) copy_sequence(s, &r, inputs, targets);
+    else if (s->kind == TASK_RETRIEVAL) retrieval_sequence(s, &r, inputs, targets);
     else markov_sequence(s, &r, inputs, targets);
 }
 
-double synthetic_loss_floor(const Synthetic *s) { return s->kind == TASK_COPY ? 0.0 : s->floor; }
+double synthetic_loss_floor(const Synthetic *s) { return s->kind == TASK_MARKOV ? s->floor : 0.0; }

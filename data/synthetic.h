@@ -4,6 +4,13 @@
 //   copy:   ids uniform in [0, min(V, 256)); the sequence repeats with period H = T/2, so the
 //           second half copies the first; targets of positions t < H are -1 (unpredictable), the
 //           rest can only be predicted by attending H-1 positions back. Loss floor 0.
+//   retrieval: associative recall over the whole sequence. With S = min(V, 256) and K =
+//           min(16, S/4) pairs: the sequence opens with K (key, value) pairs (keys distinct in
+//           [0, S/4), values in [S/4, S/2)), then filler in [S/2, S), and closes with the same K
+//           pairs in a shuffled order. Only each closing key's target (its value) counts, the
+//           rest is -1: each answer needs a key defined about T - 4K positions back, so the
+//           distance is set by train.seq_len, and a sliding window shorter than that leaves
+//           chance loss ln(S/4). Loss floor 0.
 //   markov: a seeded first-order Markov chain over the ids [0, S), S = min(V, 256); each state
 //           has K = min(S, 4) successors with Dirichlet(1) probabilities (one of them the next
 //           state mod S, so the chain is irreducible). The first token is drawn from the

@@ -13,8 +13,8 @@ typedef struct {
     int V, Vp;     // vocabulary, padded to a multiple of 128
     int maxT;      // max sequence length
     int L, NH, NKV, C, HS;
-    PosEmbedding pos;
-    float rope_theta;
+    PosEmbedding pos;   // learned: wpe table; rope: q/k rotation (half-split); alibi: slopes
+    float rope_theta;   // RoPE base frequency (angles pos * theta^(-2d/HS))
 } GPTConfig;
 
 // One named parameter tensor inside the flat parameter vector (element offsets).
@@ -49,6 +49,8 @@ void gpt_get_grads_f32(GPT *m, float *host);
 
 // Forward over tokens (B,T) host int32. With targets (B,T) (entries < 0 ignored) returns the
 // mean loss over non-ignored targets and keeps what backward needs; without, returns 0.
+// With attention.doc_mask the rows are split into documents after each data.eot_token (see
+// model/gpt.c): attention stays inside each document and positions restart in each.
 // Logits of the last forward are available through gpt_logits_f32.
 float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T);
 // Backward of the last forward with targets; gradients ACCUMULATE into gpt_grads, scaled by
@@ -69,5 +71,6 @@ void gpt_losses_f32(GPT *m, float *host);
 void gpt_logits_f32(GPT *m, float *host);
 
 // Incremental decoding with a KV cache (batch 1): feed token at position pos (0, 1, 2, ...),
-// receive logits (V) fp32 host for the next token. pos 0 resets the cache.
+// receive logits (V) fp32 host for the next token. pos 0 resets the cache. The cache holds one
+// sequence: positions are not split into documents here (eot tokens are ordinary tokens).
 void gpt_decode_step(GPT *m, int token, int pos, float *logits_out);

@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/rng.h"
+#include "data/synthetic.h"
 #include "model/backend.h"
 #include "model/gpt.h"
 #include "testlib.h"
@@ -836,6 +837,38 @@ static void test_documents(PosEmbedding pos) {
     be->destroy(be);
 }
 
+// The long-range task the long-context runs learn (data.synthetic = retrieval): K = 16 pairs
+// open the sequence and close it shuffled; the only targets are the closing keys' values, each
+// defined at least T - 4K positions earlier, and every answer is determined by the sequence.
+static void test_retrieval_task(void) {
+    enum { T = 300, V = 1000, K = 16, S = 256 };
+    char err[256];
+    Synthetic *s = synthetic_create("retrieval", V, T, 9, err, sizeof err);
+    EXPECT(s != NULL, "%s", err);
+    if (!s) return;
+    int in[T], tg[T], n_targets = 0, ok = 1, min_dist = T;
+    synthetic_sequence(s, 77, in, tg);
+    for (int t = 0; t < T; t++) {
+        const int is_query_key = t >= T - 2 * K && (t - (T - 2 * K)) % 2 == 0;
+        ok &= (tg[t] >= 0) == is_query_key;
+        ok &= t < 2 * K || t >= T - 2 * K || in[t] >= S / 2;   // filler never looks like a pair
+        if (tg[t] < 0) continue;
+        n_targets++;
+        int def = -1;
+        for (int j = 0; j < 2 * K; j += 2)
+            if (in[j] == in[t]) def = j;
+        ok &= def >= 0 && in[def + 1] == tg[t] && in[t + 1] == tg[t] && in[t] < S / 4;
+        if (def >= 0 && t - def < min_dist) min_dist = t - def;
+    }
+    EXPECT(ok && n_targets == K, "retrieval structure (%d targets)", n_targets);
+    EXPECT(min_dist >= T - 4 * K, "retrieval distance %d < T - 4K", min_dist);
+    EXPECT(synthetic_loss_floor(s) == 0.0, "floor %g", synthetic_loss_floor(s));
+    synthetic_free(s);
+    EXPECT(synthetic_create("retrieval", V, 4 * K, 9, err, sizeof err) == NULL &&
+               strstr(err, "train.seq_len") != NULL,
+           "a too short sequence is refused with a message naming the key: %s", err);
+}
+
 // Parameter layout: names, order, shapes, decay flags and the initialisation statistics.
 static void test_layout_and_init(void) {
     GPTConfig g = small_config(POS_LEARNED);
@@ -1118,6 +1151,7 @@ int main(void) {
               test_recompute("block", POS_ROPE, PACKED_DOCS));
     TEST_CASE("gpt recompute attn_gelu == none (rope, packed documents)",
               test_recompute("attn_gelu", POS_ROPE, PACKED_DOCS));
+    TEST_CASE("synthetic retrieval task", test_retrieval_task());
     TEST_CASE("gpt bad input exits with code 2", {
         EXPECT(exit_code_of(create_rope_odd_head) == 2, "rope with an odd head size");
         EXPECT(exit_code_of(create_docs_without_eot) == 2, "doc_mask without data.eot_token");

@@ -1,6 +1,7 @@
 // test_ops_cuda: the CUDA backend (model/ops_cuda*.cu) against the CPU backend (model/ops_cpu*.c,
 // the fp32 reference), op by op on random inputs with odd sizes and end to end on a small GPT
-// (logits, loss, every gradient), in fp32, bf16 and fp16; the CUDA AdamW and gradient sum of
+// (logits, loss, every gradient; learned, rotary and ALiBi positions, packed documents, per-layer
+// windows), in fp32, bf16 and fp16; the CUDA AdamW and gradient sum of
 // squares (optim/adamw_cuda.cu) against adamw_step_cpu / sumsq_cpu; and determinism.
 //
 // Inputs are drawn in fp32, uploaded in the compute dtype and downloaded back, so both backends
@@ -172,6 +173,53 @@ static void test_embed(Ctx *t) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
     free(tok), free(pos), free(wte), free(wpe), free(ref), free(dout), free(dwte0), free(dwpe0);
     free(dwte), free(dwpe), free(g_dwte), free(g_dwpe), free(again);
+}
+
+// ---- RoPE ----
+
+// rope_forward and rope_backward on a fused qkv buffer, positions i % T and explicit ones (as
+// packed documents give). Each output is a 2-term fp32 sum of products rounded once to the
+// dtype; the value heads pass through untouched, bitwise.
+static void test_rope(Ctx *t) {
+    const int B = 3, T = 37, NH = 4, NKV = 2, HS = 64, maxT = 128, N = B * T;
+    const int OC = (NH + 2 * NKV) * HS, half = HS / 2;
+    float *table = xmalloc((size_t)maxT * HS * sizeof(float));   // (maxT, HS/2, 2)
+    for (int p = 0; p < maxT; p++)
+        for (int d = 0; d < half; d++) {
+            const double a = p * pow(10000.0, -2.0 * d / HS);
+            table[((size_t)p * half + d) * 2] = (float)cos(a);
+            table[((size_t)p * half + d) * 2 + 1] = (float)sin(a);
+        }
+    float *d_table = (float *)t->gpu->alloc(t->gpu, (size_t)maxT * HS * sizeof(float));
+    t->gpu->upload(t->gpu, d_table, table, (size_t)maxT * HS * sizeof(float));
+    int *pos = rand_ids(t, N, maxT);
+    int *d_pos = dev_ints(t, pos, N);
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        float *x = rand_vec(t, (size_t)N * OC, 0.0f, 1.0f);
+        void *d_x = dev_from(t, x, (size_t)N * OC);
+        float *x0 = copy_of(x, (size_t)N * OC);
+        t->gpu->rope_forward(t->gpu, d_x, d_table, with_pos ? d_pos : NULL, N, T, NH, NKV, HS);
+        t->cpu->rope_forward(t->cpu, x, table, with_pos ? pos : NULL, N, T, NH, NKV, HS);
+        float *g = fetch(t, d_x, (size_t)N * OC);
+        expect_close(t, with_pos ? "rope_forward (pos)" : "rope_forward", g, x, (size_t)N * OC,
+                     tol(t->u, 1, 2));
+        int v_same = 1;
+        for (int i = 0; i < N; i++)
+            v_same &= memcmp(g + (size_t)i * OC + (NH + NKV) * HS, x0 + (size_t)i * OC + (NH + NKV) * HS,
+                             (size_t)NKV * HS * sizeof(float)) == 0;
+        EXPECT(v_same, "%s rope leaves the value heads untouched", dtype_name(t->dt));
+        t->gpu->rope_backward(t->gpu, d_x, d_table, with_pos ? d_pos : NULL, N, T, NH, NKV, HS);
+        t->cpu->rope_backward(t->cpu, x, table, with_pos ? pos : NULL, N, T, NH, NKV, HS);
+        float *gb = fetch(t, d_x, (size_t)N * OC);
+        // The CPU ran backward on its own unrounded forward result: one more rounding each side.
+        expect_close(t, with_pos ? "rope_backward (pos)" : "rope_backward", gb, x, (size_t)N * OC,
+                     tol(t->u, 2, 2));
+        t->gpu->release(t->gpu, d_x);
+        free(x), free(x0), free(g), free(gb);
+    }
+    t->gpu->release(t->gpu, d_table);
+    t->gpu->release(t->gpu, d_pos);
+    free(table), free(pos);
 }
 
 // ---- LayerNorm ----
@@ -446,12 +494,29 @@ static void small_config(Config *c) {
     c->attention.deterministic = 1;
 }
 
+// A model variant: positions, residual dropout and the long-context options.
+typedef struct {
+    const char *pos;        // model.pos_embedding
+    float resid_dropout;    // model.dropout
+    int doc_mask;           // packed documents split at MODEL_EOT
+    int window, window_every;
+} ModelCase;
+
+#define MODEL_EOT 3   // data.eot_token of the packed-document cases
+
 // The model end to end, without dropout and with model.dropout (the same masks on both backends:
-// each dropout site adds one rounding to the dtype).
-static void model_case(Ctx *t, float resid_dropout) {
+// each dropout site adds one rounding to the dtype), with learned, rotary or ALiBi positions,
+// packed documents and per-layer windows.
+static void model_case(Ctx *t, ModelCase var) {
     Config c;
     small_config(&c);
-    c.model.dropout = resid_dropout;
+    c.model.dropout = var.resid_dropout;
+    snprintf(c.model.pos_embedding, sizeof c.model.pos_embedding, "%s", var.pos);
+    c.attention.doc_mask = var.doc_mask;
+    c.data.eot_token = var.doc_mask ? MODEL_EOT : -1;
+    c.attention.window = var.window;
+    c.attention.window_every = var.window_every;
+    const float resid_dropout = var.resid_dropout;
     const int B = 2, T = 40, N = B * T;
     GPTConfig g = gpt_config_from(&c);
     GPT *mg = gpt_create(&g, t->gpu, B, T, &c), *mc = gpt_create(&g, t->cpu, B, T, &c);
@@ -463,11 +528,18 @@ static void model_case(Ctx *t, float resid_dropout) {
     gpt_set_params_f32(mc, w);
     int *tok = rand_ids(t, N, g.V), *tgt = rand_ids(t, N, g.V);
     tgt[5] = -1;
+    if (var.doc_mask) {   // a document every ~7 tokens, one ending row 0, two opening row 1
+        for (int i = 0; i < N; i++)
+            if (i % 7 == 4) tok[i] = MODEL_EOT;
+        tok[T - 1] = tok[T] = tok[T + 1] = MODEL_EOT;
+    }
 
     // Stages on the path to the logits: embedding, 9 per block (ln1, qkv, attention, proj, add,
     // ln2, fc, fcproj, add), lnf, the classifier matmul; the gradients add as many backwards.
+    // RoPE adds one rounding per block (q and k rotated in place).
     const int S_drop = resid_dropout > 0.0f ? 2 * g.L + 1 : 0;
-    const int S_fwd = 2 + 9 * g.L + 1 + S_drop, S_bwd = 2 * S_fwd + 1;
+    const int S_rope = strcmp(var.pos, "rope") == 0 ? g.L : 0;
+    const int S_fwd = 2 + 9 * g.L + 1 + S_drop + S_rope, S_bwd = 2 * S_fwd + 1;
     const double k_term = 4.0 * sqrt(4.0 * g.C) * U_F32;   // longest fp32 sum: K = 4C
     const double tol_fwd = 3.0 * sqrt((double)S_fwd) * (t->u + k_term);
     const double tol_bwd = 3.0 * sqrt((double)S_bwd) * (t->u + k_term);
@@ -517,8 +589,12 @@ static void model_case(Ctx *t, float resid_dropout) {
         free(gg2);
 }
 
-static void test_model(Ctx *t) { model_case(t, 0.0f); }
-static void test_model_dropout(Ctx *t) { model_case(t, 0.2f); }
+static void test_model(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 0, -1, 1}); }
+static void test_model_dropout(Ctx *t) { model_case(t, (ModelCase){"learned", 0.2f, 0, -1, 1}); }
+static void test_model_rope(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 0, -1, 1}); }
+static void test_model_alibi(Ctx *t) { model_case(t, (ModelCase){"alibi", 0.0f, 0, -1, 1}); }
+static void test_model_rope_docs(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 1, 9, 2}); }
+static void test_model_learned_docs(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 1, -1, 1}); }
 
 // ---- AdamW and the gradient sum of squares ----
 
@@ -609,8 +685,13 @@ int main(int argc, char **argv) {
         RUN("matmul", test_matmul);
         RUN("softmax_xent", test_softmax_xent);
         RUN("attention", test_attention);
+        RUN("rope", test_rope);
         RUN("model", test_model);
         RUN("model with dropout", test_model_dropout);
+        RUN("model rope", test_model_rope);
+        RUN("model alibi", test_model_alibi);
+        RUN("model rope, packed documents, window 9 on even layers", test_model_rope_docs);
+        RUN("model learned, packed documents", test_model_learned_docs);
         RUN("adamw", test_adamw);
 #undef RUN
         t.gpu->destroy(t.gpu);
