@@ -341,9 +341,10 @@ static void open_run(Run *r, const char *device) {
     double resuming = resume;
     r->comm->allreduce_host_f64(r->comm, &resuming, 1);
     if (resuming != 0 && resuming != world)
-        fatal(EXIT_USAGE, "rank %d %s a checkpoint in log.dir '%s' but other ranks did%s: log.dir must be "
-              "one directory that every rank sees (a shared filesystem across hosts)", rank,
-              resume ? "found" : "found no", c->log.dir, resume ? " not" : "");
+        fatal(EXIT_USAGE, "rank %d %s a checkpoint in log.dir '%s' but other ranks did%s: log.dir "
+                          "must be one directory that every rank sees (a shared filesystem across "
+                          "hosts)", rank, resume ? "found" : "found no", c->log.dir,
+              resume ? " not" : "");
     if (resume) {
         Config saved;
         if (checkpoint_read_config(ckpt, &saved, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
@@ -371,7 +372,8 @@ static void open_run(Run *r, const char *device) {
 
     if (rank != 0) {
         // Rank 0 reports for all; the others keep stderr for their own errors.
-        if (!freopen("/dev/null", "w", stdout)) fatal(EXIT_RUNTIME, "rank %d: cannot close stdout", rank);
+        if (!freopen("/dev/null", "w", stdout))
+            fatal(EXIT_RUNTIME, "rank %d: cannot close stdout", rank);
         return;
     }
     if (mkdir_p(c->log.dir, err, sizeof err) != 0) fatal(EXIT_USAGE, "log.dir: %s", err);
@@ -410,7 +412,8 @@ static void run_eval(Run *r, long long step) {
     if (floor >= 0) printf("eval step %lld | val loss %.4f (task floor %.4f) | %.1f s\n", step, loss, floor, now_seconds() - t0);
     else printf("eval step %lld | val loss %.4f | %.1f s\n", step, loss, now_seconds() - t0);
     metrics_write(&r->metrics, "eval", step, "val_loss", 'd', loss, "tokens", 'i',
-                  (long long)(n_batches * B * world * T), "tokens_seen", 'i', r->state.tokens_seen, NULL);
+                  (long long)(n_batches * B * world * T), "tokens_seen", 'i', r->state.tokens_seen,
+                  NULL);
 }
 
 static void run_sample(Run *r, long long step) {

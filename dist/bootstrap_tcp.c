@@ -19,8 +19,8 @@
 #include "common/timer.h"
 
 // Every message starts with this word, so a stray connection to the port is told apart.
-#define TCP_MAGIC 0x46475054u   // "FGPT"
-#define RETRY_NS 100000000L     // 0.1 s between connection attempts while rank 0 starts
+#define TCP_MAGIC 0x46475054u  // "FGPT"
+#define RETRY_NS 100000000L    // 0.1 s between connection attempts while rank 0 starts
 
 static int ms_left(double deadline) {
     const double s = deadline - now_seconds();
@@ -51,13 +51,16 @@ static int serve(int port, int world, const void *buf, size_t len, double timeou
     if (fd < 0) return set_error(err, errlen, "bootstrap: socket: %s", strerror(errno));
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_ANY)};
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, world) != 0) {
         const int e = errno;
         close(fd);
-        return set_error(err, errlen, "bootstrap: rank 0 cannot listen on port %d (MASTER_PORT + 1): "
-                                      "%s; choose another MASTER_PORT", port, strerror(e));
+        return set_error(err, errlen,
+                         "bootstrap: rank 0 cannot listen on port %d (MASTER_PORT + 1): "
+                         "%s; choose another MASTER_PORT",
+                         port, strerror(e));
     }
     char *arrived = xcalloc((size_t)world, 1);  // (world)
     arrived[0] = 1;
@@ -67,7 +70,7 @@ static int serve(int port, int world, const void *buf, size_t len, double timeou
         if (poll(&pfd, 1, ms_left(deadline)) <= 0) break;
         const int cfd = accept(fd, NULL, NULL);
         if (cfd < 0) continue;
-        uint32_t hello[2];   // magic, rank
+        uint32_t hello[2];  // magic, rank
         const uint32_t head = TCP_MAGIC;
         if (transfer(cfd, hello, sizeof hello, 0, deadline) == 0 && hello[0] == TCP_MAGIC &&
             hello[1] > 0 && hello[1] < (uint32_t)world && !arrived[hello[1]] &&
@@ -84,12 +87,14 @@ static int serve(int port, int world, const void *buf, size_t len, double timeou
         char missing[512] = "";
         size_t used = 0;
         for (int r = 1; r < world && used + 16 < sizeof missing; r++)
-            if (!arrived[r]) used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
-                                                      used ? ", " : "", r);
-        rc = set_error(err, errlen, "bootstrap: rank 0: rank(s) %s of %d did not connect to port %d "
-                                    "within %.0f s: check that they started, that MASTER_ADDR names "
-                                    "this host and that the port is reachable", missing, world, port,
-                       timeout_s);
+            if (!arrived[r])
+                used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
+                                         used ? ", " : "", r);
+        rc = set_error(err, errlen,
+                       "bootstrap: rank 0: rank(s) %s of %d did not connect to port %d "
+                       "within %.0f s: check that they started, that MASTER_ADDR names "
+                       "this host and that the port is reachable",
+                       missing, world, port, timeout_s);
     }
     free(arrived);
     return rc;
@@ -122,26 +127,30 @@ static int fetch(const char *addr, int port, int rank, void *buf, size_t len, do
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     const int gai = getaddrinfo(addr, service, &hints, &ai);
     if (gai != 0)
-        return set_error(err, errlen, "bootstrap: rank %d: MASTER_ADDR '%s' does not resolve: %s", rank,
-                         addr, gai_strerror(gai));
+        return set_error(err, errlen, "bootstrap: rank %d: MASTER_ADDR '%s' does not resolve: %s",
+                         rank, addr, gai_strerror(gai));
     int fd = -1;
     while (fd < 0 && now_seconds() < deadline) {
-        for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) fd = try_connect(a, deadline);
+        for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next)
+            fd = try_connect(a, deadline);
         if (fd < 0) nanosleep(&(struct timespec){0, RETRY_NS}, NULL);
     }
     freeaddrinfo(ai);
     if (fd < 0)
-        return set_error(err, errlen, "bootstrap: rank %d: rank 0 did not answer at %s:%d within %.0f s: "
-                                      "check that rank 0 started and that MASTER_ADDR / MASTER_PORT "
-                                      "are the same on every rank", rank, addr, port, timeout_s);
+        return set_error(err, errlen,
+                         "bootstrap: rank %d: rank 0 did not answer at %s:%d within %.0f s: "
+                         "check that rank 0 started and that MASTER_ADDR / MASTER_PORT "
+                         "are the same on every rank",
+                         rank, addr, port, timeout_s);
     const uint32_t hello[2] = {TCP_MAGIC, (uint32_t)rank};
     uint32_t head = 0;
     int rc = 0;
     if (transfer(fd, (void *)hello, sizeof hello, 1, deadline) != 0 ||
         transfer(fd, &head, sizeof head, 0, deadline) != 0 || head != TCP_MAGIC ||
         transfer(fd, buf, len, 0, deadline) != 0)
-        rc = set_error(err, errlen, "bootstrap: rank %d: rank 0 at %s:%d refused this rank or closed the "
-                                    "connection (another rank %d running, or not a flashgpt rank 0)",
+        rc = set_error(err, errlen,
+                       "bootstrap: rank %d: rank 0 at %s:%d refused this rank or closed the "
+                       "connection (another rank %d running, or not a flashgpt rank 0)",
                        rank, addr, port, rank);
     close(fd);
     return rc;

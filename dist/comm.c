@@ -16,9 +16,12 @@ enum { SHARD_ALIGN = 64 };
 
 size_t comm_dtype_size(CommDtype t) {
     switch (t) {
-    case COMM_F64: return 8;
-    case COMM_F32: return 4;
-    default: return 2;
+    case COMM_F64:
+        return 8;
+    case COMM_F32:
+        return 4;
+    default:
+        return 2;
     }
 }
 
@@ -39,14 +42,16 @@ double comm_timeout_from_env(void) {
     char *end;
     const double s = strtod(v, &end);
     if (*v == '\0' || *end != '\0' || !(s > 0))
-        fatal(EXIT_USAGE, "environment variable FLASHGPT_DIST_TIMEOUT='%s': expected seconds > 0", v);
+        fatal(EXIT_USAGE, "environment variable FLASHGPT_DIST_TIMEOUT='%s': expected seconds > 0",
+              v);
     return s;
 }
 
 void comm_fail_timeout(const Comm *c, const char *what) {
-    fprintf(stderr, "error: rank %d of %d: %s did not complete within %.0f s: another rank died or "
-                    "hangs (its own log names the cause); raise FLASHGPT_DIST_TIMEOUT if a rank is "
-                    "only slow (a large checkpoint write)\n",
+    fprintf(stderr,
+            "error: rank %d of %d: %s did not complete within %.0f s: another rank died or "
+            "hangs (its own log names the cause); raise FLASHGPT_DIST_TIMEOUT if a rank is "
+            "only slow (a large checkpoint write)\n",
             c->rank, c->world, what, c->timeout_s);
     fflush(stderr);
     if (c->abort) c->abort((Comm *)c);
@@ -54,7 +59,7 @@ void comm_fail_timeout(const Comm *c, const char *what) {
 }
 
 int comm_all_ok(Comm *c, int ok) {
-    double v = ok ? 1.0 : 0.0;   // a sum of ranks' 0 or 1 is exact in double
+    double v = ok ? 1.0 : 0.0;  // a sum of ranks' 0 or 1 is exact in double
     c->allreduce_host_f64(c, &v, 1);
     return v == (double)c->world;
 }
@@ -70,10 +75,17 @@ static void single_destroy(Comm *c) { free(c); }
 
 Comm *comm_single_create(void) {
     Comm *c = xcalloc(1, sizeof *c);
-    *c = (Comm){.name = "single", .rank = 0, .world = 1, .timeout_s = comm_timeout_from_env(),
-                .allreduce_sum = single_allreduce, .reduce_scatter_sum = single_segments,
-                .allgather = single_segments, .broadcast = single_broadcast,
-                .barrier = single_nothing, .allreduce_host_f64 = single_allreduce_host, .wait = single_nothing,
+    *c = (Comm){.name = "single",
+                .rank = 0,
+                .world = 1,
+                .timeout_s = comm_timeout_from_env(),
+                .allreduce_sum = single_allreduce,
+                .reduce_scatter_sum = single_segments,
+                .allgather = single_segments,
+                .broadcast = single_broadcast,
+                .barrier = single_nothing,
+                .allreduce_host_f64 = single_allreduce_host,
+                .wait = single_nothing,
                 .destroy = single_destroy};
     return c;
 }
@@ -83,19 +95,21 @@ Comm *comm_single_create(void) {
 static Comm *open_host(const LaunchInfo *li, char *err, size_t errlen) {
 #ifdef FLASHGPT_MPI
     if (li->kind == LAUNCH_MPIRUN) return comm_mpi_create(li, err, errlen);
-    set_error(err, errlen, "%d ranks launched by %s on the CPU backend: the CPU backend's "
-                           "collectives use MPI: launch with mpirun -np %d", li->world,
-              launch_kind_name(li->kind), li->world);
+    set_error(err, errlen,
+              "%d ranks launched by %s on the CPU backend: the CPU backend's "
+              "collectives use MPI: launch with mpirun -np %d",
+              li->world, launch_kind_name(li->kind), li->world);
 #else
-    set_error(err, errlen, "%d ranks on the CPU backend need MPI, and this build has none (mpicc was "
-                           "not found when it was built): install libopenmpi-dev and rebuild",
+    set_error(err, errlen,
+              "%d ranks on the CPU backend need MPI, and this build has none (mpicc was "
+              "not found when it was built): install libopenmpi-dev and rebuild",
               li->world);
 #endif
     return NULL;
 }
 
 #ifdef FLASHGPT_NCCL
-enum { NCCL_ID_BYTES = 128 };   // sizeof(ncclUniqueId), fixed by NCCL's ABI
+enum { NCCL_ID_BYTES = 128 };  // sizeof(ncclUniqueId), fixed by NCCL's ABI
 
 // NCCL's unique id from rank 0 to every rank: through MPI when this is an MPI build launched by
 // mpirun (the MPI comm stays open beside NCCL: *boot), else over TCP.
@@ -111,10 +125,11 @@ static int share_nccl_id(const LaunchInfo *li, unsigned char *id, Comm **boot, c
     }
 #endif
     if (!li->master_addr[0] || !li->master_port)
-        return set_error(err, errlen, "%d ranks launched by %s: NCCL's bootstrap needs MASTER_ADDR and "
-                                      "MASTER_PORT (rank 0's host and a free port; port + 1 is used "
-                                      "too) when MPI does not carry it", li->world,
-                         launch_kind_name(li->kind));
+        return set_error(err, errlen,
+                         "%d ranks launched by %s: NCCL's bootstrap needs MASTER_ADDR and "
+                         "MASTER_PORT (rank 0's host and a free port; port + 1 is used "
+                         "too) when MPI does not carry it",
+                         li->world, launch_kind_name(li->kind));
     return tcp_broadcast(li->master_addr, li->master_port + 1, li->rank, li->world, id,
                          NCCL_ID_BYTES, comm_timeout_from_env(), err, errlen);
 }
@@ -138,7 +153,8 @@ static Comm *open_device(const LaunchInfo *li, void *cuda_stream, char *err, siz
 
 Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, char *err, size_t errlen) {
     if (li->world == 1) return comm_single_create();
-    return mem == COMM_HOST ? open_host(li, err, errlen) : open_device(li, cuda_stream, err, errlen);
+    return mem == COMM_HOST ? open_host(li, err, errlen)
+                            : open_device(li, cuda_stream, err, errlen);
 }
 
 void comm_close(Comm *c) {

@@ -15,14 +15,14 @@ typedef enum { COMM_HOST = 0, COMM_DEVICE = 1 } CommMemory;
 
 size_t comm_dtype_size(CommDtype t);
 
-enum { COMM_HOST_MAX = 16 };   // doubles per allreduce_host_f64 call
+enum { COMM_HOST_MAX = 16 };  // doubles per allreduce_host_f64 call
 
 typedef struct Comm Comm;
 struct Comm {
-    const char *name;   // "single", "mpi" or "nccl"
+    const char *name;  // "single", "mpi" or "nccl"
     int rank, world;
     double timeout_s;
-    void *ctx;          // implementation state
+    void *ctx;  // implementation state
 
     // buf (count) becomes the element-wise sum over ranks, in place.
     void (*allreduce_sum)(Comm *c, void *buf, size_t count, CommDtype t);
@@ -60,7 +60,7 @@ void comm_shard(size_t n, int world, int rank, size_t *offset, size_t *count, si
 // unique id through MPI when built with it and launched by mpirun, else over TCP from rank 0
 // (dist/bootstrap_tcp.h). Returns NULL with err set when this launch cannot be served.
 Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, char *err, size_t errlen);
-void comm_close(Comm *c);   // NULL is fine
+void comm_close(Comm *c);  // NULL is fine
 
 // The timeout from FLASHGPT_DIST_TIMEOUT (seconds, > 0), default 300.
 double comm_timeout_from_env(void);

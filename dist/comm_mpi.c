@@ -18,17 +18,18 @@ enum { SPIN_POLLS = 1000 };
 #define POLL_SLEEP_NS 50000L
 
 typedef struct {
-    int finalize;         // this comm initialised MPI and finalizes it
-    void *tmp;            // reduce-scatter receive buffer
+    int finalize;  // this comm initialised MPI and finalizes it
+    void *tmp;     // reduce-scatter receive buffer
     size_t tmp_bytes;
-    int *icounts, *displs;   // (world) counts and offsets of the last segment layout
+    int *icounts, *displs;  // (world) counts and offsets of the last segment layout
 } MpiCtx;
 
 static MPI_Datatype mpi_type(CommDtype t) {
     if (t == COMM_F32) return MPI_FLOAT;
     if (t == COMM_F64) return MPI_DOUBLE;
-    fatal(EXIT_RUNTIME, "the MPI communicator carries fp32 and fp64 only (host buffers of the CPU "
-                        "backend), not 16-bit floats");
+    fatal(EXIT_RUNTIME,
+          "the MPI communicator carries fp32 and fp64 only (host buffers of the CPU "
+          "backend), not 16-bit floats");
 }
 
 static int to_int(size_t n) {
@@ -127,9 +128,10 @@ Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     if (rank != li->rank || world != li->world) {
         if (!inited) MPI_Finalize();
-        set_error(err, errlen, "MPI sees rank %d of %d, the %s environment rank %d of %d: launch with "
-                               "Open MPI's mpirun", rank, world, launch_kind_name(li->kind), li->rank,
-                  li->world);
+        set_error(err, errlen,
+                  "MPI sees rank %d of %d, the %s environment rank %d of %d: launch with "
+                  "Open MPI's mpirun",
+                  rank, world, launch_kind_name(li->kind), li->rank, li->world);
         return NULL;
     }
     MpiCtx *x = xcalloc(1, sizeof *x);
@@ -137,9 +139,19 @@ Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen) {
     x->icounts = xcalloc((size_t)world, sizeof(int));
     x->displs = xcalloc((size_t)world, sizeof(int));
     Comm *c = xcalloc(1, sizeof *c);
-    *c = (Comm){.name = "mpi", .rank = rank, .world = world, .timeout_s = comm_timeout_from_env(),
-                .ctx = x, .allreduce_sum = mpi_allreduce, .reduce_scatter_sum = mpi_reduce_scatter,
-                .allgather = mpi_allgather, .broadcast = mpi_broadcast, .barrier = mpi_barrier,
-                .allreduce_host_f64 = mpi_allreduce_host, .wait = mpi_wait, .destroy = mpi_destroy, .abort = mpi_abort};
+    *c = (Comm){.name = "mpi",
+                .rank = rank,
+                .world = world,
+                .timeout_s = comm_timeout_from_env(),
+                .ctx = x,
+                .allreduce_sum = mpi_allreduce,
+                .reduce_scatter_sum = mpi_reduce_scatter,
+                .allgather = mpi_allgather,
+                .broadcast = mpi_broadcast,
+                .barrier = mpi_barrier,
+                .allreduce_host_f64 = mpi_allreduce_host,
+                .wait = mpi_wait,
+                .destroy = mpi_destroy,
+                .abort = mpi_abort};
     return c;
 }

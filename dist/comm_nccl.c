@@ -19,17 +19,21 @@
 typedef struct {
     ncclComm_t nccl;
     cudaStream_t stream;
-    cudaEvent_t done;   // recorded by wait() behind the queued collectives
-    double *scratch;    // (COMM_HOST_MAX) device, for host all-reduces and the barrier
-    Comm *boot;         // the MPI comm that carried the unique id, or NULL
+    cudaEvent_t done;  // recorded by wait() behind the queued collectives
+    double *scratch;   // (COMM_HOST_MAX) device, for host all-reduces and the barrier
+    Comm *boot;        // the MPI comm that carried the unique id, or NULL
 } NcclCtx;
 
 static ncclDataType_t nccl_type(CommDtype t) {
     switch (t) {
-    case COMM_BF16: return ncclBfloat16;
-    case COMM_F16: return ncclFloat16;
-    case COMM_F64: return ncclFloat64;
-    default: return ncclFloat32;
+    case COMM_BF16:
+        return ncclBfloat16;
+    case COMM_F16:
+        return ncclFloat16;
+    case COMM_F64:
+        return ncclFloat64;
+    default:
+        return ncclFloat32;
     }
 }
 
@@ -42,9 +46,10 @@ static void nccl_abort(Comm *c) {
 
 static void fail_async(Comm *c, ncclResult_t r, const char *what) {
     NcclCtx *x = c->ctx;
-    fprintf(stderr, "error: rank %d of %d: NCCL %s failed: %s (%s): a peer rank died or its "
-                    "network failed\n", c->rank, c->world, what, ncclGetErrorString(r),
-            ncclGetLastError(x->nccl));
+    fprintf(stderr,
+            "error: rank %d of %d: NCCL %s failed: %s (%s): a peer rank died or its "
+            "network failed\n",
+            c->rank, c->world, what, ncclGetErrorString(r), ncclGetLastError(x->nccl));
     fflush(stderr);
     nccl_abort(c);
 }
@@ -70,7 +75,8 @@ static int equal_counts(const Comm *c, const size_t *counts) {
 
 static size_t offset_of(const size_t *counts, int r) {
     size_t off = 0;
-    for (int i = 0; i < r; i++) off += counts[i];
+    for (int i = 0; i < r; i++)
+        off += counts[i];
     return off;
 }
 
@@ -87,8 +93,9 @@ static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, CommDt
     const size_t es = comm_dtype_size(t);
     char *b = buf;
     if (equal_counts(c, counts)) {
-        wait_queued(c, ncclReduceScatter(b, b + (size_t)c->rank * counts[0] * es, counts[0],
-                                         nccl_type(t), ncclSum, x->nccl, x->stream),
+        wait_queued(c,
+                    ncclReduceScatter(b, b + (size_t)c->rank * counts[0] * es, counts[0],
+                                      nccl_type(t), ncclSum, x->nccl, x->stream),
                     "reduce-scatter");
         return;
     }
@@ -105,8 +112,9 @@ static void nccl_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t
     const size_t es = comm_dtype_size(t);
     char *b = buf;
     if (equal_counts(c, counts)) {
-        wait_queued(c, ncclAllGather(b + (size_t)c->rank * counts[0] * es, b, counts[0], nccl_type(t),
-                                     x->nccl, x->stream),
+        wait_queued(c,
+                    ncclAllGather(b + (size_t)c->rank * counts[0] * es, b, counts[0], nccl_type(t),
+                                  x->nccl, x->stream),
                     "all-gather");
         return;
     }
@@ -120,7 +128,8 @@ static void nccl_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t
 
 static void nccl_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     NcclCtx *x = c->ctx;
-    wait_queued(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->nccl, x->stream), "broadcast");
+    wait_queued(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->nccl, x->stream),
+                "broadcast");
 }
 
 // Waits for everything queued on the stream, watching NCCL's error state and the deadline.
@@ -149,7 +158,8 @@ static void nccl_barrier(Comm *c) {
     nccl_wait(c);
 }
 
-static void copy_async(Comm *c, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
+static void copy_async(Comm *c, void *dst, const void *src, size_t bytes,
+                       enum cudaMemcpyKind kind) {
     NcclCtx *x = c->ctx;
     const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, x->stream);
     if (e != cudaSuccess)
@@ -181,8 +191,10 @@ int comm_nccl_unique_id(void *id, char *err, size_t errlen) {
     ncclUniqueId u;
     const ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess)
-        return set_error(err, errlen, "ncclGetUniqueId: %s (no usable network interface? set "
-                                      "NCCL_SOCKET_IFNAME)", ncclGetErrorString(r));
+        return set_error(err, errlen,
+                         "ncclGetUniqueId: %s (no usable network interface? set "
+                         "NCCL_SOCKET_IFNAME)",
+                         ncclGetErrorString(r));
     CHECK(sizeof u == 128);
     memcpy(id, &u, sizeof u);
     return 0;
@@ -197,18 +209,28 @@ Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_s
     x->stream = (cudaStream_t)cuda_stream;
     x->boot = boot;
     Comm *c = xcalloc(1, sizeof *c);
-    *c = (Comm){.name = "nccl", .rank = li->rank, .world = li->world,
-                .timeout_s = comm_timeout_from_env(), .ctx = x, .allreduce_sum = nccl_allreduce,
-                .reduce_scatter_sum = nccl_reduce_scatter, .allgather = nccl_allgather,
-                .broadcast = nccl_broadcast, .barrier = nccl_barrier, .allreduce_host_f64 = nccl_allreduce_host,
-                .wait = nccl_wait, .destroy = nccl_destroy, .abort = nccl_abort};
+    *c = (Comm){.name = "nccl",
+                .rank = li->rank,
+                .world = li->world,
+                .timeout_s = comm_timeout_from_env(),
+                .ctx = x,
+                .allreduce_sum = nccl_allreduce,
+                .reduce_scatter_sum = nccl_reduce_scatter,
+                .allgather = nccl_allgather,
+                .broadcast = nccl_broadcast,
+                .barrier = nccl_barrier,
+                .allreduce_host_f64 = nccl_allreduce_host,
+                .wait = nccl_wait,
+                .destroy = nccl_destroy,
+                .abort = nccl_abort};
     ncclUniqueId u;
     memcpy(&u, unique_id, sizeof u);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&x->nccl, li->world, u, li->rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
-        set_error(err, errlen, "rank %d: ncclCommInitRankConfig: %s", li->rank, ncclGetErrorString(r));
+        set_error(err, errlen, "rank %d: ncclCommInitRankConfig: %s", li->rank,
+                  ncclGetErrorString(r));
         free(x);
         free(c);
         return NULL;

@@ -10,7 +10,7 @@
 
 typedef struct {
     LaunchKind kind;
-    const char *rank, *world, *local_rank;   // variable names
+    const char *rank, *world, *local_rank;  // variable names
 } LaunchVars;
 
 static const LaunchVars LAUNCHERS[] = {
@@ -27,18 +27,23 @@ static int env_int(const char *name, int lo, int hi, int *out, char *err, size_t
     char *end;
     long x = strtol(v, &end, 10);
     if (*v == '\0' || *end != '\0' || x < lo || x > hi)
-        return set_error(err, errlen, "environment variable %s='%s': expected an integer in [%d, %d]",
-                         name, v, lo, hi);
+        return set_error(err, errlen,
+                         "environment variable %s='%s': expected an integer in [%d, %d]", name, v,
+                         lo, hi);
     *out = (int)x;
     return 1;
 }
 
 const char *launch_kind_name(LaunchKind k) {
     switch (k) {
-    case LAUNCH_TORCHRUN: return "torchrun";
-    case LAUNCH_MPIRUN: return "mpirun";
-    case LAUNCH_SLURM: return "srun";
-    default: return "single process";
+    case LAUNCH_TORCHRUN:
+        return "torchrun";
+    case LAUNCH_MPIRUN:
+        return "mpirun";
+    case LAUNCH_SLURM:
+        return "srun";
+    default:
+        return "single process";
     }
 }
 
@@ -77,7 +82,8 @@ int launch_detect(LaunchInfo *li, char *err, size_t errlen) {
     const char *addr = getenv("MASTER_ADDR");
     if (addr) {
         if (strlen(addr) >= sizeof li->master_addr)
-            return set_error(err, errlen, "environment variable MASTER_ADDR is longer than %zu bytes",
+            return set_error(err, errlen,
+                             "environment variable MASTER_ADDR is longer than %zu bytes",
                              sizeof li->master_addr - 1);
         snprintf(li->master_addr, sizeof li->master_addr, "%s", addr);
     }

@@ -3,15 +3,20 @@
 #pragma once
 #include <stddef.h>
 
-typedef enum { LAUNCH_SINGLE = 0, LAUNCH_TORCHRUN = 1, LAUNCH_MPIRUN = 2, LAUNCH_SLURM = 3 } LaunchKind;
+typedef enum {
+    LAUNCH_SINGLE = 0,
+    LAUNCH_TORCHRUN = 1,
+    LAUNCH_MPIRUN = 2,
+    LAUNCH_SLURM = 3
+} LaunchKind;
 
 #define LAUNCH_ADDR_MAX 256
 
 typedef struct {
     LaunchKind kind;
-    int rank, world, local_rank;         // local_rank: the GPU this process binds
-    char master_addr[LAUNCH_ADDR_MAX];   // rank 0's host for the TCP bootstrap; "" when unset
-    int master_port;                     // 0 when unset
+    int rank, world, local_rank;        // local_rank: the GPU this process binds
+    char master_addr[LAUNCH_ADDR_MAX];  // rank 0's host for the TCP bootstrap; "" when unset
+    int master_port;                    // 0 when unset
 } LaunchInfo;
 
 // Reads the environment, first match wins:

@@ -374,8 +374,9 @@ static long long load_optimizer_file(const char *dir, int rank, int world, size_
     if (!m || !v || !t || m->dtype != ST_F32 || v->dtype != ST_F32 ||
         m->nbytes != len * sizeof(float) || v->nbytes != len * sizeof(float) ||
         (file_off ? strtoull(file_off, NULL, 10) : 0) != off) {
-        rc = set_error(err, errlen, "%s: expected F32 tensors m and v of %zu elements at offset %zu "
-                                    "(rank %d of %d) and metadata t", path, len, off, rank, world);
+        rc = set_error(err, errlen,
+                       "%s: expected F32 tensors m and v of %zu elements at offset %zu (rank %d "
+                       "of %d) and metadata t", path, len, off, rank, world);
     } else {
         memcpy(opt->m + (a - lo), (const float *)m->data + (a - off), (b - a) * sizeof(float));
         memcpy(opt->v + (a - lo), (const float *)v->data + (a - off), (b - a) * sizeof(float));
@@ -388,7 +389,8 @@ static long long load_optimizer_file(const char *dir, int rank, int world, size_
 // The moments of opt's shard from the optimizer_rank<R> files of a checkpoint written by
 // `world` ranks: any world size, since every file's place follows from comm_shard.
 static int load_optimizer(const char *dir, int world, OptimState *opt, char *err, size_t errlen) {
-    const size_t lo = opt->shard_n ? opt->shard_offset : 0, count = opt->shard_n ? opt->shard_n : opt->n;
+    const size_t lo = opt->shard_n ? opt->shard_offset : 0;
+    const size_t count = opt->shard_n ? opt->shard_n : opt->n;
     size_t filled = 0;
     for (int r = 0; r < world; r++) {
         const long long k = load_optimizer_file(dir, r, world, opt->n, lo, count, opt, err, errlen);

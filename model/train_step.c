@@ -27,13 +27,15 @@ struct Trainer {
     AdamWCuda gopt;         // cuda, over the shard
 #endif
     OptimState view;        // checkpoint views (trainer_optim_state)
-    float *host_state;      // cuda: (n + 2 * shard_n) host master (all of it), m, v behind the views
+    float *host_state;      // cuda: (n + 2 * shard_n) host master (all), m, v behind the views
     LossScaler scaler;
     int B, T;
     int *inputs, *targets;  // (B, T) host, the current micro-batch
 };
 
-static CommDtype comm_dtype(DType d) { return d == DTYPE_BF16 ? COMM_BF16 : d == DTYPE_F16 ? COMM_F16 : COMM_F32; }
+static CommDtype comm_dtype(DType d) {
+    return d == DTYPE_BF16 ? COMM_BF16 : d == DTYPE_F16 ? COMM_F16 : COMM_F32;
+}
 
 #ifdef FLASHGPT_CUDA
 // The optimizer state (fp32 master weights and two moments, 12 bytes per parameter of the

@@ -37,6 +37,7 @@ export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8}
 # A rank that waits longer than this for the others (a dead or hung host) exits non-zero.
 export FLASHGPT_DIST_TIMEOUT=${FLASHGPT_DIST_TIMEOUT:-600}
 
-echo "launch_slurm: $SLURM_NTASKS ranks on $SLURM_JOB_NUM_NODES hosts, rank 0 at $MASTER_ADDR:$MASTER_PORT"
+echo "launch_slurm: $SLURM_NTASKS ranks on $SLURM_JOB_NUM_NODES hosts," \
+     "rank 0 at $MASTER_ADDR:$MASTER_PORT"
 # --kill-on-bad-exit: when one task fails, Slurm ends the others at once.
 exec srun --kill-on-bad-exit=1 --cpu-bind=cores ./train_gpt train -c "$config" --device cuda "$@"

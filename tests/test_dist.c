@@ -11,13 +11,14 @@
 #include "dist/launch.h"
 #include "tests/testlib.h"
 
-static const char *ALL_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                 "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
-                                 "SLURM_LOCALID"};
+static const char *ALL_VARS[] = {
+    "RANK",         "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
+    "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID"};
 
 static void clear_env(void) {
-    for (size_t i = 0; i < sizeof ALL_VARS / sizeof ALL_VARS[0]; i++) unsetenv(ALL_VARS[i]);
+    for (size_t i = 0; i < sizeof ALL_VARS / sizeof ALL_VARS[0]; i++)
+        unsetenv(ALL_VARS[i]);
 }
 
 static int detect(LaunchInfo *li, char *err) { return launch_detect(li, err, 256); }
@@ -31,7 +32,8 @@ static void test_launch(void) {
     setenv("RANK", "3", 1), setenv("WORLD_SIZE", "4", 1), setenv("LOCAL_RANK", "1", 1);
     setenv("MASTER_ADDR", "node7", 1), setenv("MASTER_PORT", "29500", 1);
     EXPECT(detect(&li, err) == 0 && li.kind == LAUNCH_TORCHRUN && li.rank == 3 && li.world == 4 &&
-               li.local_rank == 1 && strcmp(li.master_addr, "node7") == 0 && li.master_port == 29500,
+               li.local_rank == 1 && strcmp(li.master_addr, "node7") == 0 &&
+               li.master_port == 29500,
            "torchrun: %s", err);
     clear_env();
     setenv("OMPI_COMM_WORLD_RANK", "1", 1), setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
@@ -100,7 +102,8 @@ static int spawn_ranks(int port, int world, int absent, const unsigned char *exp
         if (p == 0) {
             unsigned char got[ID_BYTES] = {0};
             char err[512];
-            int rc = tcp_broadcast("127.0.0.1", port, r, world, got, ID_BYTES, timeout, err, sizeof err);
+            int rc =
+                tcp_broadcast("127.0.0.1", port, r, world, got, ID_BYTES, timeout, err, sizeof err);
             _exit(rc == 0 && memcmp(got, expect, ID_BYTES) == 0 ? 0 : 1);
         }
         pids[n++] = p;
@@ -120,7 +123,8 @@ static int children_ok(const pid_t *pids, int n) {
 
 static void test_tcp_bootstrap(void) {
     unsigned char id[ID_BYTES];
-    for (int i = 0; i < ID_BYTES; i++) id[i] = (unsigned char)(i * 37 + 11);
+    for (int i = 0; i < ID_BYTES; i++)
+        id[i] = (unsigned char)(i * 37 + 11);
     char err[512] = "";
     pid_t pids[4];
 
@@ -141,7 +145,8 @@ static void test_tcp_bootstrap(void) {
 
     // Rank 0 never starts: the others give up after the timeout and name rank 0.
     unsigned char got[ID_BYTES];
-    EXPECT(tcp_broadcast("127.0.0.1", test_port(2), 1, 2, got, ID_BYTES, 0.5, err, sizeof err) != 0 &&
+    EXPECT(tcp_broadcast("127.0.0.1", test_port(2), 1, 2, got, ID_BYTES, 0.5, err, sizeof err) !=
+                   0 &&
                strstr(err, "rank 1: rank 0 did not answer"),
            "a missing rank 0 is named: %s", err);
 }
