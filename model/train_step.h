@@ -6,6 +6,19 @@
 // the model computes in its dtype (bf16, fp16 or fp32) and AdamWCuda (optim/optim_cuda.h) keeps
 // the fp32 master weights and moments on the GPU, writing both master and compute-dtype
 // parameters; fp16 scales the loss dynamically (precision.*), every dtype skips non-finite steps.
+//
+// Data parallel (a Comm of world size W > 1, dist/comm.h): every rank runs its own micro-batches
+// (its slice of each global batch); after the last micro-step the gradients are reduce-scattered
+// (summed; each rank's backward already weighs its loss by 1/W, so the sum is the mean over the
+// global batch), so rank r holds the gradient of its shard of the flat vector (comm_shard).
+// ZeRO-1: the AdamW moments (and on CUDA the fp32 master weights) exist only for that shard;
+// each rank updates its shard, then the parameters are all-gathered. The loss and the gradient
+// norm are global (an all-reduce of the per-rank sums), so every rank takes the same clipping
+// and skip decisions. Each rank's loss is the mean over its own counted targets, so a step equals
+// one process with the whole global batch when every rank counts as many targets (full windows
+// of token shards, the synthetic tasks); with ignored targets spread unevenly, the ranks' means
+// weigh equally rather than per token. Dropout masks differ per rank: the rng step is
+// (step * grad_accum + micro-step) * W + rank.
 #pragma once
 #include <stdint.h>
 
