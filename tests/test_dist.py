@@ -219,6 +219,19 @@ def test_checkpoint_holds_one_optimizer_shard_per_rank(tmp_path, shards):
 
 
 @needs_mpi
+def test_missing_rank_shard_is_reported(tmp_path, shards):
+    path, run_dir = config(tmp_path, shards, "two", train={"steps": 10})
+    train(path, 2)
+    os.remove(os.path.join(run_dir, "ckpt_00000010", "optimizer_rank1.safetensors"))
+    for ranks in (1, 2):
+        args = [BIN, "train", "-c", path, "--device", "cpu", "--set", "train.steps=12"]
+        if ranks > 1:
+            args = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2"] + args
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env())
+        assert r.returncode != 0 and "optimizer_rank1.safetensors" in r.stderr, r.stderr[-2000:]
+
+
+@needs_mpi
 def test_two_rank_resume_is_exact(tmp_path, shards):
     path, run_dir = config(tmp_path, shards, "two", data={"shuffle": True})
     train(path, 2)
