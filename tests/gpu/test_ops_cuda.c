@@ -162,6 +162,15 @@ static void test_embed(Ctx *t) {
     // A token row sums up to N contributions, a position row B.
     expect_close(t, "embed_backward dwte", g_dwte, dwte, (size_t)V * C, tol(t->u, 1, N));
     expect_close(t, "embed_backward dwpe", g_dwpe, dwpe, (size_t)maxT * C, tol(t->u, 1, B));
+    // Explicit positions (packed documents restart them): a position row sums up to N.
+    float *dwpe_pos = copy_of(dwpe0, (size_t)maxT * C);
+    t->gpu->upload_f32(t->gpu, d_dwpe, dwpe0, (size_t)maxT * C);
+    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, d_pos, B, T, C);
+    t->cpu->embed_backward(t->cpu, dwte, dwpe_pos, dout, tok, pos, B, T, C);
+    float *g_dwpe_pos = fetch(t, d_dwpe, (size_t)maxT * C);
+    expect_close(t, "embed_backward dwpe (pos)", g_dwpe_pos, dwpe_pos, (size_t)maxT * C,
+                 tol(t->u, 1, N));
+    free(dwpe_pos), free(g_dwpe_pos);
     // Determinism: the same inputs give bitwise the same gradients.
     t->gpu->upload_f32(t->gpu, d_dwte, dwte0, (size_t)V * C);
     t->gpu->upload_f32(t->gpu, d_dwpe, dwpe0, (size_t)maxT * C);
