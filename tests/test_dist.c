@@ -3,6 +3,9 @@
 // missing; rank 0 missing), which is how NCCL's unique id travels without MPI.
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,8 +91,19 @@ static void test_single_comm(void) {
 
 enum { ID_BYTES = 128 };
 
-// A port per test run (pid-derived) so parallel runs of the suite do not collide.
-static int test_port(int k) { return 20000 + (int)(getpid() % 20000) + k; }
+// A port the kernel reports free right now (bound to port 0, then released), so neither another
+// run of the suite nor an ephemeral port in use can collide with the test's listener.
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
 
 // Forks ranks first..world-1 (skipping `absent`), each fetching the bytes and exiting 0 when it
 // got `expect`; returns their pids in pids.
@@ -129,14 +143,14 @@ static void test_tcp_bootstrap(void) {
     pid_t pids[4];
 
     // Every rank arrives (some before rank 0 listens: they retry).
-    int port = test_port(0);
+    int port = free_port();
     int n = spawn_ranks(port, 4, -1, id, 20, pids);
     EXPECT(tcp_broadcast("127.0.0.1", port, 0, 4, id, ID_BYTES, 20, err, sizeof err) == 0,
            "rank 0 serves 3 ranks: %s", err);
     EXPECT(children_ok(pids, n), "every rank received rank 0's bytes");
 
     // Rank 2 of 3 never starts: rank 0 says so after the timeout; rank 1 still got the id.
-    port = test_port(1);
+    port = free_port();
     n = spawn_ranks(port, 3, 2, id, 20, pids);
     EXPECT(tcp_broadcast("127.0.0.1", port, 0, 3, id, ID_BYTES, 1.0, err, sizeof err) != 0 &&
                strstr(err, "rank(s) 2 of 3 did not connect"),
@@ -145,7 +159,7 @@ static void test_tcp_bootstrap(void) {
 
     // Rank 0 never starts: the others give up after the timeout and name rank 0.
     unsigned char got[ID_BYTES];
-    EXPECT(tcp_broadcast("127.0.0.1", test_port(2), 1, 2, got, ID_BYTES, 0.5, err, sizeof err) !=
+    EXPECT(tcp_broadcast("127.0.0.1", free_port(), 1, 2, got, ID_BYTES, 0.5, err, sizeof err) !=
                    0 &&
                strstr(err, "rank 1: rank 0 did not answer"),
            "a missing rank 0 is named: %s", err);
