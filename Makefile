@@ -14,7 +14,9 @@ C_SRC   := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 CU_SRC  := $(foreach m,$(MODULES),$(wildcard $(m)/*.cu))
 C_OBJ    = $(C_SRC:%.c=$(BUILD)/%.o)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
-HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*.cuh))
+HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*.cuh)) $(wildcard cli/*.h)
+# The subcommands besides train (cli/) link into train_gpt only, not into the library tests use.
+CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cli/*.c))
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifeq ($(NO_CUDA),1)
@@ -75,7 +77,7 @@ $(BUILD)/libflashgpt.a: $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-train_gpt: $(BUILD)/train_gpt.o $(BUILD)/libflashgpt.a
+train_gpt: $(BUILD)/train_gpt.o $(CLI_OBJ) $(BUILD)/libflashgpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(BUILD)/libflashgpt.a

@@ -1,0 +1,50 @@
+// cli: the subcommands other than `train` (eval, sample, bench) and what every subcommand
+// shares: option parsing, the choice of backend, evaluation, text decoding and prompt encoding,
+// models rebuilt from checkpoints. train_gpt.c dispatches to the entry points and runs `train`.
+// Everything here may exit with EXIT_USAGE and a message on bad input.
+#pragma once
+#include <stddef.h>
+#include <stdio.h>
+
+#include "common/config.h"
+#include "common/rng.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "dist/comm.h"
+#include "model/backend.h"
+#include "model/gpt.h"
+
+#define ERR_LEN 1024
+// Dense bf16 peak of one H200 (NVIDIA's datasheet, without sparsity): the MFU denominator.
+#define PEAK_FLOPS 989e12
+
+// ---- subcommand entry points (argv[0] is the subcommand; return the exit code) ----
+int cli_eval_main(int argc, char **argv);
+int cli_sample_main(int argc, char **argv);
+int cli_bench_main(int argc, char **argv);
+
+// ---- options ----
+int cli_is_help(const char *a);
+const char *cli_opt_value(int argc, char **argv, int *i);   // the value after argv[*i]
+long cli_parse_long(const char *opt, const char *v, long lo, long hi);
+double cli_parse_double(const char *opt, const char *v, double lo, double hi);
+const char *cli_device_arg(int argc, char **argv, int *i);  // --device cpu|cuda, checked
+// -c CONFIG [--set key=value ...] [--device ...] into a validated config (exits on --help).
+void cli_parse_train_args(int argc, char **argv, Config *c, const char **device);
+Backend *cli_open_backend(const char *device, const char *dtype, int local_rank);
+
+// ---- evaluation and text ----
+long long cli_eval_batches(const Dataset *d, int B, int T, long long tokens);
+double cli_eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm);
+char *cli_decode_text(const Tokenizer *tok, const int *ids, int n);   // malloc'ed
+int cli_start_token(const Tokenizer *tok);
+char *cli_sample_text(GPT *m, const Tokenizer *tok, const int *prompt, int n_prompt, int n_new,
+                      float temperature, int top_k, Rng *rng);       // malloc'ed
+int *cli_encode_prompt(const Tokenizer *tok, const char *prompt, int *n_out);  // malloc'ed ids
+Tokenizer *cli_load_tokenizer(const char *path);
+
+// ---- checkpoints and accounting ----
+Backend *cli_open_checkpoint(const char *dir, Config *c, const char *device);
+GPT *cli_load_checkpoint_model(const char *dir, const Config *c, Backend *be, int B, int T);
+double cli_flops_per_token(const Config *c, size_t n_params);
+double cli_gpu_memory_gib(Backend *be);   // -1 on the CPU
