@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""GPT training throughput and memory: flashgpt beside PyTorch, in one run on one GPU.
+
+usage: python3 scripts/bench_train.py [-c configs/gpt2_124m.json] [--batch 16] [--seq 1024]
+           [--steps 20] [--no-compile] [--bin ./train_gpt] [--json OUT.json]
+
+flashgpt: `train_gpt bench` (random tokens, one warm-up step, then --steps timed optimizer steps:
+forward, backward, clipping and AdamW) on the config with batch/seq overridden.
+PyTorch: the same GPT-2 architecture (learned positions, pre-LayerNorm blocks, tanh GELU, tied
+head, vocabulary padded to a multiple of 128), bf16 autocast, scaled_dot_product_attention
+(causal), fused AdamW with weight decay on 2-D weights, gradient clipping; eager and, unless
+--no-compile, torch.compile. Tokens/s over the timed steps (CUDA synchronised); peak memory is
+torch.cuda.max_memory_allocated for PyTorch and the device's used memory for flashgpt (which
+includes the CUDA context: flashgpt allocates everything up front, so this is its peak).
+Prints one table; MFU against 989 TFLOP/s with 6*N + 6*L*T*C FLOPs per token (as train_gpt).
+"""
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEAK = 989e12
+LINE = re.compile(r"([0-9.]+) ms/step, ([0-9.]+) tokens/s(?:, MFU ([0-9.]+)%)?(?:, GPU memory ([0-9.]+) GiB)?")
+
+
+def bench_flashgpt(args):
+    cmd = [args.bin, "bench", "-c", args.config, "--steps", str(args.steps), "--device", "cuda",
+           "--set", f"train.batch_size={args.batch}", "--set", f"train.seq_len={args.seq}",
+           "--set", f"model.max_seq_len={max(args.seq, args.max_seq_len)}", "--set", "train.grad_accum=1"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    m = LINE.search(p.stdout)
+    if p.returncode != 0 or not m:
+        return {"cmd": " ".join(cmd), "status": "FAIL", "output": (p.stdout + p.stderr)[-2000:]}
+    return {"cmd": " ".join(cmd), "status": "ok", "ms": float(m.group(1)), "tok_s": float(m.group(2)),
+            "mem_gib": float(m.group(4)) if m.group(4) else None}
+
+
+def build_torch_model(torch, cfg, seq):
+    nn, F = torch.nn, torch.nn.functional
+    L, NH, C, V = cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["vocab_size"]
+    Vp = (V + 127) // 128 * 128
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.fc, self.fc_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+            return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(Vp, C), nn.Embedding(max(seq, cfg["max_seq_len"]), C)
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.lnf = nn.LayerNorm(C)
+            for n, p in self.named_parameters():
+                if p.dim() == 2:
+                    std = 0.02 / math.sqrt(2 * L) if n.endswith(("proj.weight", "fc_proj.weight")) else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx, targets):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for b in self.blocks:
+                x = b(x)
+            logits = self.lnf(x) @ self.wte.weight[:V].t()
+            return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
+
+    return GPT()
+
+
+def bench_torch(args, cfg, compile_):
+    import torch
+    torch.manual_seed(0)
+    dev = "cuda"
+    model = build_torch_model(torch, cfg, args.seq).to(dev)
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), fused=True)
+    fwd = torch.compile(model) if compile_ else model
+    V = cfg["vocab_size"]
+    x = torch.randint(0, V, (args.batch, args.seq), device=dev)
+    y = torch.randint(0, V, (args.batch, args.seq), device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    try:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+    except torch.cuda.OutOfMemoryError:
+        return {"status": "OOM"}
+    dt = (time.perf_counter() - t0) / args.steps
+    res = {"status": "ok", "ms": dt * 1e3, "tok_s": args.batch * args.seq / dt,
+           "mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del model, opt, fwd
+    torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-c", "--config", default="configs/gpt2_124m.json")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "train_gpt"))
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    cfg = json.load(open(os.path.join(ROOT, args.config)))["model"]
+    cfg.setdefault("max_seq_len", 1024)
+    args.max_seq_len = cfg["max_seq_len"]
+    n_params = None
+    rows = {"flashgpt": bench_flashgpt(args), "pytorch eager": bench_torch(args, cfg, False)}
+    if not args.no_compile:
+        rows["pytorch compile"] = bench_torch(args, cfg, True)
+    L, C = cfg["n_layer"], cfg["n_embd"]
+    Vp = (cfg["vocab_size"] + 127) // 128 * 128
+    n_params = Vp * C + max(args.seq, args.max_seq_len) * C + L * 12 * C * C + L * 13 * C + 2 * C
+    flops = 6 * n_params + 6 * L * args.seq * C
+    print(f"GPT ({args.config}), batch {args.batch} x seq {args.seq}, {args.steps} timed steps, bf16")
+    print("| implementation | ms/step | tokens/s | MFU | peak memory GiB | vs flashgpt |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ours = rows["flashgpt"].get("tok_s")
+    for name, r in rows.items():
+        if r["status"] != "ok":
+            print(f"| {name} | {r['status']} | | | | |")
+            continue
+        mem = f"{r['mem_gib']:.2f}" if r.get("mem_gib") is not None else "-"
+        ratio = f"{r['tok_s'] / ours:.2f}x" if ours else "-"
+        print(f"| {name} | {r['ms']:.1f} | {r['tok_s']:,.0f} | {100 * flops * r['tok_s'] / PEAK:.1f}% | {mem} | {ratio} |")
+    if rows["flashgpt"]["status"] != "ok":
+        print(rows["flashgpt"].get("output", ""), file=sys.stderr)
+    if args.json:
+        json.dump({"args": vars(args), "rows": rows}, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
