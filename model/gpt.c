@@ -78,6 +78,8 @@ struct GPT {
     float attn_dropout, resid_dropout;   // attention.dropout, model.dropout
     uint64_t dropout_seed;               // train.seed
     uint64_t rng_step;                   // micro-step whose masks the next forward draws
+    GradReadyFn grad_ready;              // gpt_set_grad_ready_hook, or NULL
+    void *grad_ready_ctx;
     float *alibi;                 // (NH) backend fp32, or NULL
     float *rope;                  // (maxT, HS/2, 2) backend fp32 [cos, sin] per position, or NULL
 
@@ -583,12 +585,41 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     return m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
 }
 
+void gpt_set_grad_ready_hook(GPT *m, GradReadyFn fn, void *ctx) {
+    m->grad_ready = fn;
+    m->grad_ready_ctx = ctx;
+}
+
+// Hands the gradients of tensors [first, first + count) (adjacent in the flat vector) to the
+// grad-ready hook.
+static void report_grads(GPT *m, int first, int count) {
+    if (!m->grad_ready) return;
+    const ParamTensor *a = &m->tensors[first], *b = &m->tensors[first + count - 1];
+    m->grad_ready(m->grad_ready_ctx, a->offset, b->offset + b->numel - a->offset);
+}
+
+static void report_layer(GPT *m, int l) {
+    report_grads(m, m->layer0_i + l * N_LAYER_TENSORS, N_LAYER_TENSORS);
+}
+
+// wpe, then wte: both are final only after the embedding backward (wte also carries the head).
+static void report_embeddings(GPT *m) {
+    if (m->wpe_i >= 0) report_grads(m, m->wpe_i, 1);
+    report_grads(m, m->wte_i, 1);
+}
+
 void gpt_backward(GPT *m, float grad_scale) {
     if (!m->has_targets || !m->logits_valid)
         fatal(EXIT_RUNTIME, "gpt_backward needs a preceding gpt_forward with targets (each forward "
                             "allows one backward)");
     m->logits_valid = 0;
-    if (m->n_valid == 0) return;   // every target ignored: no gradient
+    if (m->n_valid == 0) {   // every target ignored: no gradient, but every block is final
+        report_grads(m, m->lnf_i, 2);
+        for (int l = m->cfg.L - 1; l >= 0; l--)
+            report_layer(m, l);
+        report_embeddings(m);
+        return;
+    }
     Backend *be = m->be;
     const GPTConfig *g = &m->cfg;
     const int B = m->last_B, T = m->last_T, N = B * T, C = g->C;
@@ -604,6 +635,7 @@ void gpt_backward(GPT *m, float grad_scale) {
     const void *x_last = m->acts[g->L - 1].res_mlp;
     be->layernorm_backward(be, m->dres, tensor_ptr(m, dw, m->lnf_i), tensor_ptr(m, dw, m->lnf_i + 1),
                            m->dln, x_last, tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
+    report_grads(m, m->lnf_i, 2);
 
     for (int l = g->L - 1; l >= 0; l--) {
         BlockActs *a = &m->acts[l];
@@ -646,10 +678,12 @@ void gpt_backward(GPT *m, float grad_scale) {
                             NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);
         be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN1_W), layer_ptr(m, dw, l, LN1_B),
                                m->dln, x_in, layer_ptr(m, w, l, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);
+        report_layer(m, l);
     }
     if (m->drop_resid) resid_dropout(m, m->dres, (size_t)N * C, g->L, 0);
     void *dwpe = m->wpe_i >= 0 ? tensor_ptr(m, dw, m->wpe_i) : NULL;
     be->embed_backward(be, tensor_ptr(m, dw, m->wte_i), dwpe, m->dres, m->tokens, m->pos, B, T, C);
+    report_embeddings(m);
 }
 
 void gpt_losses_f32(GPT *m, float *host) {

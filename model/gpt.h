@@ -56,6 +56,15 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T);
 // Backward of the last forward with targets; gradients ACCUMULATE into gpt_grads, scaled by
 // grad_scale (1/grad_accum times the loss scale). Returns nothing; call gpt_zero_grad first.
 void gpt_backward(GPT *m, float grad_scale);
+// Called by gpt_backward with a block [offset, offset + count) of the flat gradient vector as
+// soon as this backward has finished writing it (on CUDA: its kernels are queued on the
+// backend's stream, not necessarily done): data parallelism starts reducing it while the
+// earlier layers' backward runs. The blocks tile the vector and come in descending order of
+// offset, each adjacent to the one before: lnf, layers L-1 down to 0, wpe (learned positions
+// only), wte. Every backward reports every block once, also when all its targets were ignored.
+typedef void (*GradReadyFn)(void *ctx, size_t offset, size_t count);
+// fn NULL (the default): no calls.
+void gpt_set_grad_ready_hook(GPT *m, GradReadyFn fn, void *ctx);
 void gpt_zero_grad(GPT *m);
 // Training mode (the default) applies attention.dropout and model.dropout in forwards with
 // targets; evaluation turns them off with gpt_set_training(m, 0). Decoding never drops.
