@@ -25,6 +25,17 @@ size_t comm_dtype_size(CommDtype t) {
     }
 }
 
+void comm_range_parts(size_t offset, size_t count, const size_t *counts, int world,
+                      size_t *parts) {
+    size_t seg = 0;
+    for (int r = 0; r < world; r++) {
+        const size_t lo = seg > offset ? seg : offset;
+        const size_t hi = seg + counts[r] < offset + count ? seg + counts[r] : offset + count;
+        parts[r] = lo < hi ? hi - lo : 0;
+        seg += counts[r];
+    }
+}
+
 void comm_shard(size_t n, int world, int rank, size_t *offset, size_t *count, size_t *counts) {
     size_t per = (n + (size_t)world - 1) / (size_t)world;
     per = (per + SHARD_ALIGN - 1) / SHARD_ALIGN * SHARD_ALIGN;
@@ -68,6 +79,8 @@ int comm_all_ok(Comm *c, int ok) {
 
 static void single_allreduce(Comm *c, void *buf, size_t count, CommDtype t) {}
 static void single_segments(Comm *c, void *buf, const size_t *counts, CommDtype t) {}
+static void single_range(Comm *c, void *buf, size_t offset, size_t count, const size_t *counts,
+                         CommDtype t) {}
 static void single_broadcast(Comm *c, void *buf, size_t bytes, int root) {}
 static void single_nothing(Comm *c) {}
 static void single_allreduce_host(Comm *c, double *buf, size_t count) {}
@@ -81,6 +94,7 @@ Comm *comm_single_create(void) {
                 .timeout_s = comm_timeout_from_env(),
                 .allreduce_sum = single_allreduce,
                 .reduce_scatter_sum = single_segments,
+                .reduce_scatter_start = single_range,
                 .allgather = single_segments,
                 .broadcast = single_broadcast,
                 .barrier = single_nothing,

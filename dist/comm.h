@@ -29,6 +29,18 @@ struct Comm {
     // buf (n = sum of counts) holds each rank's full vector; afterwards rank r's segment
     // [offset_r, offset_r + counts[r]) holds the sum over ranks (the rest is undefined).
     void (*reduce_scatter_sum)(Comm *c, void *buf, const size_t *counts, CommDtype t);
+    // Starts reduce_scatter_sum over the elements [offset, offset + count) of buf alone (the
+    // same flat vector and segments counts as above), without waiting: once wait() returns,
+    // the part of rank r's segment inside that range holds the sum over ranks. Data
+    // parallelism starts one range per gradient bucket while backward still writes the rest of
+    // buf (below offset); every rank starts the same ranges in the same order. MPI: a
+    // non-blocking reduce-scatter of the range; NCCL: the reduction of each segment's part to
+    // its owner, on a side stream that first waits for the work queued so far on the comm's
+    // stream, and that wait() joins back into it. The summation order depends on the ranges
+    // and the library's algorithms, never on timing (2 ranks: one addition per element, the
+    // same as reduce_scatter_sum's). The range of buf stays unchanged until wait().
+    void (*reduce_scatter_start)(Comm *c, void *buf, size_t offset, size_t count,
+                                 const size_t *counts, CommDtype t);
     // In place: rank r's segment of buf (counts as above) is copied into every rank's buf.
     void (*allgather)(Comm *c, void *buf, const size_t *counts, CommDtype t);
     // bytes of buf from rank `root` to every rank.
@@ -38,7 +50,8 @@ struct Comm {
     // implementation (NCCL goes through a device scratch): global losses, norms, agreements.
     void (*allreduce_host_f64)(Comm *c, double *buf, size_t count);
     // Waits until every queued collective has finished (NCCL queues them on its stream; host
-    // implementations finish each call before returning), bounded by the timeout.
+    // implementations finish each call before returning, except reduce_scatter_start's),
+    // bounded by the timeout.
     void (*wait)(Comm *c);
     void (*destroy)(Comm *c);
     // Ends every rank of the job after a fatal error (MPI_Abort); NULL: exit this process only.
@@ -53,6 +66,11 @@ int comm_all_ok(Comm *c, int ok);
 // are ceil(n / world) rounded up to a multiple of 64 elements (aligned vector loads), so the
 // last ones may be shorter or empty. counts (world) may be NULL; else it receives every count.
 void comm_shard(size_t n, int world, int rank, size_t *offset, size_t *count, size_t *counts);
+
+// The parts (world) of the range [offset, offset + count) of a flat vector inside each rank's
+// segment (segments of counts, in rank order): they tile the range, some may be 0.
+void comm_range_parts(size_t offset, size_t count, const size_t *counts, int world,
+                      size_t *parts);
 
 // The communicator for this launch. World size 1 gives the single-process comm. Otherwise
 // COMM_HOST needs an MPI build launched by mpirun; COMM_DEVICE needs CUDA (NCCL, on

@@ -1,6 +1,7 @@
 // comm_mpi: the communicator over MPI_COMM_WORLD for host buffers (the CPU backend). Every
 // collective is non-blocking and polled against the deadline, so a dead or hung peer ends the
-// job through MPI_Abort after the timeout instead of blocking this rank forever.
+// job through MPI_Abort after the timeout instead of blocking this rank forever. Gradient
+// buckets (reduce_scatter_start) stay in flight until wait(), advanced by every later start.
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -17,11 +18,22 @@
 enum { SPIN_POLLS = 1000 };
 #define POLL_SLEEP_NS 50000L
 
+// A started reduce-scatter of one range (reduce_scatter_start), finished by mpi_wait.
+typedef struct {
+    MPI_Request req;
+    int *parts;   // (world) the range's part in each rank's segment; MPI reads it until the end
+    void *recv;   // this rank's part of the sum
+    void *dst;    // where it belongs in the caller's buffer
+    size_t bytes;
+} Started;
+
 typedef struct {
     int finalize;  // this comm initialised MPI and finalizes it
     void *tmp;     // reduce-scatter receive buffer
     size_t tmp_bytes;
     int *icounts, *displs;  // (world) counts and offsets of the last segment layout
+    Started *started;       // (n_started) in the order they were started
+    int n_started, cap_started;
 } MpiCtx;
 
 static MPI_Datatype mpi_type(CommDtype t) {
@@ -83,6 +95,41 @@ static void mpi_reduce_scatter(Comm *c, void *buf, const size_t *counts, CommDty
     memcpy((char *)buf + (size_t)x->displs[c->rank] * es, x->tmp, mine);
 }
 
+// Lets MPI move the started reductions on: without a progress thread, a non-blocking
+// collective advances only inside MPI calls.
+static void progress_started(MpiCtx *x) {
+    for (int i = 0; i < x->n_started; i++) {
+        int done;
+        MPI_Test(&x->started[i].req, &done, MPI_STATUS_IGNORE);
+    }
+}
+
+static void mpi_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t count,
+                                     const size_t *counts, CommDtype t) {
+    MpiCtx *x = c->ctx;
+    if (x->n_started == x->cap_started) {
+        x->cap_started = x->cap_started ? 2 * x->cap_started : 16;
+        x->started = xrealloc(x->started, (size_t)x->cap_started * sizeof(Started));
+    }
+    size_t *parts = xmalloc((size_t)c->world * sizeof(size_t));  // (world)
+    comm_range_parts(offset, count, counts, c->world, parts);
+    const size_t es = comm_dtype_size(t);
+    size_t mine = 0;   // where this rank's part starts in the range
+    for (int r = 0; r < c->rank; r++)
+        mine += parts[r];
+    Started *s = &x->started[x->n_started++];
+    s->parts = xmalloc((size_t)c->world * sizeof(int));
+    for (int r = 0; r < c->world; r++)
+        s->parts[r] = to_int(parts[r]);
+    s->bytes = parts[c->rank] * es;
+    s->recv = xmalloc(s->bytes ? s->bytes : 1);
+    s->dst = (char *)buf + (offset + mine) * es;
+    free(parts);
+    MPI_Ireduce_scatter((char *)buf + offset * es, s->recv, s->parts, mpi_type(t), MPI_SUM,
+                        MPI_COMM_WORLD, &s->req);
+    progress_started(x);
+}
+
 static void mpi_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t) {
     MpiCtx *x = c->ctx;
     set_layout(c, counts);
@@ -108,11 +155,24 @@ static void mpi_allreduce_host(Comm *c, double *buf, size_t count) {
     mpi_allreduce(c, buf, count, COMM_F64);
 }
 
-static void mpi_wait(Comm *c) {}
+// Finishes the started reductions in their order and stores each rank's parts.
+static void mpi_wait(Comm *c) {
+    MpiCtx *x = c->ctx;
+    for (int i = 0; i < x->n_started; i++) {
+        Started *s = &x->started[i];
+        wait_bounded(c, &s->req, "gradient bucket reduce-scatter");
+        memcpy(s->dst, s->recv, s->bytes);
+        free(s->recv);
+        free(s->parts);
+    }
+    x->n_started = 0;
+}
 
 static void mpi_destroy(Comm *c) {
     MpiCtx *x = c->ctx;
     if (x->finalize) MPI_Finalize();
+    mpi_wait(c);
+    free(x->started);
     free(x->tmp);
     free(x->icounts);
     free(x->displs);
@@ -146,6 +206,7 @@ Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen) {
                 .ctx = x,
                 .allreduce_sum = mpi_allreduce,
                 .reduce_scatter_sum = mpi_reduce_scatter,
+                .reduce_scatter_start = mpi_reduce_scatter_start,
                 .allgather = mpi_allgather,
                 .broadcast = mpi_broadcast,
                 .barrier = mpi_barrier,

@@ -2,7 +2,8 @@
 // stream. The NCCL communicator is non-blocking (config.blocking = 0): no NCCL call can block the
 // host, and every wait polls ncclCommGetAsyncError beside the deadline, so a peer that died (a
 // remote or system error) or hangs (the deadline) makes this rank abort the communicator and
-// exit non-zero instead of spinning in a kernel forever.
+// exit non-zero instead of spinning in a kernel forever. Gradient buckets (reduce_scatter_start)
+// are reduced on a side stream, overlapping the backward still running on the comm's stream.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
@@ -20,6 +21,11 @@ typedef struct {
     ncclComm_t nccl;
     cudaStream_t stream;
     cudaEvent_t done;  // recorded by wait() behind the queued collectives
+    // reduce_scatter_start's reductions run on side, each behind the event ready recorded on
+    // stream when it was started; wait() makes stream wait for side_done behind them.
+    cudaStream_t side;
+    cudaEvent_t ready, side_done;
+    int side_busy;     // reductions were started on side since the last wait()
     double *scratch;   // (COMM_HOST_MAX) device, for host all-reduces and the barrier
     Comm *boot;        // the MPI comm that carried the unique id, or NULL
 } NcclCtx;
@@ -107,6 +113,32 @@ static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, CommDt
     wait_queued(c, ncclGroupEnd(), "reduce-scatter");
 }
 
+static void cuda_ok(const Comm *c, cudaError_t e, const char *what) {
+    if (e != cudaSuccess)
+        fatal(EXIT_RUNTIME, "rank %d: %s: %s", c->rank, what, cudaGetErrorString(e));
+}
+
+// The range's part in each segment is reduced to that segment's owner on the side stream, once
+// the work queued so far on the comm's stream (the backward that wrote the range) is done.
+static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t count,
+                                      const size_t *counts, CommDtype t) {
+    NcclCtx *x = c->ctx;
+    size_t *parts = xmalloc((size_t)c->world * sizeof(size_t));  // (world)
+    comm_range_parts(offset, count, counts, c->world, parts);
+    cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
+    cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
+    x->side_busy = 1;
+    const size_t es = comm_dtype_size(t);
+    char *part = (char *)buf + offset * es;
+    ncclGroupStart();
+    for (int r = 0; r < c->world; r++) {
+        if (parts[r]) ncclReduce(part, part, parts[r], nccl_type(t), ncclSum, r, x->nccl, x->side);
+        part += parts[r] * es;
+    }
+    free(parts);
+    wait_queued(c, ncclGroupEnd(), "gradient bucket reduce-scatter");
+}
+
 static void nccl_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t) {
     NcclCtx *x = c->ctx;
     const size_t es = comm_dtype_size(t);
@@ -136,6 +168,11 @@ static void nccl_broadcast(Comm *c, void *buf, size_t bytes, int root) {
 static void nccl_wait(Comm *c) {
     NcclCtx *x = c->ctx;
     const double deadline = now_seconds() + c->timeout_s;
+    if (x->side_busy) {
+        cuda_ok(c, cudaEventRecord(x->side_done, x->side), "cudaEventRecord");
+        cuda_ok(c, cudaStreamWaitEvent(x->stream, x->side_done, 0), "cudaStreamWaitEvent");
+        x->side_busy = 0;
+    }
     if (cudaEventRecord(x->done, x->stream) != cudaSuccess)
         fatal(EXIT_RUNTIME, "rank %d: cudaEventRecord failed", c->rank);
     for (;;) {
@@ -181,6 +218,9 @@ static void nccl_destroy(Comm *c) {
     wait_queued(c, ncclCommFinalize(x->nccl), "finalize");
     ncclCommDestroy(x->nccl);
     cudaEventDestroy(x->done);
+    cudaEventDestroy(x->ready);
+    cudaEventDestroy(x->side_done);
+    cudaStreamDestroy(x->side);
     cudaFree(x->scratch);
     comm_close(x->boot);
     free(x);
@@ -216,6 +256,7 @@ Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_s
                 .ctx = x,
                 .allreduce_sum = nccl_allreduce,
                 .reduce_scatter_sum = nccl_reduce_scatter,
+                .reduce_scatter_start = nccl_reduce_scatter_start,
                 .allgather = nccl_allgather,
                 .broadcast = nccl_broadcast,
                 .barrier = nccl_barrier,
@@ -237,7 +278,12 @@ Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_s
     }
     wait_queued(c, r, "NCCL initialisation (every rank must reach it)");
     if (cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&x->side_done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&x->side, cudaStreamNonBlocking) != cudaSuccess ||
         cudaMalloc((void **)&x->scratch, COMM_HOST_MAX * sizeof(double)) != cudaSuccess)
-        fatal(EXIT_RUNTIME, "rank %d: cannot create the NCCL communicator's CUDA event", li->rank);
+        fatal(EXIT_RUNTIME, "rank %d: cannot create the NCCL communicator's CUDA events, side "
+                            "stream and scratch",
+              li->rank);
     return c;
 }

@@ -6,6 +6,7 @@
 #include "model/train_step.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/check.h"
@@ -22,6 +23,11 @@ struct Trainer {
     size_t n;               // elements of the flat parameter vector
     size_t shard_off, shard_n;   // this rank's optimizer shard of the flat vector
     size_t *counts;         // (world) every rank's shard length
+    // Gradient buckets (several ranks): on the last micro-step each bucket of adjacent blocks
+    // is reduce-scattered as soon as backward has finished it; 0 = one reduce-scatter after
+    // the whole backward.
+    size_t bucket_n;        // elements per bucket (a bucket closes once it holds this many)
+    size_t bucket_lo, bucket_hi;   // the open bucket [lo, hi) of the flat vector; lo == hi: none
     AdamW opt;              // cpu, over the shard
 #ifdef FLASHGPT_CUDA
     AdamWCuda gopt;         // cuda, over the shard
@@ -33,8 +39,48 @@ struct Trainer {
     int *inputs, *targets;  // (B, T) host, the current micro-batch
 };
 
+#define DEFAULT_BUCKET_MB 25.0
+
 static CommDtype comm_dtype(DType d) {
     return d == DTYPE_BF16 ? COMM_BF16 : d == DTYPE_F16 ? COMM_F16 : COMM_F32;
+}
+
+// Bucket size from FLASHGPT_BUCKET_MB (MiB of gradients, > 0; 0 = no buckets: one
+// reduce-scatter after backward), default 25 MiB: large enough that each collective's fixed
+// latency is small against its transfer, small enough that the first starts early in backward.
+static size_t bucket_elems(size_t elem_bytes) {
+    const char *v = getenv("FLASHGPT_BUCKET_MB");
+    double mb = DEFAULT_BUCKET_MB;
+    if (v) {
+        char *end;
+        mb = strtod(v, &end);
+        if (*v == '\0' || *end != '\0' || !(mb >= 0) || mb > 1e6)
+            fatal(EXIT_USAGE,
+                  "environment variable FLASHGPT_BUCKET_MB='%s': expected MiB of gradients per "
+                  "reduction bucket, >= 0 (0: one reduction after backward)",
+                  v);
+    }
+    if (mb == 0) return 0;
+    const size_t n = (size_t)(mb * 1048576.0 / (double)elem_bytes);
+    return n ? n : 1;
+}
+
+static void bucket_flush(Trainer *t) {
+    if (t->bucket_lo == t->bucket_hi) return;
+    Backend *be = gpt_backend(t->m);
+    t->comm->reduce_scatter_start(t->comm, gpt_grads(t->m), t->bucket_lo,
+                                  t->bucket_hi - t->bucket_lo, t->counts, comm_dtype(be->dtype));
+    t->bucket_lo = t->bucket_hi = 0;
+}
+
+// gpt's grad-ready hook: the block [offset, offset + count) joins the open bucket (blocks come
+// in descending order, each adjacent to the last); a full bucket starts its reduction.
+static void bucket_add(void *ctx, size_t offset, size_t count) {
+    Trainer *t = ctx;
+    if (t->bucket_lo != t->bucket_hi && offset + count != t->bucket_lo) bucket_flush(t);
+    if (t->bucket_lo == t->bucket_hi) t->bucket_hi = offset + count;
+    t->bucket_lo = offset;
+    if (t->bucket_hi - t->bucket_lo >= t->bucket_n) bucket_flush(t);
 }
 
 #ifdef FLASHGPT_CUDA
@@ -95,6 +141,7 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     t->n = gpt_num_params(m);
     t->counts = xmalloc((size_t)t->world * sizeof(size_t));
     comm_shard(t->n, t->world, t->rank, &t->shard_off, &t->shard_n, t->counts);
+    if (t->comm) t->bucket_n = bucket_elems(dtype_size(be->dtype));
     t->B = c->train.batch_size;
     t->T = c->train.seq_len;
     t->inputs = xmalloc((size_t)t->B * t->T * sizeof(int));
@@ -197,6 +244,8 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
 
     gpt_zero_grad(m);
     double loss_sum = 0;
+    // Only the last micro-step reduces: accumulation adds locally, the ranks meet once.
+    const int bucketed = t->comm && t->bucket_n;
     for (int k = 0; k < accum; k++) {
         next(ctx, t->inputs, t->targets);
         // Dropout masks from the step number and the rank alone: a resumed run draws the same
@@ -206,16 +255,20 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
         loss_sum += gpt_forward(m, t->inputs, t->targets, t->B, t->T);
         // Each micro-batch's mean loss weighs 1/(accum * world), so the step's gradient summed
         // over ranks is that of the mean over the global batch, multiplied by the loss scale.
+        if (bucketed && k == accum - 1) gpt_set_grad_ready_hook(m, bucket_add, t);
         gpt_backward(m, st.loss_scale / (float)(accum * t->world));
+    }
+    if (bucketed) {
+        bucket_flush(t);
+        gpt_set_grad_ready_hook(m, NULL, NULL);
     }
 
     Backend *be = gpt_backend(m);
     char *params = gpt_params(m), *grads = gpt_grads(m);  // (n_params) backend memory, dtype
     const size_t es = dtype_size(be->dtype), off = t->shard_off * es;
     if (t->comm) {
-        // Only after the last micro-step: accumulation adds locally, the ranks meet once.
-        t->comm->reduce_scatter_sum(t->comm, grads, t->counts, comm_dtype(be->dtype));
-        t->comm->wait(t->comm);
+        if (!bucketed) t->comm->reduce_scatter_sum(t->comm, grads, t->counts, comm_dtype(be->dtype));
+        t->comm->wait(t->comm);   // the buckets' reductions end here
     }
 #ifdef FLASHGPT_CUDA
     const double sumsq = t->on_gpu ? adamw_cuda_grad_sumsq(&t->gopt, grads + off)

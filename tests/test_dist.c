@@ -1,6 +1,6 @@
-// dist: launch detection from each launcher's variables, shard arithmetic, the single-process
-// communicator, and the TCP bootstrap between forked processes (all ranks arrive; one rank
-// missing; rank 0 missing), which is how NCCL's unique id travels without MPI.
+// dist: launch detection from each launcher's variables, shard and range arithmetic, the
+// single-process communicator, and the TCP bootstrap between forked processes (all ranks
+// arrive; one rank missing; rank 0 missing), which is how NCCL's unique id travels without MPI.
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
@@ -78,6 +78,26 @@ static void test_shard(void) {
             EXPECT(ok && next == ns[i], "shards of n=%zu over %d ranks tile the vector, aligned",
                    ns[i], world);
         }
+}
+
+// Every element of a range lies in exactly one rank's part, in rank order: the parts of a
+// range are its intersections with the segments (checked element by element against the
+// segment that holds it).
+static void test_range_parts(void) {
+    const size_t counts[4] = {128, 128, 128, 100};   // 484 elements, the last shard shorter
+    const size_t ranges[][2] = {{0, 484}, {0, 1}, {127, 2}, {100, 300}, {383, 101}, {200, 0},
+                                {256, 128}, {483, 1}};
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        const size_t off = ranges[i][0], cnt = ranges[i][1];
+        size_t parts[4], expect[4] = {0, 0, 0, 0};
+        comm_range_parts(off, cnt, counts, 4, parts);
+        for (size_t e = off; e < off + cnt; e++)
+            expect[e < 128 ? 0 : e < 256 ? 1 : e < 384 ? 2 : 3]++;
+        EXPECT(memcmp(parts, expect, sizeof parts) == 0,
+               "range [%zu, +%zu): parts %zu %zu %zu %zu, expected %zu %zu %zu %zu", off, cnt,
+               parts[0], parts[1], parts[2], parts[3], expect[0], expect[1], expect[2],
+               expect[3]);
+    }
 }
 
 static void test_single_comm(void) {
@@ -168,6 +188,7 @@ static void test_tcp_bootstrap(void) {
 int main(void) {
     TEST_CASE("launch detection: torchrun, mpirun, srun, none, bad variables", test_launch());
     TEST_CASE("comm_shard tiles the flat vector in aligned shards", test_shard());
+    TEST_CASE("comm_range_parts splits a range at the shard boundaries", test_range_parts());
     TEST_CASE("single-process communicator", test_single_comm());
     TEST_CASE("TCP bootstrap: all arrive, one missing, rank 0 missing", test_tcp_bootstrap());
     return TEST_SUMMARY();

@@ -1,5 +1,6 @@
 """Data parallelism on the CPU backend with Open MPI (mpirun -np 2): launch detection errors,
-2 ranks x batch B against 1 process x batch 2B (loss curve and final weights), ZeRO-1 optimizer
+2 ranks x batch B against 1 process x batch 2B (loss curve and final weights), gradient buckets
+reduced during backward against one reduction after it (bitwise), ZeRO-1 optimizer
 shards in checkpoints, exact resume on 2 ranks, resume on another world size, and faults (a
 killed or hung rank ends the job with a non-zero exit within a bounded time)."""
 import json
@@ -196,6 +197,38 @@ def test_grad_accum_reduces_once_and_matches(tmp_path, shards):
     l1, l2 = losses(one_dir), losses(two_dir)
     for s in l1:
         assert abs(l2[s] - l1[s]) <= LOSS_RTOL * abs(l1[s]), (s, l1[s], l2[s])
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient buckets reduced during backward
+
+
+@needs_mpi
+def test_bucketed_reduction_is_bitwise_the_single_one(tmp_path, shards):
+    # FLASHGPT_BUCKET_MB=0 reduce-scatters all gradients after backward; 0.001 MiB (262 floats)
+    # makes every block its own bucket, 0.02 MiB (5242 floats) groups small blocks and puts the
+    # shard boundary inside a bucket, and the default (25) is one bucket for this model. With 2
+    # ranks every element is the same single addition either way: equal bit for bit.
+    runs = {}
+    for mb in ("0", "0.001", "0.02", None):
+        path, run_dir = config(tmp_path, shards, f"mb{mb}", data={"shuffle": True},
+                               train={"grad_accum": 2, "steps": 10})
+        train(path, 2, extra_env={"FLASHGPT_BUCKET_MB": mb} if mb else None)
+        runs[mb] = (losses(run_dir), weights(os.path.join(run_dir, "ckpt_00000010")))
+    ref_losses, ref_weights = runs["0"]
+    for mb, (l, w) in runs.items():
+        assert l == ref_losses, (mb, l, ref_losses)
+        assert np.array_equal(w, ref_weights), mb
+
+
+@needs_mpi
+def test_bad_bucket_size_is_a_usage_error(tmp_path, shards):
+    path, _ = config(tmp_path, shards, "bad", train={"steps": 2})
+    args = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", BIN, "train", "-c", path,
+            "--device", "cpu"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=env(FLASHGPT_BUCKET_MB="lots"))
+    assert r.returncode != 0 and "FLASHGPT_BUCKET_MB='lots'" in r.stderr, r.stderr[-2000:]
 
 
 # ---------------------------------------------------------------------------------------------
