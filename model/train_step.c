@@ -253,9 +253,9 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
         gpt_set_rng_step(m, ((uint64_t)step * (uint64_t)accum + (uint64_t)k) * (uint64_t)t->world +
                                 (uint64_t)t->rank);
         loss_sum += gpt_forward(m, t->inputs, t->targets, t->B, t->T);
+        if (bucketed && k == accum - 1) gpt_set_grad_ready_hook(m, bucket_add, t);
         // Each micro-batch's mean loss weighs 1/(accum * world), so the step's gradient summed
         // over ranks is that of the mean over the global batch, multiplied by the loss scale.
-        if (bucketed && k == accum - 1) gpt_set_grad_ready_hook(m, bucket_add, t);
         gpt_backward(m, st.loss_scale / (float)(accum * t->world));
     }
     if (bucketed) {
@@ -267,7 +267,8 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     char *params = gpt_params(m), *grads = gpt_grads(m);  // (n_params) backend memory, dtype
     const size_t es = dtype_size(be->dtype), off = t->shard_off * es;
     if (t->comm) {
-        if (!bucketed) t->comm->reduce_scatter_sum(t->comm, grads, t->counts, comm_dtype(be->dtype));
+        if (!bucketed)
+            t->comm->reduce_scatter_sum(t->comm, grads, t->counts, comm_dtype(be->dtype));
         t->comm->wait(t->comm);   // the buckets' reductions end here
     }
 #ifdef FLASHGPT_CUDA
