@@ -54,6 +54,11 @@ C_SRC     := $(filter-out dist/comm_nccl.c,$(C_SRC))
 endif
 LDLIBS    += $(DIST_LIBS)
 
+# Objects depend on the flags they were built with: switching between a CUDA and a NO_CUDA=1
+# build (or changing CFLAGS_EXTRA) rebuilds them instead of linking stale ones.
+BUILD_FLAGS := $(CC) $(CFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDLIBS)
+$(shell mkdir -p $(BUILD) && (echo '$(BUILD_FLAGS)' | cmp -s - $(BUILD)/flags || echo '$(BUILD_FLAGS)' > $(BUILD)/flags))
+
 TEST_SRC     := $(wildcard tests/test_*.c)
 TEST_BIN     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # Small programs the Python oracle tests drive (they link the same library as train_gpt).
@@ -65,11 +70,11 @@ GPU_TEST_BIN := $(patsubst tests/gpu/%,$(BUILD)/tests/gpu/%,$(basename $(GPU_TES
 .PHONY: all test test-gpu bench libattention clean
 all: train_gpt
 
-$(BUILD)/%.o: %.c $(HEADERS)
+$(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu $(HEADERS)
+$(BUILD)/%.cu.o: %.cu $(HEADERS) $(BUILD)/flags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
