@@ -67,7 +67,7 @@ TOOL_BIN     := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c tests/gpu/test_*.cu)
 GPU_TEST_BIN := $(patsubst tests/gpu/%,$(BUILD)/tests/gpu/%,$(basename $(GPU_TEST_SRC)))
 
-.PHONY: all test test-gpu bench libattention clean
+.PHONY: all test test-gpu test-gpu-dist bench libattention clean
 all: train_gpt
 
 $(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/flags
@@ -117,6 +117,10 @@ test: train_gpt $(TEST_BIN) $(TOOL_BIN)
 
 test-gpu: train_gpt $(GPU_TEST_BIN)
 	@bash tests/run_tests.sh --gpu $(GPU_TEST_BIN)
+
+# Data parallelism on 2 GPUs (nvidia-h200-x2): NCCL under torchrun and mpirun, faults.
+test-gpu-dist: train_gpt
+	$(PYTHON) -m pytest -s -q -p no:cacheprovider tests/gpu/test_dist_gpu.py
 
 bench: train_gpt
 	./train_gpt bench

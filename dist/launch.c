@@ -2,6 +2,7 @@
 #include "dist/launch.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,31 @@ static int read_launcher(const LaunchVars *lv, LaunchInfo *li, char *err, size_t
     return 1;
 }
 
+// FNV-1a: a port every rank of one mpirun job derives alike from the job's name.
+static int port_of(const char *job) {
+    uint32_t h = 2166136261u;
+    for (const char *p = job; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    return 20000 + (int)(h % 20000u) * 2;  // even, below 60000: the bootstrap takes port + 1
+}
+
+// mpirun on one host (every rank local) needs no MASTER_ADDR: rank 0 is 127.0.0.1, and the port
+// comes from the job's identity (Open MPI 5's PMIX_NAMESPACE, 4's jobid), so concurrent jobs
+// on one host do not meet. Only a build without MPI uses them (MPI carries NCCL's id otherwise).
+static void mpirun_one_host_defaults(LaunchInfo *li) {
+    int local_size = 0;
+    char ignored[8];
+    if (env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, INT_MAX, &local_size, ignored, sizeof ignored) <= 0 ||
+        local_size != li->world)
+        return;
+    if (!li->master_addr[0]) snprintf(li->master_addr, sizeof li->master_addr, "127.0.0.1");
+    if (!li->master_port) {
+        const char *job = getenv("PMIX_NAMESPACE");
+        if (!job) job = getenv("OMPI_MCA_ess_base_jobid");
+        li->master_port = job ? port_of(job) : 29500;
+    }
+}
+
 int launch_detect(LaunchInfo *li, char *err, size_t errlen) {
     memset(li, 0, sizeof *li);
     li->kind = LAUNCH_SINGLE;
@@ -89,5 +115,6 @@ int launch_detect(LaunchInfo *li, char *err, size_t errlen) {
     }
     // The TCP bootstrap listens on MASTER_PORT + 1, so the port must leave room for it.
     if (env_int("MASTER_PORT", 1, 65534, &li->master_port, err, errlen) < 0) return -1;
+    if (li->kind == LAUNCH_MPIRUN) mpirun_one_host_defaults(li);
     return 0;
 }

@@ -23,7 +23,8 @@ typedef struct {
 //   torchrun: RANK, WORLD_SIZE, LOCAL_RANK (MASTER_ADDR, MASTER_PORT)
 //   mpirun:   OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
 //   srun:     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
-// MASTER_ADDR / MASTER_PORT are read for every kind (scripts/launch_slurm.sh sets them).
+// MASTER_ADDR / MASTER_PORT are read for every kind (scripts/launch_slurm.sh sets them). mpirun
+// with every rank on one host defaults them to 127.0.0.1 and a port derived from the job.
 // Returns 0, or -1 with err naming the variable when one is set but malformed or inconsistent
 // (a rank outside [0, world), a missing partner variable).
 int launch_detect(LaunchInfo *li, char *err, size_t errlen);

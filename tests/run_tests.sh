@@ -27,7 +27,7 @@ for t in "$@"; do
 done
 if [ $gpu -eq 0 ]; then
     echo "== pytest tests/"
-    "$PYTHON" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log"
+    "$PYTHON" -m pytest -q -p no:cacheprovider --ignore=tests/gpu tests 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     add_counts "$log" pytest
     if [ "$rc" -ne 0 ] && ! grep -Eq '[1-9][0-9]* (failed|errors?)' "$log"; then

@@ -52,10 +52,8 @@ def write_shard(path, tokens):
         f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """A small token stream with structure to learn (a noisy ramp), train and val shards."""
-    d = tmp_path_factory.mktemp("shards")
+def make_shards(d):
+    """A small token stream with structure to learn (a noisy ramp): train and val shards in d."""
     rng = np.random.default_rng(5)
     n = 40000
     ramp = (np.arange(n) * 7) % V
@@ -64,6 +62,11 @@ def shards(tmp_path_factory):
     write_shard(d / "train.bin", tokens[:32000])
     write_shard(d / "val.bin", tokens[32000:])
     return str(d / "train.bin"), str(d / "val.bin")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return make_shards(tmp_path_factory.mktemp("shards"))
 
 
 def config(tmp_path, shards, name, **sections):
@@ -325,8 +328,9 @@ def start_long_run(tmp_path, shards, timeout_s):
     return p, pids
 
 
-def rank_pids(tag):
-    """{rank: pid} of the train_gpt ranks whose environment carries FLASHGPT_TEST_JOB=tag."""
+def rank_pids(tag, rank_var="OMPI_COMM_WORLD_RANK"):
+    """{rank: pid} of the train_gpt ranks whose environment carries FLASHGPT_TEST_JOB=tag (the
+    rank read from rank_var: the launcher's variable)."""
     pids = {}
     for p in os.listdir("/proc"):
         if not p.isdigit():
@@ -336,8 +340,14 @@ def rank_pids(tag):
                 envs = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if envs.get(b"FLASHGPT_TEST_JOB") == tag.encode() and b"OMPI_COMM_WORLD_RANK" in envs:
-            pids[int(envs[b"OMPI_COMM_WORLD_RANK"])] = int(p)
+        if envs.get(b"FLASHGPT_TEST_JOB") == tag.encode() and rank_var.encode() in envs:
+            try:
+                with open(f"/proc/{p}/comm") as f:
+                    if f.read().strip() != "train_gpt":  # not the launcher itself
+                        continue
+            except OSError:
+                continue
+            pids[int(envs[rank_var.encode()])] = int(p)
     return pids
 
 
