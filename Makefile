@@ -46,8 +46,11 @@ DIST_LIBS += $(shell $(MPICC) --showme:link)
 else
 C_SRC     := $(filter-out dist/comm_mpi.c,$(C_SRC))
 endif
-ifneq ($(and $(NVCC),$(wildcard $(CUDA_HOME)/include/nccl.h)),)
-CFLAGS    += -DFLASHGPT_NCCL
+# NCCL_INC: where nccl.h is (the toolkit's include directory unless set, as scripts/device_env.sh
+# does on a machine whose NCCL came with PyTorch).
+NCCL_INC  ?= $(CUDA_HOME)/include
+ifneq ($(and $(NVCC),$(wildcard $(NCCL_INC)/nccl.h)),)
+CFLAGS    += -DFLASHGPT_NCCL -I$(NCCL_INC)
 DIST_LIBS += -L$(CUDA_HOME)/lib64 -lnccl
 else
 C_SRC     := $(filter-out dist/comm_nccl.c,$(C_SRC))

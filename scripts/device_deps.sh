@@ -19,4 +19,7 @@ lib=$src/lib/x86_64-linux-gnu
 cp -P "$lib"/libcjson.so* "$lib"/libpcre2-8.so* "$lib"/libgfortran.so.5* .deps/lib/
 cp -L "$lib/openblas-pthread/libopenblas.so.0" .deps/lib/libopenblas.so.0
 ln -sf libopenblas.so.0 .deps/lib/libopenblas.so
+# NCCL's header, for a GPU machine whose NCCL library came with PyTorch (scripts/device_env.sh).
+cuda_home=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+[ -f "$cuda_home/include/nccl.h" ] && cp "$cuda_home/include/nccl.h" .deps/include/
 echo "built .deps ($(du -sh .deps | cut -f1))"

@@ -5,3 +5,17 @@ export CFLAGS_EXTRA="-I$D/include" OPENBLAS_INC="$D/include/openblas"
 export LDFLAGS_EXTRA="-L$D/lib -Wl,-rpath,$D/lib"
 export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
+# NCCL: the toolkit's when it has one; else the library PyTorch brought (pip's nvidia-nccl),
+# linked through .deps/lib and compiled against the header .deps carries (NCCL's ABI is stable
+# within 2.x).
+cuda_home=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+if [ ! -f "$cuda_home/include/nccl.h" ] && [ -f "$D/include/nccl.h" ]; then
+    lib=$(python3 -c 'import nvidia.nccl as m, os; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+    [ -f "$lib" ] || lib=$(ldconfig -p | awk '/libnccl\.so\.2 /{print $NF; exit}')
+    if [ -f "$lib" ]; then
+        ln -sf "$lib" "$D/lib/libnccl.so.2" && ln -sf libnccl.so.2 "$D/lib/libnccl.so"
+        export NCCL_INC="$D/include"
+    else
+        echo "device_env.sh: no libnccl.so.2 found: building without NCCL" >&2
+    fi
+fi
