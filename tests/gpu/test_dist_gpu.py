@@ -22,6 +22,10 @@ BIN, ROOT = td.BIN, td.ROOT
 MPIRUN = shutil.which("mpirun")
 TORCHRUN = shutil.which("torchrun")
 LAUNCHERS = ["torchrun", "mpirun"]
+# Open MPI 4 insists on an ssh/rsh agent even for ranks on this host; a container without ssh
+# launches them through the "isolated" component instead.
+MPI_LOCAL = [] if shutil.which("ssh") or shutil.which("rsh") else ["--mca", "plm", "^rsh"]
+STEPS = 8
 # Small buckets: several per backward for this model, and a shard boundary inside one, so the
 # side-stream reductions really overlap the backward still running.
 SMALL_BUCKETS = {"FLASHGPT_BUCKET_MB": "0.02"}
@@ -48,6 +52,9 @@ def gpu_config(tmp_path, shards, name, dtype="fp32", **sections):
     # head size 64 (the flash kernels' size); fp32 runs attention materialised, exactly.
     sections.setdefault("model", {}).update({"n_embd": 128, "n_head": 2})
     sections.setdefault("precision", {}).update({"dtype": dtype})
+    sections.setdefault("train", {}).setdefault("steps", STEPS)
+    for key in ("checkpoint_every", "eval_every"):
+        sections.setdefault("log", {}).setdefault(key, STEPS // 2)
     if dtype != "fp32":
         sections.setdefault("attention", {}).update({"deterministic": True})
     return td.config(tmp_path, shards, name, **sections)
@@ -64,7 +71,7 @@ def command(path, how, *sets):
     for s in sets:
         args += ["--set", s]
     if how == "mpirun":
-        return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2"] + args
+        return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2"] + MPI_LOCAL + args
     if how == "torchrun":
         return [TORCHRUN, "--nproc_per_node=2", "--no-python", f"--master_port={free_port()}"] + args
     return args
@@ -75,6 +82,15 @@ def train(path, how, *sets, extra_env=None, timeout=600):
                        cwd=ROOT, env=td.env(**(extra_env or {})))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
+
+
+# Tolerance for 2 GPUs x B against 1 GPU x 2B in fp32. The GPU sums in other orders for other
+# batch shapes (cuBLASLt's kernels, the bias and LayerNorm reductions), about 1e-6 relative per
+# step, and this small model at lr 2e-2 amplifies any difference about 2x per step (measured on
+# the H200: 4e-7 at step 3, 3.7e-6 at step 6, 2.4e-5 at step 9, 4e-3 by step 20). The GPU runs
+# are therefore 8 steps long, with a bound of 1e-4, while a rank reading the wrong windows or
+# an unaveraged gradient changes the loss by 1e-2 or more from step 2 on.
+GPU_LOSS_RTOL = 1e-4
 
 
 def report(name, **values):
@@ -95,21 +111,22 @@ def test_two_gpus_match_one_gpu_with_double_batch(tmp_path, shards, how):
     train(one, "single")
     r = train(two, how, extra_env=SMALL_BUCKETS)
     assert f"data parallel: 2 ranks ({how}, nccl collectives)" in r.stdout, r.stdout[:2000]
-    assert r.stdout.count("step     20/20") == 1
+    assert r.stdout.count(f"step      {STEPS}/{STEPS}") == 1, r.stdout[-2000:]
     l1, l2 = td.losses(one_dir), td.losses(two_dir)
-    assert sorted(l1) == sorted(l2) == list(range(1, 21))
+    assert sorted(l1) == sorted(l2) == list(range(1, STEPS + 1))
     worst = max(abs(l2[s] - l1[s]) / abs(l1[s]) for s in l1)
     n1 = [e["grad_norm"] for e in td.events(one_dir, "train")]
     n2 = [e["grad_norm"] for e in td.events(two_dir, "train")]
-    w1 = td.weights(os.path.join(one_dir, "ckpt_00000020"))
-    w2 = td.weights(os.path.join(two_dir, "ckpt_00000020"))
+    ck = f"ckpt_{STEPS:08d}"
+    w1 = td.weights(os.path.join(one_dir, ck))
+    w2 = td.weights(os.path.join(two_dir, ck))
     report(f"fp32 {how}", loss_rel=worst, weights_rel_l2=td.rel_l2(w2, w1))
-    assert worst <= td.LOSS_RTOL
-    assert np.allclose(n2, n1, rtol=td.LOSS_RTOL, atol=0), (n1, n2)
-    assert l1[20] < l1[1] - 0.5
+    assert worst <= GPU_LOSS_RTOL, (l1, l2)
+    assert np.allclose(n2, n1, rtol=GPU_LOSS_RTOL, atol=0), (n1, n2)
+    assert min(l1.values()) < l1[1] - 0.5  # it learns
     v1 = [e["val_loss"] for e in td.events(one_dir, "eval")]
     v2 = [e["val_loss"] for e in td.events(two_dir, "eval")]
-    assert len(v1) == len(v2) == 2 and np.allclose(v1, v2, rtol=td.LOSS_RTOL, atol=0)
+    assert len(v1) == len(v2) == 2 and np.allclose(v1, v2, rtol=GPU_LOSS_RTOL, atol=0)
     assert td.rel_l2(w2, w1) <= td.WEIGHT_RTOL
 
 
@@ -126,18 +143,18 @@ def test_bf16_two_gpus_track_one_gpu(tmp_path, shards):
     l1, l2 = td.losses(one_dir), td.losses(two_dir)
     worst = max(abs(l2[s] - l1[s]) / abs(l1[s]) for s in l1)
     report("bf16 mpirun", loss_rel=worst)
-    assert worst <= 2e-2 and l1[20] < l1[1] - 0.5
+    assert worst <= 2e-2 and min(l1.values()) < l1[1] - 0.5
 
 
 def test_grad_accum_reduces_once_and_matches(tmp_path, shards):
     one, one_dir = gpu_config(tmp_path, shards, "one",
-                              train={"batch_size": 2 * td.B, "grad_accum": 2, "steps": 10})
-    two, two_dir = gpu_config(tmp_path, shards, "two", train={"grad_accum": 2, "steps": 10})
+                              train={"batch_size": 2 * td.B, "grad_accum": 2})
+    two, two_dir = gpu_config(tmp_path, shards, "two", train={"grad_accum": 2})
     train(one, "single")
     train(two, "torchrun", extra_env=SMALL_BUCKETS)
     l1, l2 = td.losses(one_dir), td.losses(two_dir)
     for s in l1:
-        assert abs(l2[s] - l1[s]) <= td.LOSS_RTOL * abs(l1[s]), (s, l1[s], l2[s])
+        assert abs(l2[s] - l1[s]) <= GPU_LOSS_RTOL * abs(l1[s]), (s, l1[s], l2[s])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,9 +168,9 @@ def test_bucketed_reduction_is_bitwise_the_single_one(tmp_path, shards):
     runs = {}
     for mb in ("0", "0.001", "0.02", None):
         path, run_dir = gpu_config(tmp_path, shards, f"mb{mb}", "bf16", data={"shuffle": True},
-                                   train={"grad_accum": 2, "steps": 10})
+                                   train={"grad_accum": 2})
         train(path, "mpirun", extra_env={"FLASHGPT_BUCKET_MB": mb} if mb else None)
-        runs[mb] = (td.losses(run_dir), td.weights(os.path.join(run_dir, "ckpt_00000010")))
+        runs[mb] = (td.losses(run_dir), td.weights(os.path.join(run_dir, f"ckpt_{STEPS:08d}")))
     ref_losses, ref_weights = runs["0"]
     for mb, (l, w) in runs.items():
         assert l == ref_losses, (mb, l, ref_losses)
@@ -168,18 +185,19 @@ def test_two_gpu_resume_is_exact(tmp_path, shards):
     path, run_dir = gpu_config(tmp_path, shards, "two", "bf16", data={"shuffle": True})
     train(path, "torchrun")
     full = td.losses(run_dir)
-    w_full = td.weights(os.path.join(run_dir, "ckpt_00000020"))
-    shutil.rmtree(os.path.join(run_dir, "ckpt_00000020"))
+    last = os.path.join(run_dir, f"ckpt_{STEPS:08d}")
+    w_full = td.weights(last)
+    shutil.rmtree(last)
     os.remove(os.path.join(run_dir, "metrics.jsonl"))
     r = train(path, "torchrun")
     assert "resuming from" in r.stdout
     resumed = td.losses(run_dir)
-    assert sorted(resumed) == list(range(11, 21))
+    assert sorted(resumed) == list(range(STEPS // 2 + 1, STEPS + 1))
     for s in resumed:
         assert resumed[s] == full[s], (s, resumed[s], full[s])
-    assert np.array_equal(td.weights(os.path.join(run_dir, "ckpt_00000020")), w_full)
+    assert np.array_equal(td.weights(last), w_full)
     for rank in (0, 1):
-        assert os.path.exists(os.path.join(run_dir, "ckpt_00000020", f"optimizer_rank{rank}.safetensors"))
+        assert os.path.exists(os.path.join(last, f"optimizer_rank{rank}.safetensors"))
 
 
 def test_two_gpu_checkpoint_resumes_on_one_gpu(tmp_path, shards):
@@ -187,13 +205,14 @@ def test_two_gpu_checkpoint_resumes_on_one_gpu(tmp_path, shards):
     train(two, "mpirun")
     ref = td.losses(two_dir)
     one, one_dir = gpu_config(tmp_path, shards, "one", train={"batch_size": 2 * td.B})
-    shutil.copytree(os.path.join(two_dir, "ckpt_00000010"), os.path.join(one_dir, "ckpt_00000010"))
+    mid = f"ckpt_{STEPS // 2:08d}"
+    shutil.copytree(os.path.join(two_dir, mid), os.path.join(one_dir, mid))
     r = train(one, "single")
     assert "written by 2 ranks, this run has 1" in r.stderr
     got = td.losses(one_dir)
-    assert sorted(got) == list(range(11, 21))
+    assert sorted(got) == list(range(STEPS // 2 + 1, STEPS + 1))
     for s in got:
-        assert abs(got[s] - ref[s]) <= td.LOSS_RTOL * abs(ref[s]), (s, got[s], ref[s])
+        assert abs(got[s] - ref[s]) <= GPU_LOSS_RTOL * abs(ref[s]), (s, got[s], ref[s])
 
 
 # ---------------------------------------------------------------------------------------------
