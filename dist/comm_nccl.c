@@ -1,8 +1,8 @@
 // comm_nccl: the communicator over NCCL for device buffers (the CUDA backend), on the backend's
 // stream. The NCCL communicator is non-blocking (config.blocking = 0): no NCCL call can block the
 // host, and every wait polls ncclCommGetAsyncError beside the deadline, so a peer that died (a
-// remote or system error) or hangs (the deadline) makes this rank abort the communicator and
-// exit non-zero instead of spinning in a kernel forever. Gradient buckets (reduce_scatter_start)
+// remote or system error) or hangs (the deadline) makes this rank exit non-zero (the whole job,
+// under mpirun) instead of spinning in a kernel forever. Gradient buckets (reduce_scatter_start)
 // are reduced on a side stream, overlapping the backward still running on the comm's stream.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/timer.h"
@@ -27,6 +28,10 @@ typedef struct {
     cudaEvent_t ready, side_done;
     int side_busy;     // reductions were started on side since the last wait()
     double *scratch;   // (COMM_HOST_MAX) device, for host all-reduces and the barrier
+    // (COMM_HOST_MAX) pinned host memory: the copies of a host all-reduce stay asynchronous, so
+    // a peer that never joins is seen by nccl_wait's deadline instead of blocking a copy from
+    // pageable memory (which waits for the stream) forever.
+    double *pinned;
     Comm *boot;        // the MPI comm that carried the unique id, or NULL
 } NcclCtx;
 
@@ -43,11 +48,16 @@ static ncclDataType_t nccl_type(CommDtype t) {
     }
 }
 
+// Ends this rank after a failed or timed-out collective: MPI_Abort ends the whole job when MPI
+// carried the bootstrap; otherwise the process leaves at once with _exit. Neither
+// ncclCommAbort nor exit()'s CUDA teardown runs: both can wait for an NCCL kernel that spins
+// on a dead peer, which is the hang this exit exists to end (the driver frees the GPU).
 static void nccl_abort(Comm *c) {
     NcclCtx *x = c->ctx;
-    ncclCommAbort(x->nccl);
+    fflush(stdout);
+    fflush(stderr);
     if (x->boot && x->boot->abort) x->boot->abort(x->boot);
-    exit(EXIT_RUNTIME);
+    _exit(EXIT_RUNTIME);
 }
 
 static void fail_async(Comm *c, ncclResult_t r, const char *what) {
@@ -206,10 +216,12 @@ static void copy_async(Comm *c, void *dst, const void *src, size_t bytes,
 static void nccl_allreduce_host(Comm *c, double *buf, size_t count) {
     NcclCtx *x = c->ctx;
     CHECK(count <= COMM_HOST_MAX);
-    copy_async(c, x->scratch, buf, count * sizeof(double), cudaMemcpyHostToDevice);
+    memcpy(x->pinned, buf, count * sizeof(double));
+    copy_async(c, x->scratch, x->pinned, count * sizeof(double), cudaMemcpyHostToDevice);
     nccl_allreduce(c, x->scratch, count, COMM_F64);
-    copy_async(c, buf, x->scratch, count * sizeof(double), cudaMemcpyDeviceToHost);
+    copy_async(c, x->pinned, x->scratch, count * sizeof(double), cudaMemcpyDeviceToHost);
     nccl_wait(c);
+    memcpy(buf, x->pinned, count * sizeof(double));
 }
 
 static void nccl_destroy(Comm *c) {
@@ -222,6 +234,7 @@ static void nccl_destroy(Comm *c) {
     cudaEventDestroy(x->side_done);
     cudaStreamDestroy(x->side);
     cudaFree(x->scratch);
+    cudaFreeHost(x->pinned);
     comm_close(x->boot);
     free(x);
     free(c);
@@ -281,9 +294,10 @@ Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_s
         cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&x->side_done, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&x->side, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaMalloc((void **)&x->scratch, COMM_HOST_MAX * sizeof(double)) != cudaSuccess)
+        cudaMalloc((void **)&x->scratch, COMM_HOST_MAX * sizeof(double)) != cudaSuccess ||
+        cudaMallocHost((void **)&x->pinned, COMM_HOST_MAX * sizeof(double)) != cudaSuccess)
         fatal(EXIT_RUNTIME, "rank %d: cannot create the NCCL communicator's CUDA events, side "
-                            "stream and scratch",
+                            "stream and scratch buffers",
               li->rank);
     return c;
 }
