@@ -68,8 +68,9 @@ def main():
               f"{r['mfu']:.1f}% | {paid} |")
     serial, hidden = rows[2][1]["ms"] - one["ms"], rows[1][1]["ms"] - one["ms"]
     if serial > 0:
-        print(f"backward hides {100 * (1 - max(hidden, 0) / serial):.0f}% of the {serial:.2f} ms "
-              f"that the reduction costs when it runs after backward")
+        share = max(0.0, 1 - max(hidden, 0) / serial)
+        print(f"backward hides {100 * share:.0f}% of the {serial:.2f} ms that communication costs "
+              f"when the reduction runs after backward (buckets pay {hidden:.2f} ms)")
 
 
 if __name__ == "__main__":
