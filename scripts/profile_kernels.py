@@ -37,7 +37,10 @@ def short_name(name):
             depth -= 1
         elif depth == 0:
             out.append(ch)
-    return "".join(out).replace("void ", "").strip()
+    short = "".join(out).replace("void ", "").strip()
+    if short.startswith("cutlass::Kernel") and "<" in name:  # the kernel is the template argument
+        short = name[name.index("<") + 1:].split("(")[0].rstrip(">").strip()
+    return short
 
 
 def bench_cmd(args, steps):
