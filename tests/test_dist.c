@@ -17,7 +17,8 @@
 static const char *ALL_VARS[] = {
     "RANK",         "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
     "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID"};
+    "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID",        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof ALL_VARS / sizeof ALL_VARS[0]; i++)
@@ -44,6 +45,23 @@ static void test_launch(void) {
     EXPECT(detect(&li, err) == 0 && li.kind == LAUNCH_MPIRUN && li.rank == 1 && li.world == 2 &&
                li.local_rank == 0 && li.master_port == 0,
            "mpirun: %s", err);
+    // Every rank on this host: rank 0 is 127.0.0.1, and the port comes from the job's name
+    // (the same on every rank, even, with room for port + 1), unless the user set them.
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1), setenv("PMIX_NAMESPACE", "prterun-vm-4242@1", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.master_addr, "127.0.0.1") == 0 &&
+               li.master_port >= 20000 && li.master_port < 60000 && li.master_port % 2 == 0,
+           "mpirun on one host: %s:%d", li.master_addr, li.master_port);
+    const int port = li.master_port;
+    EXPECT(detect(&li, err) == 0 && li.master_port == port, "the port is a function of the job");
+    setenv("PMIX_NAMESPACE", "prterun-vm-4243@1", 1);
+    EXPECT(detect(&li, err) == 0 && li.master_port != port, "another job, another port");
+    setenv("MASTER_ADDR", "node3", 1), setenv("MASTER_PORT", "31000", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.master_addr, "node3") == 0 && li.master_port == 31000,
+           "the user's MASTER_ADDR and MASTER_PORT win");
+    unsetenv("MASTER_ADDR"), unsetenv("MASTER_PORT");
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+    EXPECT(detect(&li, err) == 0 && li.master_addr[0] == '\0' && li.master_port == 0,
+           "ranks on several hosts: no guessed address");
     clear_env();
     setenv("SLURM_PROCID", "5", 1), setenv("SLURM_NTASKS", "8", 1);
     EXPECT(detect(&li, err) == 0 && li.kind == LAUNCH_SLURM && li.rank == 5 && li.world == 8 &&

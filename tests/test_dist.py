@@ -234,6 +234,18 @@ def test_bad_bucket_size_is_a_usage_error(tmp_path, shards):
     assert r.returncode != 0 and "FLASHGPT_BUCKET_MB='lots'" in r.stderr, r.stderr[-2000:]
 
 
+@needs_mpi
+def test_bench_runs_data_parallel(tmp_path, shards):
+    # `train_gpt bench` under mpirun: every rank trains, rank 0 alone prints the global rate.
+    path, _ = config(tmp_path, shards, "bench")
+    args = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", BIN, "bench", "-c", path,
+            "--device", "cpu", "--steps", "2"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line for line in r.stdout.splitlines() if line.startswith("bench:")]
+    assert len(lines) == 1 and f"batch {B} x seq {T} x accum 1 x ranks 2 (mpi)" in lines[0], r.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # ZeRO-1 shards, resume
 
