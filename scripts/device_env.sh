@@ -19,3 +19,5 @@ if [ ! -f "$cuda_home/include/nccl.h" ] && [ -f "$D/include/nccl.h" ]; then
         echo "device_env.sh: no libnccl.so.2 found: building without NCCL" >&2
     fi
 fi
+# The tests' Python: the one on PATH (on the GPU machines it holds PyTorch, numpy and pytest).
+PYTHON=$(command -v python3) && export PYTHON
