@@ -3,14 +3,15 @@
 gradient reduction that backward hides.
 
 usage: python3 scripts/bench_dist.py [-c configs/gpt2_124m.json] [--batch 16] [--seq 1024]
-           [--steps 30] [--gpus 2] [--bin ./train_gpt]
+           [--steps 30] [--gpus 2] [--sweep VAR=v1,v2,...] [--bin ./train_gpt]
 
 Runs the bench (random tokens, bf16, batch per GPU fixed) on 1 GPU, then under torchrun on
 --gpus GPUs twice: with the default gradient buckets (reduce-scatters start during backward, on
 NCCL's side stream) and with FLASHGPT_BUCKET_MB=0 (one reduce-scatter after backward). With t1
 the step time on one GPU, the communication a step pays is t(N) - t1: for the unbucketed run
 that is the whole reduction plus the parameter all-gather, for the bucketed run only the part
-backward did not hide. Prints one table.
+backward did not hide. --sweep adds a bucketed row per value of an environment variable (for
+example NCCL_MAX_CTAS=4,8,16: fewer NCCL blocks take fewer SMs from backward). Prints one table.
 """
 import argparse
 import os
@@ -29,7 +30,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def bench(args, gpus, bucket_mb=None):
+def bench(args, gpus, bucket_mb=None, extra_env=None):
     cmd = [args.bin, "bench", "-c", args.config, "--steps", str(args.steps), "--device", "cuda",
            "--set", f"train.batch_size={args.batch}", "--set", f"train.seq_len={args.seq}",
            "--set", "train.grad_accum=1"]
@@ -38,6 +39,7 @@ def bench(args, gpus, bucket_mb=None):
     env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
     if bucket_mb is not None:
         env["FLASHGPT_BUCKET_MB"] = bucket_mb
+    env.update(extra_env or {})
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     m = LINE.search(p.stdout)
     if p.returncode != 0 or not m:
@@ -52,12 +54,17 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--sweep", help="VAR=v1,v2,...: one more bucketed run per value")
     ap.add_argument("--bin", default=os.path.join(ROOT, "train_gpt"))
     args = ap.parse_args()
     one = bench(args, 1)
     rows = [("1 GPU", one),
             (f"{args.gpus} GPUs, buckets during backward (default)", bench(args, args.gpus)),
             (f"{args.gpus} GPUs, one reduce-scatter after backward", bench(args, args.gpus, "0"))]
+    if args.sweep:
+        var, _, values = args.sweep.partition("=")
+        for v in values.split(","):
+            rows.append((f"{args.gpus} GPUs, buckets, {var}={v}", bench(args, args.gpus, None, {var: v})))
     print(f"data parallel ({args.config}), batch {args.batch} x seq {args.seq} per GPU, bf16, "
           f"{args.steps} timed steps")
     print("| run | ms/step | tokens/s | scaling | MFU | communication paid per step (ms) |")
