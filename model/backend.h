@@ -20,6 +20,9 @@ typedef enum { EPI_NONE = 0, EPI_GELU = 1 } Epilogue;  // matmul epilogue (tanh-
 
 size_t dtype_size(DType t);
 const char *dtype_name(DType t);
+// 2^-p for p significand bits (fp32 24, bf16 8, fp16 11): the rounding error bound tolerances
+// are derived from.
+double dtype_unit_roundoff(DType t);
 
 typedef struct Backend Backend;
 struct Backend {

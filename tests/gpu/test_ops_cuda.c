@@ -42,15 +42,6 @@ typedef struct {
     Rng rng;
 } Ctx;
 
-static double unit_roundoff(DType t) {
-    switch (t) {
-    case DTYPE_F32: return 0x1p-24;
-    case DTYPE_BF16: return 0x1p-8;
-    case DTYPE_F16: return 0x1p-11;
-    }
-    return 1.0;
-}
-
 static double tol(double u, int r, int K) { return 2.0 * r * u + 4.0 * sqrt((double)K) * U_F32; }
 
 static float *rand_vec(Ctx *t, size_t n, float mean, float scale) {
@@ -678,7 +669,7 @@ int main(int argc, char **argv) {
         Ctx t;
         memset(&t, 0, sizeof t);
         t.dt = dts[i];
-        t.u = unit_roundoff(t.dt);
+        t.u = dtype_unit_roundoff(t.dt);
         t.gpu = backend_cuda_create(t.dt, 0);
         t.cpu = backend_cpu_create();
         rng_seed(&t.rng, 1234 + (uint64_t)i);

@@ -35,15 +35,6 @@
 #define B 4
 #define T 32
 
-static double unit_roundoff(DType t) {
-    switch (t) {
-    case DTYPE_F32: return 0x1p-24;
-    case DTYPE_BF16: return 0x1p-8;
-    case DTYPE_F16: return 0x1p-11;
-    }
-    return 1.0;
-}
-
 // A learnable task: each row follows the chain x -> (5x + 1) mod V from a random start, with one
 // token in ten replaced by noise. The whole data position is the Rng state.
 static void chain_batch(void *ctx, int *inputs, int *targets) {
@@ -139,7 +130,7 @@ static void test_loss_curve(DType dt) {
 
     const int S = 2 + 9 * c.model.n_layer + 1;
     const double k_term = 4.0 * sqrt(4.0 * c.model.n_embd) * U_F32;
-    const double tol = 3.0 * sqrt((double)S) * (unit_roundoff(dt) + k_term);
+    const double tol = 3.0 * sqrt((double)S) * (dtype_unit_roundoff(dt) + k_term);
     double worst = 0;
     int worst_step = 0;
     for (int s = 0; s < STEPS && !isnan(worst); s++) {
