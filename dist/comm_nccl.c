@@ -183,14 +183,11 @@ static void nccl_wait(Comm *c) {
         cuda_ok(c, cudaStreamWaitEvent(x->stream, x->side_done, 0), "cudaStreamWaitEvent");
         x->side_busy = 0;
     }
-    if (cudaEventRecord(x->done, x->stream) != cudaSuccess)
-        fatal(EXIT_RUNTIME, "rank %d: cudaEventRecord failed", c->rank);
+    cuda_ok(c, cudaEventRecord(x->done, x->stream), "cudaEventRecord");
     for (;;) {
         const cudaError_t e = cudaEventQuery(x->done);
         if (e == cudaSuccess) return;
-        if (e != cudaErrorNotReady)
-            fatal(EXIT_RUNTIME, "rank %d: CUDA error while waiting for a collective: %s", c->rank,
-                  cudaGetErrorString(e));
+        if (e != cudaErrorNotReady) cuda_ok(c, e, "waiting for a collective");
         ncclResult_t r;
         ncclCommGetAsyncError(x->nccl, &r);
         if (r != ncclSuccess && r != ncclInProgress) fail_async(c, r, "collective");
@@ -205,21 +202,16 @@ static void nccl_barrier(Comm *c) {
     nccl_wait(c);
 }
 
-static void copy_async(Comm *c, void *dst, const void *src, size_t bytes,
-                       enum cudaMemcpyKind kind) {
-    NcclCtx *x = c->ctx;
-    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, x->stream);
-    if (e != cudaSuccess)
-        fatal(EXIT_RUNTIME, "rank %d: cudaMemcpyAsync: %s", c->rank, cudaGetErrorString(e));
-}
-
 static void nccl_allreduce_host(Comm *c, double *buf, size_t count) {
     NcclCtx *x = c->ctx;
     CHECK(count <= COMM_HOST_MAX);
     memcpy(x->pinned, buf, count * sizeof(double));
-    copy_async(c, x->scratch, x->pinned, count * sizeof(double), cudaMemcpyHostToDevice);
+    const size_t bytes = count * sizeof(double);
+    cuda_ok(c, cudaMemcpyAsync(x->scratch, x->pinned, bytes, cudaMemcpyHostToDevice, x->stream),
+            "cudaMemcpyAsync");
     nccl_allreduce(c, x->scratch, count, COMM_F64);
-    copy_async(c, x->pinned, x->scratch, count * sizeof(double), cudaMemcpyDeviceToHost);
+    cuda_ok(c, cudaMemcpyAsync(x->pinned, x->scratch, bytes, cudaMemcpyDeviceToHost, x->stream),
+            "cudaMemcpyAsync");
     nccl_wait(c);
     memcpy(buf, x->pinned, count * sizeof(double));
 }
