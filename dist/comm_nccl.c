@@ -205,15 +205,15 @@ static void nccl_barrier(Comm *c) {
 static void nccl_allreduce_host(Comm *c, double *buf, size_t count) {
     NcclCtx *x = c->ctx;
     CHECK(count <= COMM_HOST_MAX);
-    memcpy(x->pinned, buf, count * sizeof(double));
     const size_t bytes = count * sizeof(double);
+    memcpy(x->pinned, buf, bytes);
     cuda_ok(c, cudaMemcpyAsync(x->scratch, x->pinned, bytes, cudaMemcpyHostToDevice, x->stream),
             "cudaMemcpyAsync");
     nccl_allreduce(c, x->scratch, count, COMM_F64);
     cuda_ok(c, cudaMemcpyAsync(x->pinned, x->scratch, bytes, cudaMemcpyDeviceToHost, x->stream),
             "cudaMemcpyAsync");
     nccl_wait(c);
-    memcpy(buf, x->pinned, count * sizeof(double));
+    memcpy(buf, x->pinned, bytes);
 }
 
 static void nccl_destroy(Comm *c) {
