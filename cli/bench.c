@@ -50,13 +50,7 @@ int cli_bench_main(int argc, char **argv) {
     LaunchInfo li;
     if (launch_detect(&li, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     Backend *be = cli_open_backend(device, c.precision.dtype, li.local_rank);
-    const int on_gpu = strcmp(be->name, "cuda") == 0;
-    void *stream = NULL;
-#ifdef FLASHGPT_CUDA
-    if (on_gpu) stream = backend_cuda_stream(be);
-#endif
-    Comm *comm = comm_open(&li, on_gpu ? COMM_DEVICE : COMM_HOST, stream, err, sizeof err);
-    if (!comm) fatal(EXIT_USAGE, "%s", err);
+    Comm *comm = cli_open_comm(&li, be);
     GPTConfig gc = gpt_config_from(&c);
     const int B = c.train.batch_size, T = c.train.seq_len;
     GPT *m = gpt_create(&gc, be, B, T, &c);
