@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--sweep", help="VAR=v1,v2,...: one more bucketed run per value")
     ap.add_argument("--bin", default=os.path.join(ROOT, "train_gpt"))
     args = ap.parse_args()
+    if args.sweep and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=[^,]+(,[^,]+)*", args.sweep):
+        ap.error(f"--sweep {args.sweep!r}: expected VAR=v1,v2,...")
     one = bench(args, 1)
     rows = [("1 GPU", one),
             (f"{args.gpus} GPUs, buckets during backward (default)", bench(args, args.gpus)),
