@@ -397,7 +397,7 @@ const unsigned char *gpt2_bpe_token_bytes(const Gpt2Bpe *t, int id, int *len) {
 static const char *default_gpt2_file(const char *name, char *buf, size_t n) {
     snprintf(buf, n, "../shared/data/gpt2/%s", name);
     if (access(buf, R_OK) == 0) return buf;
-    snprintf(buf, n, "data/gpt2/%s", name);
+    snprintf(buf, n, "data_cache/gpt2/%s", name);
     return buf;
 }
 
@@ -407,7 +407,8 @@ Gpt2Bpe *gpt2_bpe_load_default(const char *encoder_json, const char *vocab_bpe, 
     const char *bpe = vocab_bpe ? vocab_bpe : default_gpt2_file("vocab.bpe", bpe_buf, sizeof bpe_buf);
     Gpt2Bpe *t = gpt2_bpe_load(enc, bpe, inner, sizeof inner);
     if (!t)
-        set_error(err, errlen, "%s\nDownload GPT-2's files into data/gpt2/ (or pass their paths):\n"
+        set_error(err, errlen, "%s\nRun scripts/fetch_data.sh, which puts GPT-2's files into data_cache/gpt2/ (or "
+                               "pass their paths); their public source:\n"
                                "  %s/encoder.json\n  %s/vocab.bpe", inner, GPT2_URL, GPT2_URL);
     return t;
 }

@@ -13,7 +13,7 @@ typedef struct Gpt2Bpe Gpt2Bpe;   // opaque
 // token per line of vocab.bpe in that order, then <|endoftext|> last.
 Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);
 // gpt2_bpe_load with defaults: a NULL path is looked up as ../shared/data/gpt2/<name>, then
-// data/gpt2/<name>; on failure err also says where to download the files.
+// data_cache/gpt2/<name> (scripts/fetch_data.sh); on failure err says how to get the files.
 Gpt2Bpe *gpt2_bpe_load_default(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);
 void gpt2_bpe_free(Gpt2Bpe *t);
 int gpt2_bpe_vocab_size(const Gpt2Bpe *t);   // 50257

@@ -26,7 +26,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(ROOT, "..", "shared", "data")
+DATA = os.path.join(ROOT, "data_cache")  # scripts/fetch_data.sh fills it
 
 
 def cpu_name():
@@ -85,6 +85,7 @@ def main():
     args = ap.parse_args()
     if not os.path.exists(args.tool):
         sys.exit(f"error: {args.tool} is missing: run `make {os.path.relpath(args.tool, ROOT)}`")
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "fetch_data.sh")], check=True)
 
     ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=args.vocab, encoder_json_file=args.encoder)
     enc = tiktoken.Encoding("gpt2_local", pat_str=r50k_pat_str, mergeable_ranks=ranks,

@@ -26,6 +26,8 @@ for t in "$@"; do
     fi
 done
 if [ $gpu -eq 0 ]; then
+    echo "== data (scripts/fetch_data.sh)"
+    bash scripts/fetch_data.sh || { failed=$((failed + 1)); echo "FAIL the tests' data files are missing"; }
     echo "== pytest tests/"
     "$PYTHON" -m pytest -q -p no:cacheprovider --ignore=tests/gpu tests 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}

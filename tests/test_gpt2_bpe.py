@@ -25,11 +25,9 @@ except ImportError as e:   # the oracle is required, not optional: fail loudly
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks  # noqa: E402
 from tiktoken_ext.openai_public import r50k_pat_str  # noqa: E402
 
+from data_files import GPT2_ENCODER as ENCODER, GPT2_VOCAB as VOCAB, SHAKESPEARE  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(ROOT, "..", "shared", "data")
-ENCODER = os.path.join(DATA, "gpt2", "encoder.json")
-VOCAB = os.path.join(DATA, "gpt2", "vocab.bpe")
-SHAKESPEARE = os.path.join(DATA, "tinyshakespeare.txt")
 TOOL = os.path.join(ROOT, os.environ.get("BUILD", "build"), "tests", "tools", "bpe_encode")
 
 

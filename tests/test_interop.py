@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import data_files  # noqa: E402,F401  (GPT-2's files in data_cache/, where prepare looks)
 from oracle_st import read_safetensors  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -543,8 +544,6 @@ def test_export_and_import_bad_usage(trained, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # sampling with the GPT-2 tokenizer from an imported GPT-2-vocabulary model
 
-GPT2_DIR = os.path.join(os.path.dirname(ROOT), "shared", "data", "gpt2")
-
 
 def read_llmc_tokenizer(path):
     blob = open(path, "rb").read()
@@ -557,9 +556,8 @@ def read_llmc_tokenizer(path):
     return tokens, int(header[3])
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(GPT2_DIR, "encoder.json")),
-                    reason="GPT-2's encoder.json and vocab.bpe are not in ../shared/data/gpt2")
 def test_gpt2_tokenizer_sample_prints_text(tmp_path):
+    # prepare finds GPT-2's files at their default place, data_cache/gpt2/ (tests/data_files.py).
     text = tmp_path / "text.txt"
     text.write_text("Hello world, this is a GPT-2 tokenized sample.\n" * 20)
     ok(["prepare", "--tokenizer", "gpt2", "--input", str(text), "--out", str(tmp_path / "g")])

@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from data_files import GPT2_ENCODER, GPT2_VOCAB, SHAKESPEARE  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare.txt")
-GPT2_DIR = os.path.join(ROOT, "..", "shared", "data", "gpt2")
 
 
 PREPARE = [os.path.join(ROOT, "train_gpt"), "prepare"]
@@ -53,7 +54,6 @@ def outputs(prefix):
     return [prefix + s for s in ("_train.bin", "_val.bin", "_tokenizer.bin")]
 
 
-@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="tinyshakespeare.txt not present")
 def test_tinyshakespeare_char_matches_nanogpt(tmp_path):
     prefix = str(tmp_path / "sub" / "dir" / "shakespeare_char")
     r = run("--tokenizer", "char", "--input", SHAKESPEARE, "--out", prefix)
@@ -235,14 +235,6 @@ def tiny_gpt2_files(tmp_path):
     return str(enc), str(bpe), len(vocab)
 
 
-def _gpt2_files():
-    for d in (GPT2_DIR, os.path.join(ROOT, "data", "gpt2")):
-        enc, bpe = os.path.join(d, "encoder.json"), os.path.join(d, "vocab.bpe")
-        if os.path.exists(enc) and os.path.exists(bpe):
-            return enc, bpe
-    return None
-
-
 GPT2_TEXT = ("First Citizen:\nSpeak, the people.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\n"
              "You are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n\n")
 
@@ -275,10 +267,8 @@ def test_gpt2_tiny_vocabulary(tmp_path):
     assert "Citizen".encode() in [tokens[i] for i in ids], "the merges were applied"
 
 
-@pytest.mark.skipif(_gpt2_files() is None, reason="GPT-2 encoder.json / vocab.bpe not present")
 def test_gpt2_documents_start_with_eot(tmp_path):
-    enc, bpe = _gpt2_files()
-    check_gpt2_documents(tmp_path, enc, bpe, 50257)
+    check_gpt2_documents(tmp_path, GPT2_ENCODER, GPT2_VOCAB, 50257)
 
 
 if __name__ == "__main__":
