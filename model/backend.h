@@ -72,12 +72,14 @@ struct Backend {
     // Attention through the attention module; the backend fills p->dtype, stream and workspace.
     void (*attention_forward)(Backend *be, AttnParams *p);
     void (*attention_backward)(Backend *be, AttnParams *p);
-    // Fused softmax cross-entropy over logits (N,Vp), of which the first V columns are real.
-    // losses (N) fp32 receives -log softmax[target]; target < 0 means "ignore" (loss 0, no
-    // gradient). When dscale != 0, logits are overwritten with dlogits = dscale * (softmax -
-    // onehot) on the real columns and 0 on the padded ones (and on ignored rows).
-    void (*softmax_xent)(Backend *be, void *logits, float *losses, const int *targets, int N, int V,
-                         int Vp, float dscale);
+    // Fused softmax cross-entropy over logits (N,Vp), of which the first V columns are real;
+    // target < 0 means "ignore" (loss 0, no gradient). With dscale == 0: losses (N) fp32 receive
+    // -log softmax[target] and lse (N) fp32 the log-sum-exp of each row; the logits are left
+    // alone. With dscale != 0: the logits are overwritten with dlogits = dscale * (softmax -
+    // onehot) on the real columns and 0 on the padded ones (and on ignored rows), softmax taken
+    // from the lse of an earlier dscale == 0 call on the same logits; losses are not written.
+    void (*softmax_xent)(Backend *be, void *logits, float *losses, float *lse, const int *targets,
+                         int N, int V, int Vp, float dscale);
     // Dropout in place over x (n), 0 <= p < 1: element i becomes x[i] / (1 - p) when kept, 0 when
     // dropped; kept iff attn_philox_keep(seed, offset, i, p) (attention/philox.h), so every backend
     // and every thread count drops the same elements. Applied to a gradient with the same (p, seed,

@@ -7,6 +7,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <initializer_list>
+#include <type_traits>
 
 #include "common/cuda_check.cuh"
 
@@ -66,6 +70,48 @@ __device__ __forceinline__ __half from_f32<__half>(float x) {
     return __float2half_rn(x);
 }
 
+// ---- vector access: VEC consecutive elements as fp32, one 16-byte transaction when
+// VEC * sizeof(T) == 16 (the caller guarantees the alignment), element by element otherwise ----
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_f32(float (&v)[VEC], const T *p) {
+    if constexpr (VEC * sizeof(T) == 16) {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = to_f32(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = to_f32(p[i]);
+    }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_f32(T *p, const float (&v)[VEC]) {
+    if constexpr (VEC * sizeof(T) == 16) {
+        uint4 raw;
+        T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) e[i] = from_f32<T>(v[i]);
+        *reinterpret_cast<uint4 *>(p) = raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; i++) p[i] = from_f32<T>(v[i]);
+    }
+}
+
+// The vector width for rows of `row_len` elements of T starting at the given pointers: 16 bytes
+// when every row start is 16-byte aligned, else 1 element. Calls f(std::integral_constant<int,
+// VEC>{}) so kernels take VEC as a template parameter.
+template <typename T, typename F>
+void dispatch_vec(size_t row_len, std::initializer_list<const void *> ptrs, F &&f) {
+    constexpr int W = 16 / sizeof(T);
+    bool ok = (row_len * sizeof(T)) % 16 == 0;
+    for (const void *p : ptrs) ok = ok && ((uintptr_t)p % 16 == 0);
+    if (ok) f(std::integral_constant<int, W>{});
+    else f(std::integral_constant<int, 1>{});
+}
+
 // The one place where the run-time dtype becomes a template parameter:
 //   dispatch_dtype(be->dtype, [&](auto tag) { using T = decltype(tag); launch<T>(...); });
 template <typename F> void dispatch_dtype(DType dtype, F &&f) {
@@ -117,8 +163,8 @@ void cuda_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, 
                          const int *pos, int B, int T, int C);
 
 // ops_cuda_xent.cu
-void cuda_softmax_xent(Backend *be, void *logits, float *losses, const int *targets, int N, int V,
-                       int Vp, float dscale);
+void cuda_softmax_xent(Backend *be, void *logits, float *losses, float *lse, const int *targets,
+                       int N, int V, int Vp, float dscale);
 
 // ops_cuda_matmul.cu
 void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,

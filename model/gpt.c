@@ -98,6 +98,7 @@ struct GPT {
     float *lnf_mean, *lnf_rstd;   // (N)
     void *logits;                 // (N, Vp); becomes dlogits in backward
     float *losses;                // (N) backend fp32
+    float *logit_lse;             // (N) backend fp32: log-sum-exp of each row of logits
     float *losses_host;           // (N)
     void *scratch;                // (N, C) branch output before the residual add
     void *dres;                   // (N, C) gradient of the residual stream
@@ -307,6 +308,7 @@ static void alloc_activations(GPT *m) {
     m->lnf_rstd = balloc(m, N * sizeof(float));
     m->logits = balloc(m, N * m->cfg.Vp * ds);
     m->losses = balloc(m, N * sizeof(float));
+    m->logit_lse = balloc(m, N * sizeof(float));
     m->losses_host = xcalloc(N, sizeof(float));
     m->scratch = balloc(m, N * C * ds);
     m->dres = balloc(m, N * C * ds);
@@ -573,7 +575,7 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     if (!targets) return 0.0f;
 
     be->upload(be, m->targets, targets, (size_t)N * sizeof(int));
-    be->softmax_xent(be, m->logits, m->losses, m->targets, N, g->V, g->Vp, 0.0f);
+    be->softmax_xent(be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp, 0.0f);
     be->download(be, m->losses_host, m->losses, (size_t)N * sizeof(float));
     double sum = 0;
     m->n_valid = 0;
@@ -627,7 +629,7 @@ void gpt_backward(GPT *m, float grad_scale) {
     void *w = m->params, *dw = m->grads;
 
     // dlogits (N, Vp) = grad_scale / n_valid * (softmax - onehot), in place of the logits.
-    be->softmax_xent(be, m->logits, m->losses, m->targets, N, g->V, g->Vp,
+    be->softmax_xent(be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp,
                      grad_scale / (float)m->n_valid);
     be->matmul_backward(be, m->dln, tensor_ptr(m, dw, m->wte_i), NULL, m->logits, NULL, m->lnf,
                         tensor_ptr(m, w, m->wte_i), N, C, g->Vp, EPI_NONE);

@@ -21,8 +21,8 @@ void cpu_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const v
                             const void *inp, const void *w, const float *mean, const float *rstd,
                             int N, int C);
 void cpu_add(Backend *be, void *out, const void *a, const void *b, size_t n);
-void cpu_softmax_xent(Backend *be, void *logits, float *losses, const int *targets, int N, int V,
-                      int Vp, float dscale);
+void cpu_softmax_xent(Backend *be, void *logits, float *losses, float *lse, const int *targets,
+                      int N, int V, int Vp, float dscale);
 void cpu_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
                         const void *bias, int N, int C, int OC, Epilogue epi);
 void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,

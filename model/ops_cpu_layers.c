@@ -109,28 +109,28 @@ void cpu_add(Backend *be, void *out_, const void *a_, const void *b_, size_t n) 
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void cpu_softmax_xent(Backend *be, void *logits_, float *losses, const int *targets, int N, int V,
-                      int Vp, float dscale) {
+void cpu_softmax_xent(Backend *be, void *logits_, float *losses, float *lse, const int *targets,
+                      int N, int V, int Vp, float dscale) {
     float *logits = logits_;    // (N, Vp); the first V columns are real
     #pragma omp parallel for schedule(static) if ((size_t)N * Vp >= CPU_PAR_MIN)
     for (int i = 0; i < N; i++) {
         float *z = logits + (size_t)i * Vp;
-        int tgt = targets[i];
+        const int tgt = targets[i];
+        if (dscale != 0.0f) {
+            for (int j = 0; j < Vp; j++)
+                z[j] = tgt < 0 || j >= V ? 0.0f
+                                         : dscale * (expf(z[j] - lse[i]) - (j == tgt ? 1.0f : 0.0f));
+            continue;
+        }
         if (tgt < 0) {
-            losses[i] = 0.0f;
-            if (dscale != 0.0f)
-                for (int j = 0; j < Vp; j++) z[j] = 0.0f;
+            losses[i] = lse[i] = 0.0f;
             continue;
         }
         float zmax = -INFINITY;
         for (int j = 0; j < V; j++) zmax = z[j] > zmax ? z[j] : zmax;
         double sum = 0;
         for (int j = 0; j < V; j++) sum += expf(z[j] - zmax);
-        float lse = zmax + (float)log(sum);
-        losses[i] = lse - z[tgt];
-        if (dscale != 0.0f) {
-            for (int j = 0; j < V; j++) z[j] = dscale * (expf(z[j] - lse) - (j == tgt ? 1.0f : 0.0f));
-            for (int j = V; j < Vp; j++) z[j] = 0.0f;
-        }
+        lse[i] = zmax + (float)log(sum);
+        losses[i] = lse[i] - z[tgt];
     }
 }

@@ -3,15 +3,16 @@
 // linear layer, dtype conversions, and the deterministic column sums that parameter gradients
 // (LayerNorm weight/bias, linear bias) are reduced with.
 //
-// Column sums never use atomics: each (row chunk, 32-column tile) block writes its fp32 partial
-// sums, then one thread per column adds the chunks in order and into the gradient. The result
-// is bitwise the same on every run.
+// Column sums never use atomics: each block writes the fp32 partial sums of its chunk of rows,
+// then colsum_finish adds the chunks in a fixed order into the gradient. The result is bitwise
+// the same on every run.
 #include "model/cuda_common.cuh"
 
 #define ELT_THREADS 256   // element-wise kernels: one thread per element
 #define LN_WARPS 8        // LayerNorm: one warp per row, 8 rows per block
 #define COL_TILE 32       // column-sum tiles: 32 columns (one warp wide) x COL_ROWS_PAR rows
 #define COL_ROWS_PAR 8
+#define LN_BWD_ROWS 8     // LayerNorm backward: rows per warp (column sums per block of 8 x 8 rows)
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -45,25 +46,38 @@ void cuda_embed_forward(Backend *be, void *out, const int *tokens, const int *po
 
 // ---- LayerNorm ----
 
-template <typename T>
+// One warp per row; lane l owns the VEC-element groups starting at (l + 32 k) VEC.
+template <typename T, int VEC>
 __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
                                          const T *b, int N, int C) {
     const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
     const T *x = inp + (size_t)row * C;   // (C)
     T *o = out + (size_t)row * C;         // (C)
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += to_f32(x[c]);
+    float v[VEC], s = 0.0f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        load_f32<T, VEC>(v, x + c);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) s += v[i];
+    }
     const float m = warp_sum(s) / C;
     // Variance from the centred values (two passes): no cancellation for rows with a large mean.
-    float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        const float d = to_f32(x[c]) - m;
-        v += d * d;
+    float var = 0.0f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        load_f32<T, VEC>(v, x + c);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) var += (v[i] - m) * (v[i] - m);
     }
-    const float r = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
-    for (int c = lane; c < C; c += 32)
-        o[c] = from_f32<T>((to_f32(x[c]) - m) * r * to_f32(w[c]) + to_f32(b[c]));
+    const float r = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float wv[VEC], bv[VEC];
+        load_f32<T, VEC>(v, x + c);
+        load_f32<T, VEC>(wv, w + c);
+        load_f32<T, VEC>(bv, b + c);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = (v[i] - m) * r * wv[i] + bv[i];
+        store_f32<T, VEC>(o + c, v);
+    }
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -74,102 +88,137 @@ void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, co
                             const void *w, const void *b, int N, int C) {
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        layernorm_forward_kernel<E><<<cdiv(N, LN_WARPS), LN_WARPS * 32, 0, cuda_ctx(be)->stream>>>(
-            (E *)out, mean, rstd, (const E *)inp, (const E *)w, (const E *)b, N, C);
+        dispatch_vec<E>(C, {out, inp, w, b}, [&](auto vec) {
+            constexpr int V = decltype(vec)::value;
+            layernorm_forward_kernel<E, V><<<cdiv(N, LN_WARPS), LN_WARPS * 32, 0,
+                                                 cuda_ctx(be)->stream>>>(
+                (E *)out, mean, rstd, (const E *)inp, (const E *)w, (const E *)b, N, C);
+        });
     });
     CUDA_CHECK_LAUNCH();
 }
 
-// dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * w.
-template <typename T>
-__global__ void layernorm_backward_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w,
-                                               const float *mean, const float *rstd, int N, int C) {
-    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) return;
-    const T *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;  // (C)
-    T *di = dinp + (size_t)row * C;                                    // (C)
-    const float m = mean[row], s = rstd[row];
-    float sum_dn = 0.0f, sum_dn_n = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        const float dn = to_f32(d[c]) * to_f32(w[c]);
-        sum_dn += dn;
-        sum_dn_n += dn * ((to_f32(x[c]) - m) * s);
-    }
-    const float a = warp_sum(sum_dn) / C, bb = warp_sum(sum_dn_n) / C;
-    for (int c = lane; c < C; c += 32) {
-        const float dn = to_f32(d[c]) * to_f32(w[c]);
-        const float xn = (to_f32(x[c]) - m) * s;
-        di[c] = from_f32<T>(to_f32(di[c]) + s * (dn - a - xn * bb));
-    }
-}
-
-// Sums the 8 row-phase accumulators of a column tile in a fixed order into partial[c].
-__device__ __forceinline__ void tile_store(float (*sh)[COL_TILE + 1], float acc, float *partial,
-                                           int c, int C) {
-    sh[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float s = 0.0f;
-        for (int k = 0; k < COL_ROWS_PAR; k++) s += sh[k][threadIdx.x];
-        partial[c] = s;
-    }
-}
-
-// partial (2, n_chunks, C): [0] sums of dout * norm (for dw), [1] sums of dout (for db).
-template <typename T>
-__global__ void layernorm_backward_dwdb_kernel(float *partial, const T *dout, const T *inp,
-                                               const float *mean, const float *rstd, int N, int C) {
-    __shared__ float sh_w[COL_ROWS_PAR][COL_TILE + 1], sh_b[COL_ROWS_PAR][COL_TILE + 1];
-    const int c = blockIdx.x * COL_TILE + threadIdx.x, chunk = blockIdx.y;
-    const int r_end = min((chunk + 1) * COLSUM_ROWS, N);
-    float aw = 0.0f, ab = 0.0f;
-    if (c < C)
-        for (int r = chunk * COLSUM_ROWS + threadIdx.y; r < r_end; r += COL_ROWS_PAR) {
-            const size_t i = (size_t)r * C + c;
-            const float d = to_f32(dout[i]);
-            aw += d * ((to_f32(inp[i]) - mean[r]) * rstd[r]);
-            ab += d;
+// The whole backward in one pass over each row (one warp per row, LN_BWD_ROWS rows per warp):
+//   dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),  dnorm = dout * w,
+// and the block's column sums of dout * norm (for dw) and dout (for db), accumulated per warp
+// in shared memory (each lane touches only its own columns: no atomics), then added over the
+// warps in a fixed order into partial (2, gridDim.x, C). Deterministic.
+template <typename T, int VEC>
+__global__ void layernorm_backward_kernel(T *dinp, float *partial, const T *dout, const T *inp,
+                                          const T *w, const float *mean, const float *rstd, int N,
+                                          int C) {
+    extern __shared__ float sh_acc[];   // (warps, 2, C)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    float *acc_w = sh_acc + (size_t)warp * 2 * C, *acc_b = acc_w + C;
+    for (int c = lane * VEC; c < C; c += 32 * VEC)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) acc_w[c + i] = acc_b[c + i] = 0.0f;
+    const int row0 = blockIdx.x * warps * LN_BWD_ROWS;
+    for (int k = 0; k < LN_BWD_ROWS; k++) {
+        const int row = row0 + k * warps + warp;
+        if (row >= N) break;
+        const T *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;  // (C)
+        T *di = dinp + (size_t)row * C;                                    // (C)
+        const float m = mean[row], s = rstd[row];
+        float sum_dn = 0.0f, sum_dn_n = 0.0f;
+        for (int c = lane * VEC; c < C; c += 32 * VEC) {
+            float xv[VEC], dv[VEC], wv[VEC];
+            load_f32<T, VEC>(xv, x + c);
+            load_f32<T, VEC>(dv, d + c);
+            load_f32<T, VEC>(wv, w + c);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                const float xn = (xv[i] - m) * s, dn = dv[i] * wv[i];
+                sum_dn += dn;
+                sum_dn_n += dn * xn;
+                acc_w[c + i] += dv[i] * xn;
+                acc_b[c + i] += dv[i];
+            }
         }
-    tile_store(sh_w, aw, partial + (size_t)chunk * C, c, C);
-    tile_store(sh_b, ab, partial + ((size_t)gridDim.y + chunk) * C, c, C);
+        const float a = warp_sum(sum_dn) / C, bb = warp_sum(sum_dn_n) / C;
+        for (int c = lane * VEC; c < C; c += 32 * VEC) {
+            float xv[VEC], dv[VEC], wv[VEC], out[VEC];
+            load_f32<T, VEC>(xv, x + c);
+            load_f32<T, VEC>(dv, d + c);
+            load_f32<T, VEC>(wv, w + c);
+            load_f32<T, VEC>(out, di + c);
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                out[i] += s * (dv[i] * wv[i] - a - (xv[i] - m) * s * bb);
+            store_f32<T, VEC>(di + c, out);
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int k = 0; k < warps; k++) {
+            sw += sh_acc[(size_t)k * 2 * C + c];
+            sb += sh_acc[(size_t)k * 2 * C + C + c];
+        }
+        partial[(size_t)blockIdx.x * C + c] = sw;
+        partial[((size_t)gridDim.x + blockIdx.x) * C + c] = sb;
+    }
 }
 
 void cuda_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const void *dout,
                              const void *inp, const void *w, const float *mean, const float *rstd,
                              int N, int C) {
-    cudaStream_t st = cuda_ctx(be)->stream;
-    const int n_chunks = cdiv(N, COLSUM_ROWS);
-    float *partial = (float *)cuda_scratch(cuda_ctx(be), 2 * (size_t)n_chunks * C * sizeof(float));
+    CudaCtx *ctx = cuda_ctx(be);
+    // As many warps as the per-warp column sums leave room for: 8 up to C = 768 within the
+    // default 48 KB of shared memory, fewer (and the opt-in maximum) for wider rows.
+    const size_t per_warp = 2 * (size_t)C * sizeof(float);
+    const size_t smem_max = per_warp * LN_WARPS <= 48 * 1024 ? 48 * 1024
+                                                             : (size_t)ctx->prop.sharedMemPerBlockOptin;
+    const int warps = (int)(smem_max / per_warp < LN_WARPS ? smem_max / per_warp : LN_WARPS);
+    if (warps < 1)
+        fatal(EXIT_RUNTIME, "layernorm backward: C = %d needs %zu bytes of shared memory per warp, "
+              "the GPU has %zu per block", C, per_warp, smem_max);
+    const size_t smem = per_warp * warps;
+    const int blocks = cdiv(N, warps * LN_BWD_ROWS);
+    float *partial = (float *)cuda_scratch(ctx, 2 * (size_t)blocks * C * sizeof(float));
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        layernorm_backward_dinp_kernel<E><<<cdiv(N, LN_WARPS), LN_WARPS * 32, 0, st>>>(
-            (E *)dinp, (const E *)dout, (const E *)inp, (const E *)w, mean, rstd, N, C);
-        CUDA_CHECK_LAUNCH();
-        layernorm_backward_dwdb_kernel<E><<<dim3(cdiv(C, COL_TILE), n_chunks),
-                                            dim3(COL_TILE, COL_ROWS_PAR), 0, st>>>(
-            partial, (const E *)dout, (const E *)inp, mean, rstd, N, C);
-        CUDA_CHECK_LAUNCH();
+        dispatch_vec<E>(C, {dinp, dout, inp, w}, [&](auto vec) {
+            constexpr int V = decltype(vec)::value;
+            auto kernel = layernorm_backward_kernel<E, V>;
+            if (smem > 48 * 1024)
+                CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)smem));
+            kernel<<<blocks, warps * 32, smem, ctx->stream>>>(
+                (E *)dinp, partial, (const E *)dout, (const E *)inp, (const E *)w, mean, rstd, N, C);
+        });
     });
-    cuda_colsum_finish(be, dw, partial, n_chunks, C);
-    cuda_colsum_finish(be, db, partial + (size_t)n_chunks * C, n_chunks, C);
+    CUDA_CHECK_LAUNCH();
+    cuda_colsum_finish(be, dw, partial, blocks, C);
+    cuda_colsum_finish(be, db, partial + (size_t)blocks * C, blocks, C);
 }
 
 // ---- column sums ----
 
+// Block (32, COL_ROWS_PAR) per 32 columns: thread (x, y) adds chunks y, y + COL_ROWS_PAR, ... of
+// column x in order, then row 0 adds the COL_ROWS_PAR results in order: a fixed order for any
+// launch, so the sums are bitwise reproducible.
 template <typename T>
 __global__ void colsum_finish_kernel(T *out, const float *partial, int n_chunks, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float sh[COL_ROWS_PAR][COL_TILE + 1];
+    const int c = blockIdx.x * COL_TILE + threadIdx.x;
     float s = 0.0f;
-    for (int k = 0; k < n_chunks; k++) s += partial[(size_t)k * C + c];
-    out[c] = from_f32<T>(to_f32(out[c]) + s);
+    if (c < C)
+        for (int k = threadIdx.y; k < n_chunks; k += COL_ROWS_PAR) s += partial[(size_t)k * C + c];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0.0f;
+        for (int k = 0; k < COL_ROWS_PAR; k++) t += sh[k][threadIdx.x];
+        out[c] = from_f32<T>(to_f32(out[c]) + t);
+    }
 }
 
 void cuda_colsum_finish(Backend *be, void *out, const float *partial, int n_chunks, int C) {
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        colsum_finish_kernel<E><<<cdiv(C, ELT_THREADS), ELT_THREADS, 0, cuda_ctx(be)->stream>>>(
-            (E *)out, partial, n_chunks, C);
+        colsum_finish_kernel<E><<<cdiv(C, COL_TILE), dim3(COL_TILE, COL_ROWS_PAR), 0,
+                                  cuda_ctx(be)->stream>>>((E *)out, partial, n_chunks, C);
     });
     CUDA_CHECK_LAUNCH();
 }
@@ -178,23 +227,40 @@ void cuda_colsum_finish(Backend *be, void *out, const float *partial, int n_chun
 
 // With pre: dout = round(dout * gelu'(pre)) in place. With partial: per-chunk column sums of the
 // (rounded) result, the values the weight-gradient matmul sees, into partial (n_chunks, OC).
-template <typename T>
+// Block (32, COL_ROWS_PAR) per chunk of COLSUM_ROWS rows and 32 VEC columns: thread (x, y) reads
+// VEC adjacent columns of rows y, y + COL_ROWS_PAR, ...; the row phases are added in order.
+template <typename T, int VEC>
 __global__ void bias_gelu_backward_kernel(float *partial, T *dout, const T *pre, int N, int OC) {
-    __shared__ float sh[COL_ROWS_PAR][COL_TILE + 1];
-    const int c = blockIdx.x * COL_TILE + threadIdx.x, chunk = blockIdx.y;
+    __shared__ float sh[COL_ROWS_PAR][COL_TILE * VEC + 1];
+    const int c = (blockIdx.x * COL_TILE + threadIdx.x) * VEC, chunk = blockIdx.y;
     const int r_end = min((chunk + 1) * COLSUM_ROWS, N);
-    float acc = 0.0f;
+    float acc[VEC] = {};
     if (c < OC)
         for (int r = chunk * COLSUM_ROWS + threadIdx.y; r < r_end; r += COL_ROWS_PAR) {
             const size_t i = (size_t)r * OC + c;
-            T d = dout[i];
+            float d[VEC];
+            load_f32<T, VEC>(d, dout + i);
             if (pre) {
-                d = from_f32<T>(to_f32(d) * gelu_grad_f32(to_f32(pre[i])));
-                dout[i] = d;
+                float p[VEC];
+                load_f32<T, VEC>(p, pre + i);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) d[k] = to_f32(from_f32<T>(d[k] * gelu_grad_f32(p[k])));
+                store_f32<T, VEC>(dout + i, d);
             }
-            acc += to_f32(d);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) acc[k] += d[k];
         }
-    if (partial) tile_store(sh, acc, partial + (size_t)chunk * OC, c, OC);
+    if (!partial) return;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) sh[threadIdx.y][threadIdx.x * VEC + k] = acc[k];
+    __syncthreads();
+    for (int j = threadIdx.y * COL_TILE + threadIdx.x; j < COL_TILE * VEC; j += COL_TILE * COL_ROWS_PAR) {
+        const int col = blockIdx.x * COL_TILE * VEC + j;
+        if (col >= OC) continue;
+        float s = 0.0f;
+        for (int k = 0; k < COL_ROWS_PAR; k++) s += sh[k][j];
+        partial[(size_t)chunk * OC + col] = s;
+    }
 }
 
 void cuda_bias_gelu_backward(Backend *be, void *dbias, void *dout, const void *pre, int N, int OC) {
@@ -203,9 +269,13 @@ void cuda_bias_gelu_backward(Backend *be, void *dbias, void *dout, const void *p
         dbias ? (float *)cuda_scratch(cuda_ctx(be), (size_t)n_chunks * OC * sizeof(float)) : NULL;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        bias_gelu_backward_kernel<E><<<dim3(cdiv(OC, COL_TILE), n_chunks),
-                                       dim3(COL_TILE, COL_ROWS_PAR), 0, cuda_ctx(be)->stream>>>(
-            partial, (E *)dout, (const E *)pre, N, OC);
+        dispatch_vec<E>(OC, {dout, pre}, [&](auto vec) {
+            constexpr int V = decltype(vec)::value;
+            bias_gelu_backward_kernel<E, V><<<dim3(cdiv(OC, COL_TILE * V), n_chunks),
+                                                  dim3(COL_TILE, COL_ROWS_PAR), 0,
+                                                  cuda_ctx(be)->stream>>>(
+                partial, (E *)dout, (const E *)pre, N, OC);
+        });
     });
     CUDA_CHECK_LAUNCH();
     if (dbias) cuda_colsum_finish(be, dbias, partial, n_chunks, OC);
@@ -227,17 +297,34 @@ void cuda_gelu_forward(Backend *be, void *out, const void *pre, size_t n) {
 
 // ---- element-wise ----
 
-template <typename T> __global__ void add_kernel(T *out, const T *a, const T *b, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+// One thread per VEC elements; a ragged tail (n % VEC) is left to the element-wise launch.
+template <typename T, int VEC>
+__global__ void add_kernel(T *out, const T *a, const T *b, size_t n) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i + VEC > n) return;
+    float x[VEC], y[VEC];
+    load_f32<T, VEC>(x, a + i);
+    load_f32<T, VEC>(y, b + i);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) x[k] += y[k];
+    store_f32<T, VEC>(out + i, x);
 }
 
 void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n) {
     if (n == 0) return;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        add_kernel<E><<<cdiv((long long)n, ELT_THREADS), ELT_THREADS, 0, cuda_ctx(be)->stream>>>(
-            (E *)out, (const E *)a, (const E *)b, n);
+        dispatch_vec<E>(0, {out, a, b}, [&](auto vec) {
+            constexpr int V = decltype(vec)::value;
+            const size_t bulk = n / V * V;
+            cudaStream_t st = cuda_ctx(be)->stream;
+            if (bulk)
+                add_kernel<E, V><<<cdiv((long long)(bulk / V), ELT_THREADS), ELT_THREADS, 0,
+                                       st>>>((E *)out, (const E *)a, (const E *)b, bulk);
+            if (bulk < n)
+                add_kernel<E, 1><<<1, ELT_THREADS, 0, st>>>((E *)out + bulk, (const E *)a + bulk,
+                                                          (const E *)b + bulk, n - bulk);
+        });
     });
     CUDA_CHECK_LAUNCH();
 }

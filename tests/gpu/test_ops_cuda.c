@@ -224,8 +224,8 @@ static void test_rope(Ctx *t) {
 
 // ---- LayerNorm ----
 
-static void test_layernorm(Ctx *t) {
-    const int N = 300, C = 72;  // N over two column-sum chunks, C not a multiple of 32
+static void test_layernorm_case(Ctx *t, int N, int C) {
+    char what[96];
     float *x = rand_vec(t, (size_t)N * C, 3.0f, 1.0f);  // a large mean tests the centring
     float *w = rand_vec(t, C, 1.0f, 0.1f), *b = rand_vec(t, C, 0.0f, 0.1f);
     void *d_x = dev_from(t, x, (size_t)N * C), *d_w = dev_from(t, w, C), *d_b = dev_from(t, b, C);
@@ -238,9 +238,12 @@ static void test_layernorm(Ctx *t) {
     t->cpu->layernorm_forward(t->cpu, out, mean, rstd, x, w, b, N, C);
     float *g_out = fetch(t, d_out, (size_t)N * C), *g_mean = fetch_f32(t, d_mean, N),
           *g_rstd = fetch_f32(t, d_rstd, N);
-    expect_close(t, "layernorm_forward out", g_out, out, (size_t)N * C, tol(t->u, 1, C));
-    expect_close(t, "layernorm_forward mean (fp32)", g_mean, mean, N, tol(U_F32, 1, C));
-    expect_close(t, "layernorm_forward rstd (fp32)", g_rstd, rstd, N, tol(U_F32, 1, C));
+    snprintf(what, sizeof what, "layernorm_forward out N=%d C=%d", N, C);
+    expect_close(t, what, g_out, out, (size_t)N * C, tol(t->u, 1, C));
+    snprintf(what, sizeof what, "layernorm_forward mean (fp32) N=%d C=%d", N, C);
+    expect_close(t, what, g_mean, mean, N, tol(U_F32, 1, C));
+    snprintf(what, sizeof what, "layernorm_forward rstd (fp32) N=%d C=%d", N, C);
+    expect_close(t, what, g_rstd, rstd, N, tol(U_F32, 1, C));
 
     // Backward on the CPU's statistics, so both sides share every input.
     t->gpu->upload(t->gpu, d_mean, mean, N * sizeof(float));
@@ -254,13 +257,26 @@ static void test_layernorm(Ctx *t) {
     t->cpu->layernorm_backward(t->cpu, dinp, dw, db, dout, x, w, mean, rstd, N, C);
     float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, C),
           *g_db = fetch(t, d_db, C);
-    expect_close(t, "layernorm_backward dinp (+=)", g_dinp, dinp, (size_t)N * C, tol(t->u, 1, C));
-    expect_close(t, "layernorm_backward dw (+=)", g_dw, dw, C, tol(t->u, 1, N));
-    expect_close(t, "layernorm_backward db (+=)", g_db, db, C, tol(t->u, 1, N));
+    snprintf(what, sizeof what, "layernorm_backward dinp (+=) N=%d C=%d", N, C);
+    expect_close(t, what, g_dinp, dinp, (size_t)N * C, tol(t->u, 1, C));
+    snprintf(what, sizeof what, "layernorm_backward dw (+=) N=%d C=%d", N, C);
+    expect_close(t, what, g_dw, dw, C, tol(t->u, 1, N));
+    snprintf(what, sizeof what, "layernorm_backward db (+=) N=%d C=%d", N, C);
+    expect_close(t, what, g_db, db, C, tol(t->u, 1, N));
     void *bufs[] = {d_x, d_w, d_b, d_out, d_mean, d_rstd, d_dout, d_dinp, d_dw, d_db};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
     free(x), free(w), free(b), free(out), free(mean), free(rstd), free(g_out), free(g_mean);
     free(g_rstd), free(dout), free(dinp), free(dw), free(db), free(g_dinp), free(g_dw), free(g_db);
+}
+
+// C = 72 runs the 16-byte vector path, C = 70 (rows not 16-byte aligned) the element-wise one;
+// N = 300 ends in a partial block of rows; C = 6200 needs more than the default 48 KB of shared
+// memory for the backward's column sums (fewer warps, the opt-in maximum).
+static void test_layernorm(Ctx *t) {
+    test_layernorm_case(t, 300, 72);
+    test_layernorm_case(t, 300, 70);
+    test_layernorm_case(t, 1000, 768);
+    test_layernorm_case(t, 40, 6200);
 }
 
 // ---- add ----
@@ -386,45 +402,60 @@ static void test_matmul(Ctx *t) {
 
 // ---- softmax cross-entropy ----
 
-static void test_softmax_xent(Ctx *t) {
-    const int N = 37, V = 1000, Vp = 1024;
+// Vp = 1024 rows run the 16-byte vector path; Vp = 1001 (rows not 16-byte aligned) the
+// element-wise one.
+static void test_softmax_xent_case(Ctx *t, int V, int Vp) {
+    const int N = 37;
+    char what[96];
     float *z = rand_vec(t, (size_t)N * Vp, 0.0f, 2.0f);
     int *tgt = rand_ids(t, N, V);
     tgt[3] = tgt[10] = -1;   // ignored rows
+    tgt[N - 1] = V - 1;      // the last real column
     void *d_z = dev_from(t, z, (size_t)N * Vp);
     int *d_tgt = dev_ints(t, tgt, N);
-    float *d_loss = t->gpu->alloc(t->gpu, N * sizeof(float));
-    float *loss = xmalloc(N * sizeof(float)), *zc = copy_of(z, (size_t)N * Vp);
-    // Losses are fp32 on both sides. Per row the GPU adds <= V/512 terms per thread, each add and
-    // rescale costing <= 2 roundings, then 9 tree levels; expf is within 2 ulp and logf 1 ulp:
-    // the sum is within (2 (2 + 9) + 3) 2^-24 relative, the loss within that absolutely; 64 2^-24
-    // bounds it relative to losses of order 1 and more.
+    float *d_loss = t->gpu->alloc(t->gpu, N * sizeof(float)),
+          *d_lse = t->gpu->alloc(t->gpu, N * sizeof(float));
+    float *loss = xmalloc(N * sizeof(float)), *lse = xmalloc(N * sizeof(float)),
+          *zc = copy_of(z, (size_t)N * Vp);
+    // Losses are fp32 on both sides. Per row the GPU folds <= V/512 vectors per thread into its
+    // running sum, each add and rescale costing <= 2 roundings, then 9 tree levels; expf is
+    // within 2 ulp and logf 1 ulp: the sum is within (2 (2 + 9) + 3) 2^-24 relative, the loss
+    // within that absolutely; 64 2^-24 bounds it relative to losses of order 1 and more.
     const double tol_loss = 64 * U_F32;
-    t->gpu->softmax_xent(t->gpu, d_z, d_loss, d_tgt, N, V, Vp, 0.0f);
-    t->cpu->softmax_xent(t->cpu, zc, loss, tgt, N, V, Vp, 0.0f);
-    float *g_loss = fetch_f32(t, d_loss, N), *g_z = fetch(t, d_z, (size_t)N * Vp);
-    expect_close(t, "softmax_xent loss", g_loss, loss, N, tol_loss);
+    t->gpu->softmax_xent(t->gpu, d_z, d_loss, d_lse, d_tgt, N, V, Vp, 0.0f);
+    t->cpu->softmax_xent(t->cpu, zc, loss, lse, tgt, N, V, Vp, 0.0f);
+    float *g_loss = fetch_f32(t, d_loss, N), *g_lse = fetch_f32(t, d_lse, N),
+          *g_z = fetch(t, d_z, (size_t)N * Vp);
+    snprintf(what, sizeof what, "softmax_xent V=%d Vp=%d loss", V, Vp);
+    expect_close(t, what, g_loss, loss, N, tol_loss);
+    snprintf(what, sizeof what, "softmax_xent V=%d Vp=%d lse", V, Vp);
+    expect_close(t, what, g_lse, lse, N, tol_loss);
     EXPECT(memcmp(g_z, z, (size_t)N * Vp * sizeof(float)) == 0, "dscale 0 leaves the logits alone");
     EXPECT(g_loss[3] == 0.0f && g_loss[10] == 0.0f, "ignored rows have loss 0");
 
+    // The gradient from the CPU's lse, so both sides share every input.
     const float dscale = 0.25f;
-    t->gpu->softmax_xent(t->gpu, d_z, d_loss, d_tgt, N, V, Vp, dscale);
-    t->cpu->softmax_xent(t->cpu, zc, loss, tgt, N, V, Vp, dscale);
-    free(g_loss), free(g_z);
-    g_loss = fetch_f32(t, d_loss, N);
+    t->gpu->upload(t->gpu, d_lse, lse, N * sizeof(float));
+    t->gpu->softmax_xent(t->gpu, d_z, d_loss, d_lse, d_tgt, N, V, Vp, dscale);
+    t->cpu->softmax_xent(t->cpu, zc, loss, lse, tgt, N, V, Vp, dscale);
+    free(g_z);
     g_z = fetch(t, d_z, (size_t)N * Vp);
-    expect_close(t, "softmax_xent loss (with dlogits)", g_loss, loss, N, tol_loss);
-    // dlogits = dscale (exp(z - lse) - onehot): the error of lse (above) and of z - lse (|z - lse|
-    // <= ~16 here, each ulp of it one ulp of p) enter exp; then one rounding to the dtype.
-    expect_close(t, "softmax_xent dlogits", g_z, zc, (size_t)N * Vp, 2 * t->u + 16 * tol_loss);
+    // dlogits = dscale (exp(z - lse) - onehot): expf within 2 ulp on both sides, then one
+    // rounding to the dtype.
+    snprintf(what, sizeof what, "softmax_xent V=%d Vp=%d dlogits", V, Vp);
+    expect_close(t, what, g_z, zc, (size_t)N * Vp, 2 * t->u + 8 * U_F32);
     int pad_zero = 1;
     for (int i = 0; i < N; i++)
         for (int j = (tgt[i] < 0 ? 0 : V); j < Vp; j++) pad_zero &= g_z[(size_t)i * Vp + j] == 0.0f;
     EXPECT(pad_zero, "padded columns and ignored rows get dlogits 0");
-    t->gpu->release(t->gpu, d_z);
-    t->gpu->release(t->gpu, d_tgt);
-    t->gpu->release(t->gpu, d_loss);
-    free(z), free(tgt), free(loss), free(zc), free(g_loss), free(g_z);
+    void *bufs[] = {d_z, d_tgt, d_loss, d_lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
+    free(z), free(tgt), free(loss), free(lse), free(zc), free(g_loss), free(g_lse), free(g_z);
+}
+
+static void test_softmax_xent(Ctx *t) {
+    test_softmax_xent_case(t, 1000, 1024);
+    test_softmax_xent_case(t, 1001, 1001);
 }
 
 // ---- attention through the backend (the kernels themselves: tests/gpu/test_attention_gpu.c) ----
