@@ -29,20 +29,25 @@ int cli_bench_main(int argc, char **argv) {
     Config c;
     const char *device = NULL;
     long steps = 5;
-    int n = 0;
+    int n = 0, breakdown = 0;
     char err[ERR_LEN];
     char **rest = xmalloc((size_t)(argc + 1) * sizeof(char *));
     rest[n++] = argv[0];
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
-            printf("usage: train_gpt bench -c CONFIG.json [--set key=value ...] [--steps N] [--device cpu|cuda]\n"
+            printf("usage: train_gpt bench -c CONFIG.json [--set key=value ...] [--steps N] [--breakdown]\n"
+                   "                       [--device cpu|cuda]\n"
                    "Times N training steps (after one warm-up step) of the config's model on random tokens\n"
                    "and prints ms/step and tokens/s. No data, logs or checkpoints are touched.\n"
+                   "--breakdown then times N more steps phase by phase (forward+backward, the gradient\n"
+                   "reduction left after backward, norm, optimizer, all-gather; a device sync ends each\n"
+                   "phase) and prints rank 0's mean per phase.\n"
                    "Under torchrun, mpirun or srun every rank trains on batch_size sequences of its own\n"
                    "(data parallel, as `train`), and rank 0 prints the tokens/s of all ranks together.\n");
             return EXIT_OK;
         }
         if (strcmp(argv[i], "--steps") == 0) steps = cli_parse_long("--steps", cli_opt_value(argc, argv, &i), 1, 1000000);
+        else if (strcmp(argv[i], "--breakdown") == 0) breakdown = 1;
         else rest[n++] = argv[i];
     }
     cli_parse_train_args(n, rest, &c, &device);
@@ -80,6 +85,22 @@ int cli_bench_main(int argc, char **argv) {
                    100.0 * cli_flops_per_token(&c, gpt_num_params(m)) * tokens / dt /
                        (PEAK_FLOPS * li.world), gib);
         printf("\n");
+    }
+    if (breakdown) {
+        double sum[N_STEP_PHASES] = {0}, total = 0;
+        trainer_set_timing(t, 1);
+        for (long s = 0; s < steps; s++) {
+            StepStats st = trainer_step(t, steps + 1 + s, random_batch, &rb);
+            for (int p = 0; p < N_STEP_PHASES; p++) sum[p] += st.phase_ms[p];
+        }
+        if (li.rank == 0) {
+            printf("bench: phases (rank 0, ms per step, mean of %ld timed steps):", steps);
+            for (int p = 0; p < N_STEP_PHASES; p++) {
+                printf("%s %s %.2f", p ? " |" : "", STEP_PHASE_NAMES[p], sum[p] / steps);
+                total += sum[p] / steps;
+            }
+            printf(" | total %.2f\n", total);
+        }
     }
     trainer_free(t);
     gpt_free(m);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/timer.h"
 #ifdef FLASHGPT_CUDA
 #include "optim/optim_cuda.h"
 #endif
@@ -35,11 +36,26 @@ struct Trainer {
     OptimState view;        // checkpoint views (trainer_optim_state)
     float *host_state;      // cuda: (n + 2 * shard_n) host master (all), m, v behind the views
     LossScaler scaler;
+    int timing;             // trainer_set_timing
     int B, T;
     int *inputs, *targets;  // (B, T) host, the current micro-batch
 };
 
 #define DEFAULT_BUCKET_MB 25.0
+
+const char *const STEP_PHASE_NAMES[N_STEP_PHASES] = {"forward+backward", "reduction after backward",
+                                                     "norm", "optimizer", "all-gather"};
+
+void trainer_set_timing(Trainer *t, int on) { t->timing = on; }
+
+// Closes phase p of a timed step: waits for the device, adds the time since *t0 and restarts it.
+static void phase_end(Trainer *t, StepStats *st, StepPhase p, double *t0) {
+    if (!t->timing) return;
+    gpt_backend(t->m)->synchronize(gpt_backend(t->m));
+    const double now = now_seconds();
+    st->phase_ms[p] = (now - *t0) * 1e3;
+    *t0 = now;
+}
 
 static CommDtype comm_dtype(DType d) {
     return d == DTYPE_BF16 ? COMM_BF16 : d == DTYPE_F16 ? COMM_F16 : COMM_F32;
@@ -242,6 +258,7 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     st.loss_scale = t->scaler.scale;
     st.lr = lr_at(&t->c, step, t->c.train.steps);
 
+    double t0 = now_seconds();
     gpt_zero_grad(m);
     double loss_sum = 0;
     // Only the last micro-step reduces: accumulation adds locally, the ranks meet once.
@@ -262,6 +279,7 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
         bucket_flush(t);
         gpt_set_grad_ready_hook(m, NULL, NULL);
     }
+    phase_end(t, &st, PHASE_COMPUTE, &t0);
 
     Backend *be = gpt_backend(m);
     char *params = gpt_params(m), *grads = gpt_grads(m);  // (n_params) backend memory, dtype
@@ -271,6 +289,7 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
             t->comm->reduce_scatter_sum(t->comm, grads, t->counts, comm_dtype(be->dtype));
         t->comm->wait(t->comm);   // the buckets' reductions end here
     }
+    phase_end(t, &st, PHASE_REDUCE, &t0);
 #ifdef FLASHGPT_CUDA
     const double sumsq = t->on_gpu ? adamw_cuda_grad_sumsq(&t->gopt, grads + off)
                                    : sumsq_cpu((const float *)(grads + off), t->shard_n);
@@ -285,6 +304,7 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     const double norm = sqrt(sums[1]) / st.loss_scale;
     st.grad_norm = (float)norm;
     st.skipped = scaler_update(&t->scaler, isfinite(norm));
+    phase_end(t, &st, PHASE_NORM, &t0);
     if (st.skipped) return st;
     const float mult = grad_multiplier(norm, t->c.optim.grad_clip, st.loss_scale);
 #ifdef FLASHGPT_CUDA
@@ -292,9 +312,11 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
 #endif
     if (!t->on_gpu)
         adamw_step_cpu(&t->opt, (float *)(params + off), (const float *)(grads + off), st.lr, mult);
+    phase_end(t, &st, PHASE_UPDATE, &t0);
     if (t->comm) {
         t->comm->allgather(t->comm, params, t->counts, comm_dtype(be->dtype));
         t->comm->wait(t->comm);
     }
+    phase_end(t, &st, PHASE_GATHER, &t0);
     return st;
 }

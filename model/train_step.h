@@ -41,13 +41,28 @@ typedef struct Trainer Trainer;   // opaque
 // Fills the next micro-batch: inputs (B,T), targets (B,T) host int32.
 typedef void (*NextBatchFn)(void *ctx, int *inputs, int *targets);
 
+// Phases of a step, timed when trainer_set_timing is on (host clock, with a device sync closing
+// each phase, so a phase's time is the device's, not just the host's launch time).
+typedef enum {
+    PHASE_COMPUTE,   // forward and backward of every micro-step (bucket reductions run beside)
+    PHASE_REDUCE,    // the gradient reduction still running after backward (all of it unbucketed)
+    PHASE_NORM,      // global gradient norm and loss (sum of squares, all-reduce of two numbers)
+    PHASE_UPDATE,    // AdamW over this rank's shard
+    PHASE_GATHER,    // all-gather of the updated parameters
+    N_STEP_PHASES
+} StepPhase;
+
 typedef struct {
     float loss;        // mean loss over the step's micro-batches
     float lr;
     float grad_norm;   // global norm of the (unscaled, unclipped) gradient; inf/nan if not finite
     int skipped;       // 1 when the step was skipped (non-finite gradients)
     float loss_scale;  // scale used during this step
+    double phase_ms[N_STEP_PHASES];   // with trainer_set_timing on, else 0
 } StepStats;
+
+// Names of the phases, for reports.
+extern const char *const STEP_PHASE_NAMES[N_STEP_PHASES];
 
 // Takes the model's current parameters as the starting weights (fp32 master on CUDA: set them
 // with trainer_set_weights_f32 to keep the fp32 values a lower compute dtype rounds away).
@@ -60,6 +75,10 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm);
 void trainer_free(Trainer *t);
 // Runs optimizer step `step` (0-based) of c->train.steps.
 StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
+// Times each step's phases into StepStats.phase_ms. The device syncs it adds cost a little time
+// per step and stop work of one phase from overlapping the next (the bucket reductions still
+// overlap backward); bench reports it after its untimed run.
+void trainer_set_timing(Trainer *t, int on);
 // Sets the weights from host fp32 (gpt_num_params): the model's parameters and the master copy.
 void trainer_set_weights_f32(Trainer *t, const float *host);
 // The host AdamW of the cpu backend (tests read its moments); NULL on cuda.

@@ -11,7 +11,13 @@ NCCL's side stream) and with FLASHGPT_BUCKET_MB=0 (one reduce-scatter after back
 the step time on one GPU, the communication a step pays is t(N) - t1: for the unbucketed run
 that is the whole reduction plus the parameter all-gather, for the bucketed run only the part
 backward did not hide. --sweep adds a bucketed row per value of an environment variable (for
-example NCCL_MAX_CTAS=4,8,16: fewer NCCL blocks take fewer SMs from backward). Prints one table.
+example NCCL_MAX_CTAS=4,8,16: fewer NCCL blocks take fewer SMs from backward).
+
+Each run also times --steps more steps phase by phase (`bench --breakdown`: a device sync ends
+each phase): forward+backward, the reduction still running after backward, norm, optimizer and
+all-gather. The reduction after backward, bucketed against unbucketed, is the part of the
+reduce-scatter that backward hides; forward+backward, bucketed against unbucketed, is what the
+concurrent NCCL kernels cost backward. Prints two tables.
 """
 import argparse
 import os
@@ -22,6 +28,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINE = re.compile(r"([0-9.]+) ms/step, ([0-9.]+) tokens/s(?:, MFU ([0-9.]+)%)?")
+PHASES = re.compile(r"bench: phases .*?:(.*)")
 
 
 def free_port():
@@ -31,7 +38,7 @@ def free_port():
 
 
 def bench(args, gpus, bucket_mb=None, extra_env=None):
-    cmd = [args.bin, "bench", "-c", args.config, "--steps", str(args.steps), "--device", "cuda",
+    cmd = [args.bin, "bench", "-c", args.config, "--steps", str(args.steps), "--breakdown", "--device", "cuda",
            "--set", f"train.batch_size={args.batch}", "--set", f"train.seq_len={args.seq}",
            "--set", "train.grad_accum=1"]
     if gpus > 1:
@@ -44,7 +51,13 @@ def bench(args, gpus, bucket_mb=None, extra_env=None):
     m = LINE.search(p.stdout)
     if p.returncode != 0 or not m:
         sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-2000:]}{p.stderr[-3000:]}")
-    return {"ms": float(m.group(1)), "tok_s": float(m.group(2)), "mfu": float(m.group(3) or 0)}
+    ph = PHASES.search(p.stdout)
+    phases = {}
+    for part in (ph.group(1).split("|") if ph else []):
+        name, _, val = part.strip().rpartition(" ")
+        phases[name] = float(val)
+    return {"ms": float(m.group(1)), "tok_s": float(m.group(2)), "mfu": float(m.group(3) or 0),
+            "phases": phases}
 
 
 def main():
@@ -75,6 +88,20 @@ def main():
         paid = "-" if r is one else f"{r['ms'] - one['ms']:.2f}"
         print(f"| {name} | {r['ms']:.1f} | {r['tok_s']:,.0f} | {r['tok_s'] / one['tok_s']:.3f}x | "
               f"{r['mfu']:.1f}% | {paid} |")
+    names = [k for k in one["phases"] if k != "total"]
+    print()
+    print("phases per step on rank 0 (ms; " + str(args.steps) + " more steps, a device sync ending each phase)")
+    print("| run | " + " | ".join(names) + " | total |")
+    print("| --- |" + " --- |" * (len(names) + 1))
+    for name, r in rows:
+        print(f"| {name} | " + " | ".join(f"{r['phases'].get(k, 0):.2f}" for k in names) +
+              f" | {r['phases'].get('total', 0):.2f} |")
+    red = "reduction after backward"
+    if len(rows) > 2 and rows[2][1]["phases"].get(red, 0) > 0:
+        b, u = rows[1][1]["phases"], rows[2][1]["phases"]
+        print(f"reduce-scatter left after backward: {b[red]:.2f} ms with buckets, {u[red]:.2f} ms "
+              f"without (backward hides {100 * (1 - b[red] / u[red]):.0f}% of it); forward+backward "
+              f"{b['forward+backward'] - u['forward+backward']:+.2f} ms with buckets")
     serial, hidden = rows[2][1]["ms"] - one["ms"], rows[1][1]["ms"] - one["ms"]
     if serial > 0:
         share = max(0.0, 1 - max(hidden, 0) / serial)

@@ -246,6 +246,25 @@ def test_bench_runs_data_parallel(tmp_path, shards):
     assert len(lines) == 1 and f"batch {B} x seq {T} x accum 1 x ranks 2 (mpi)" in lines[0], r.stdout
 
 
+@needs_mpi
+def test_bench_breakdown_times_every_phase(tmp_path, shards):
+    # --breakdown: rank 0 prints one more line, every phase of a data-parallel step timed (the
+    # reduction, optimizer and all-gather take time on 2 ranks), and the phases add up to the total.
+    path, _ = config(tmp_path, shards, "phases")
+    args = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", BIN, "bench", "-c", path,
+            "--device", "cpu", "--steps", "2", "--breakdown"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line for line in r.stdout.splitlines() if line.startswith("bench: phases")]
+    assert len(lines) == 1, r.stdout
+    parts = dict(p.strip().rsplit(" ", 1) for p in lines[0].split(":", 2)[2].split("|"))
+    names = ["forward+backward", "reduction after backward", "norm", "optimizer", "all-gather"]
+    assert list(parts) == names + ["total"], lines[0]
+    ms = {k: float(v) for k, v in parts.items()}
+    assert all(ms[k] > 0 for k in ["forward+backward", "reduction after backward", "optimizer"]), ms
+    assert abs(sum(ms[k] for k in names) - ms["total"]) < 0.02 * len(names), ms
+
+
 # ---------------------------------------------------------------------------------------------
 # ZeRO-1 shards, resume
 
