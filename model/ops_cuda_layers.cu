@@ -102,17 +102,20 @@ void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, co
 //   dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),  dnorm = dout * w,
 // and the block's column sums of dout * norm (for dw) and dout (for db), accumulated per warp
 // in shared memory (each lane touches only its own columns: no atomics), then added over the
-// warps in a fixed order into partial (2, gridDim.x, C). Deterministic.
+// warps in a fixed order into partial (2, gridDim.x, C). Deterministic. Column c = g VEC + i is
+// kept at i G + g (G = C / VEC groups), so the 32 lanes of a warp, which hold adjacent groups,
+// hit 32 different banks.
 template <typename T, int VEC>
 __global__ void layernorm_backward_kernel(T *dinp, float *partial, const T *dout, const T *inp,
                                           const T *w, const float *mean, const float *rstd, int N,
                                           int C) {
-    extern __shared__ float sh_acc[];   // (warps, 2, C)
+    extern __shared__ float sh_acc[];   // (warps, 2, VEC, G)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int G = C / VEC;
     float *acc_w = sh_acc + (size_t)warp * 2 * C, *acc_b = acc_w + C;
-    for (int c = lane * VEC; c < C; c += 32 * VEC)
+    for (int g = lane; g < G; g += 32)
 #pragma unroll
-        for (int i = 0; i < VEC; i++) acc_w[c + i] = acc_b[c + i] = 0.0f;
+        for (int i = 0; i < VEC; i++) acc_w[i * G + g] = acc_b[i * G + g] = 0.0f;
     const int row0 = blockIdx.x * warps * LN_BWD_ROWS;
     for (int k = 0; k < LN_BWD_ROWS; k++) {
         const int row = row0 + k * warps + warp;
@@ -131,8 +134,8 @@ __global__ void layernorm_backward_kernel(T *dinp, float *partial, const T *dout
                 const float xn = (xv[i] - m) * s, dn = dv[i] * wv[i];
                 sum_dn += dn;
                 sum_dn_n += dn * xn;
-                acc_w[c + i] += dv[i] * xn;
-                acc_b[c + i] += dv[i];
+                acc_w[i * G + c / VEC] += dv[i] * xn;
+                acc_b[i * G + c / VEC] += dv[i];
             }
         }
         const float a = warp_sum(sum_dn) / C, bb = warp_sum(sum_dn_n) / C;
@@ -150,10 +153,11 @@ __global__ void layernorm_backward_kernel(T *dinp, float *partial, const T *dout
     }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const int at = (c % VEC) * G + c / VEC;
         float sw = 0.0f, sb = 0.0f;
         for (int k = 0; k < warps; k++) {
-            sw += sh_acc[(size_t)k * 2 * C + c];
-            sb += sh_acc[(size_t)k * 2 * C + C + c];
+            sw += sh_acc[(size_t)k * 2 * C + at];
+            sb += sh_acc[(size_t)k * 2 * C + C + at];
         }
         partial[(size_t)blockIdx.x * C + c] = sw;
         partial[((size_t)gridDim.x + blockIdx.x) * C + c] = sb;
