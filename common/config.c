@@ -53,9 +53,6 @@ static const CfgKey KEYS[] = {
      "entropy), retrieval (key/value pairs recalled about seq_len tokens later)"},
     {"data.shuffle", CFG_BOOL, OFF(data.shuffle), "false", 0, 0, NULL,
      "visit training windows in a seeded random order, each shifted by a random offset"},
-    {"data.retrieval_spread", CFG_BOOL, OFF(data.retrieval_spread), "false", 0, 0, NULL,
-     "retrieval: training sequences open their pairs at a random offset, so answers lie 32 to "
-     "seq_len tokens back (validation keeps every answer about seq_len - 64 back)"},
     {"data.eot_token", CFG_INT, OFF(data.eot_token), "-1", -1, BIG, NULL,
      "end-of-text token that separates documents; -1 = none"},
 

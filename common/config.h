@@ -19,7 +19,6 @@ typedef struct {
         char train[CFG_PATH_MAX], val[CFG_PATH_MAX], tokenizer[CFG_PATH_MAX];
         char synthetic[CFG_NAME_MAX];        // "" = read shards; else a built-in task name
         int shuffle;
-        int retrieval_spread;                // retrieval: training pairs at random offsets
         int eot_token;                       // -1: none
     } data;
     struct {

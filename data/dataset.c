@@ -121,7 +121,6 @@ Dataset *dataset_open(const Config *c, Split split, int B, int T, int rank, int 
     if (c->data.synthetic[0] != '\0' && strcmp(c->data.synthetic, "none") != 0) {
         d->synth = synthetic_create(c->data.synthetic, c->model.vocab_size, T, d->seed, err, errlen);
         rc = d->synth ? 0 : -1;
-        if (d->synth) synthetic_set_spread(d->synth, split == SPLIT_TRAIN && c->data.retrieval_spread);
     } else {
         d->shuffle = split == SPLIT_TRAIN && c->data.shuffle;
         rc = open_shards(d, split == SPLIT_TRAIN ? c->data.train : c->data.val, c->model.vocab_size, err,

@@ -23,7 +23,6 @@ struct Synthetic {
     TaskKind kind;
     int T, S;          // sequence length, alphabet size (ids in [0, S))
     int K;             // Markov successors per state; retrieval key/value pairs
-    int spread;        // retrieval: opening pairs at a random offset (synthetic_set_spread)
     int *next;         // (S, K) successor ids
     double *cum;       // (S, K) cumulative transition probabilities, last = 1
     double *pi_cum;    // (S,) cumulative stationary distribution, last = 1
@@ -156,8 +155,6 @@ Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t se
     return s;
 }
 
-void synthetic_set_spread(Synthetic *s, int on) { s->spread = s->kind == TASK_RETRIEVAL && on; }
-
 void synthetic_free(Synthetic *s) {
     if (!s) return;
     free(s->next);
@@ -195,11 +192,9 @@ static void retrieval_sequence(const Synthetic *s, Rng *r, int *inputs, int *tar
         inputs[t] = 2 * nk + (int)rng_below(r, (uint64_t)(s->S - 2 * nk));   // filler
         targets[t] = -1;
     }
-    // The opening block [o, o + 2K) ends before the closing one [T - 2K, T).
-    const int o = s->spread ? (int)rng_below(r, (uint64_t)(T - 4 * K + 1)) : 0;
     for (int i = 0; i < K; i++) {
-        inputs[o + 2 * i] = keys[i];
-        inputs[o + 2 * i + 1] = vals[i];
+        inputs[2 * i] = keys[i];
+        inputs[2 * i + 1] = vals[i];
         const int q = T - 2 * K + 2 * i;   // the closing copy, shuffled
         inputs[q] = keys[order[i]];
         inputs[q + 1] = vals[order[i]];

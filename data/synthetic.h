@@ -26,11 +26,6 @@ typedef struct Synthetic Synthetic;   // opaque
 Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t seed, char *err,
                             size_t errlen);
 void synthetic_free(Synthetic *s);
-// retrieval only: with on, each sequence opens its K pairs at an offset drawn uniformly from
-// [0, T - 4K] (the rest of the opening stays filler), so the answers lie from about 2K to T - 2K
-// positions back instead of all about T - 4K back: a model learns the key-to-value lookup at
-// every distance up to T. Training runs use it (data.retrieval_spread); validation does not.
-void synthetic_set_spread(Synthetic *s, int on);
 // One sequence from stream_seed: inputs (T,), targets (T,) with -1 for ignored targets.
 void synthetic_sequence(const Synthetic *s, uint64_t stream_seed, int *inputs, int *targets);
 // The lowest achievable mean loss over non-ignored targets, in nats.

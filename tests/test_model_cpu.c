@@ -869,44 +869,6 @@ static void test_retrieval_task(void) {
            "a too short sequence is refused with a message naming the key: %s", err);
 }
 
-// data.retrieval_spread: the opening pairs start at a random offset o in [0, T - 4K]; every
-// closing key is still defined exactly once before it, with its value right after, and over many
-// sequences o covers its range (answers from about 2K to T - 2K back).
-static void test_retrieval_spread(void) {
-    enum { T = 300, V = 1000, K = 16, S = 256, SEQS = 400 };
-    char err[256];
-    Synthetic *s = synthetic_create("retrieval", V, T, 9, err, sizeof err);
-    EXPECT(s != NULL, "%s", err);
-    if (!s) return;
-    synthetic_set_spread(s, 1);
-    int in[T], tg[T], ok = 1, o_min = T, o_max = -1;
-    for (int q = 0; q < SEQS; q++) {
-        synthetic_sequence(s, 1000 + q, in, tg);
-        int o = -1, n_targets = 0;
-        for (int t = 0; t < T && o < 0; t++)
-            if (in[t] < S / 4) o = t;
-        ok &= o >= 0 && o <= T - 4 * K;
-        if (o < 0) break;
-        o_min = o < o_min ? o : o_min;
-        o_max = o > o_max ? o : o_max;
-        for (int t = 0; t < T; t++) {
-            const int opening = t >= o && t < o + 2 * K, closing = t >= T - 2 * K;
-            ok &= opening || closing || in[t] >= S / 2;   // filler elsewhere
-            if (tg[t] < 0) continue;
-            n_targets++;
-            int def = -1, defs = 0;
-            for (int j = 0; j < T - 2 * K; j++)
-                if (in[j] == in[t]) def = j, defs++;
-            ok &= defs == 1 && in[def + 1] == tg[t] && in[t + 1] == tg[t];
-        }
-        ok &= n_targets == K;
-    }
-    EXPECT(ok, "retrieval structure with spread pairs");
-    EXPECT(o_min < T / 10 && o_max > T - 4 * K - T / 10, "offsets span [%d, %d] of [0, %d]", o_min,
-           o_max, T - 4 * K);
-    synthetic_free(s);
-}
-
 // Parameter layout: names, order, shapes, decay flags and the initialisation statistics.
 static void test_layout_and_init(void) {
     GPTConfig g = small_config(POS_LEARNED);
@@ -1190,7 +1152,6 @@ int main(void) {
     TEST_CASE("gpt recompute attn_gelu == none (rope, packed documents)",
               test_recompute("attn_gelu", POS_ROPE, PACKED_DOCS));
     TEST_CASE("synthetic retrieval task", test_retrieval_task());
-    TEST_CASE("synthetic retrieval task, spread pairs", test_retrieval_spread());
     TEST_CASE("gpt bad input exits with code 2", {
         EXPECT(exit_code_of(create_rope_odd_head) == 2, "rope with an odd head size");
         EXPECT(exit_code_of(create_docs_without_eot) == 2, "doc_mask without data.eot_token");
