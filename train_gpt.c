@@ -97,7 +97,7 @@ static void open_run(Run *r, const char *device) {
     // Each rank binds the GPU of its local rank.
     r->be = cli_open_backend(device, c->precision.dtype, r->launch.local_rank);
     const int on_gpu = strcmp(r->be->name, "cuda") == 0;
-    r->comm = cli_open_comm(&r->launch, r->be);
+    r->comm = cli_open_comm(&r->launch, r->be, c);
     // Every rank starts from the same weights (the same seed) and sees the same checkpoints.
     GPTConfig gc = gpt_config_from(c);
     r->model = gpt_create(&gc, r->be, B, T, c);

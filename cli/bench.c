@@ -55,7 +55,7 @@ int cli_bench_main(int argc, char **argv) {
     LaunchInfo li;
     if (launch_detect(&li, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     Backend *be = cli_open_backend(device, c.precision.dtype, li.local_rank);
-    Comm *comm = cli_open_comm(&li, be);
+    Comm *comm = cli_open_comm(&li, be, &c);
     GPTConfig gc = gpt_config_from(&c);
     const int B = c.train.batch_size, T = c.train.seq_len;
     GPT *m = gpt_create(&gc, be, B, T, &c);

@@ -32,7 +32,8 @@ const char *cli_device_arg(int argc, char **argv, int *i);  // --device cpu|cuda
 // -c CONFIG [--set key=value ...] [--device ...] into a validated config (exits on --help).
 void cli_parse_train_args(int argc, char **argv, Config *c, const char **device);
 Backend *cli_open_backend(const char *device, const char *dtype, int local_rank);
-Comm *cli_open_comm(const LaunchInfo *li, Backend *be);      // exits 2 when li cannot be served
+// The launch's communicator with the config's dist.timeout; exits 2 when li cannot be served.
+Comm *cli_open_comm(const LaunchInfo *li, Backend *be, const Config *c);
 
 // ---- evaluation and text ----
 long long cli_eval_batches(const Dataset *d, int B, int T, long long tokens);

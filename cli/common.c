@@ -92,14 +92,15 @@ Backend *cli_open_backend(const char *device, const char *dtype, int local_rank)
 
 // The communicator of launch li for the backend's memory: NCCL on the CUDA backend's stream, MPI
 // (or the single process) on the CPU. A launch this build cannot serve exits 2 with the reason.
-Comm *cli_open_comm(const LaunchInfo *li, Backend *be) {
+Comm *cli_open_comm(const LaunchInfo *li, Backend *be, const Config *cfg) {
     char err[ERR_LEN];
     const int on_gpu = strcmp(be->name, "cuda") == 0;
     void *stream = NULL;
 #ifdef FLASHGPT_CUDA
     if (on_gpu) stream = backend_cuda_stream(be);
 #endif
-    Comm *c = comm_open(li, on_gpu ? COMM_DEVICE : COMM_HOST, stream, err, sizeof err);
+    Comm *c = comm_open(li, on_gpu ? COMM_DEVICE : COMM_HOST, stream,
+                        comm_timeout(cfg->dist.timeout), err, sizeof err);
     if (!c) fatal(EXIT_USAGE, "%s", err);
     return c;
 }

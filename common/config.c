@@ -105,6 +105,13 @@ static const CfgKey KEYS[] = {
     {"attention.deterministic", CFG_BOOL, OFF(attention.deterministic), "false", 0, 0, NULL,
      "bitwise reproducible attention backward"},
 
+    {"dist.bucket_mb", CFG_FLOAT, OFF(dist.bucket_mb), "25", 0, 1e6, NULL,
+     "MiB of gradients per reduction bucket, reduced while backward still runs; 0 = one "
+     "reduce-scatter after backward (the environment variable FLASHGPT_BUCKET_MB overrides)"},
+    {"dist.timeout", CFG_FLOAT, OFF(dist.timeout), "300", 1, 1e6, NULL,
+     "seconds a rank waits for the others before it ends the job with a message naming the "
+     "operation (the environment variable FLASHGPT_DIST_TIMEOUT overrides)"},
+
     {"log.dir", CFG_STR, OFF(log.dir), "runs/default", 0, 0, NULL,
      "run directory: metrics.jsonl, config.json and checkpoints"},
     {"log.every", CFG_INT, OFF(log.every), "10", 1, BIG, NULL, "print a progress line every N steps"},

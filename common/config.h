@@ -48,6 +48,10 @@ typedef struct {
         int deterministic;
     } attention;
     struct {
+        float bucket_mb;                     // MiB of gradients per reduction bucket; 0 = none
+        float timeout;                       // seconds a rank waits for the others
+    } dist;
+    struct {
         char dir[CFG_PATH_MAX];
         int every, eval_every, eval_tokens, sample_every, sample_tokens, checkpoint_every,
             keep_checkpoints;

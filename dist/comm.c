@@ -47,9 +47,9 @@ void comm_shard(size_t n, int world, int rank, size_t *offset, size_t *count, si
     }
 }
 
-double comm_timeout_from_env(void) {
+double comm_timeout(double configured) {
     const char *v = getenv("FLASHGPT_DIST_TIMEOUT");
-    if (!v) return DEFAULT_TIMEOUT_S;
+    if (!v) return configured;
     char *end;
     const double s = strtod(v, &end);
     if (*v == '\0' || *end != '\0' || !(s > 0))
@@ -61,7 +61,7 @@ double comm_timeout_from_env(void) {
 void comm_fail_timeout(const Comm *c, const char *what) {
     fprintf(stderr,
             "error: rank %d of %d: %s did not complete within %.0f s: another rank died or "
-            "hangs (its own log names the cause); raise FLASHGPT_DIST_TIMEOUT if a rank is "
+            "hangs (its own log names the cause); raise dist.timeout (or FLASHGPT_DIST_TIMEOUT) if a rank is "
             "only slow (a large checkpoint write)\n",
             c->rank, c->world, what, c->timeout_s);
     fflush(stderr);
@@ -91,7 +91,7 @@ Comm *comm_single_create(void) {
     *c = (Comm){.name = "single",
                 .rank = 0,
                 .world = 1,
-                .timeout_s = comm_timeout_from_env(),
+                .timeout_s = DEFAULT_TIMEOUT_S,
                 .allreduce_sum = single_allreduce,
                 .reduce_scatter_sum = single_segments,
                 .reduce_scatter_start = single_range,
@@ -106,9 +106,9 @@ Comm *comm_single_create(void) {
 
 // ---- the implementation for a launch ----
 
-static Comm *open_host(const LaunchInfo *li, char *err, size_t errlen) {
+static Comm *open_host(const LaunchInfo *li, double timeout_s, char *err, size_t errlen) {
 #ifdef FLASHGPT_MPI
-    if (li->kind == LAUNCH_MPIRUN) return comm_mpi_create(li, err, errlen);
+    if (li->kind == LAUNCH_MPIRUN) return comm_mpi_create(li, timeout_s, err, errlen);
     set_error(err, errlen,
               "%d ranks launched by %s on the CPU backend: the CPU backend's "
               "collectives use MPI: launch with mpirun -np %d",
@@ -127,12 +127,12 @@ enum { NCCL_ID_BYTES = 128 };  // sizeof(ncclUniqueId), fixed by NCCL's ABI
 
 // NCCL's unique id from rank 0 to every rank: through MPI when this is an MPI build launched by
 // mpirun (the MPI comm stays open beside NCCL: *boot), else over TCP.
-static int share_nccl_id(const LaunchInfo *li, unsigned char *id, Comm **boot, char *err,
-                         size_t errlen) {
+static int share_nccl_id(const LaunchInfo *li, unsigned char *id, double timeout_s, Comm **boot,
+                         char *err, size_t errlen) {
     *boot = NULL;
 #ifdef FLASHGPT_MPI
     if (li->kind == LAUNCH_MPIRUN) {
-        *boot = comm_mpi_create(li, err, errlen);
+        *boot = comm_mpi_create(li, timeout_s, err, errlen);
         if (!*boot) return -1;
         (*boot)->broadcast(*boot, id, NCCL_ID_BYTES, 0);
         return 0;
@@ -145,18 +145,19 @@ static int share_nccl_id(const LaunchInfo *li, unsigned char *id, Comm **boot, c
                          "too) when MPI does not carry it",
                          li->world, launch_kind_name(li->kind));
     return tcp_broadcast(li->master_addr, li->master_port + 1, li->rank, li->world, id,
-                         NCCL_ID_BYTES, comm_timeout_from_env(), err, errlen);
+                         NCCL_ID_BYTES, timeout_s, err, errlen);
 }
 #endif
 
-static Comm *open_device(const LaunchInfo *li, void *cuda_stream, char *err, size_t errlen) {
+static Comm *open_device(const LaunchInfo *li, void *cuda_stream, double timeout_s, char *err,
+                         size_t errlen) {
 #ifdef FLASHGPT_NCCL
     unsigned char id[NCCL_ID_BYTES];
     memset(id, 0, sizeof id);
     if (li->rank == 0 && comm_nccl_unique_id(id, err, errlen) != 0) return NULL;
     Comm *boot;
-    if (share_nccl_id(li, id, &boot, err, errlen) != 0) return NULL;
-    Comm *c = comm_nccl_create(li, id, cuda_stream, boot, err, errlen);
+    if (share_nccl_id(li, id, timeout_s, &boot, err, errlen) != 0) return NULL;
+    Comm *c = comm_nccl_create(li, id, cuda_stream, boot, timeout_s, err, errlen);
     if (!c) comm_close(boot);
     return c;
 #else
@@ -165,10 +166,11 @@ static Comm *open_device(const LaunchInfo *li, void *cuda_stream, char *err, siz
 #endif
 }
 
-Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, char *err, size_t errlen) {
+Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, double timeout_s,
+                char *err, size_t errlen) {
     if (li->world == 1) return comm_single_create();
-    return mem == COMM_HOST ? open_host(li, err, errlen)
-                            : open_device(li, cuda_stream, err, errlen);
+    return mem == COMM_HOST ? open_host(li, timeout_s, err, errlen)
+                            : open_device(li, cuda_stream, timeout_s, err, errlen);
 }
 
 void comm_close(Comm *c) {

@@ -2,8 +2,9 @@
 // implementations: single process (world 1, nothing to do), MPI (host buffers, the CPU backend;
 // built when mpicc is found) and NCCL (device buffers on the CUDA backend's stream; built with
 // CUDA). A rank that died or hangs never makes the others wait forever: every wait is bounded by
-// the comm's timeout (FLASHGPT_DIST_TIMEOUT seconds, default 300), after which the process
-// prints which operation timed out and exits with EXIT_RUNTIME (MPI: MPI_Abort ends the job).
+// the comm's timeout (dist.timeout seconds, default 300, or FLASHGPT_DIST_TIMEOUT), after which
+// the process prints which operation timed out and exits with EXIT_RUNTIME (MPI: MPI_Abort ends
+// the job).
 #pragma once
 #include <stddef.h>
 
@@ -77,11 +78,14 @@ void comm_range_parts(size_t offset, size_t count, const size_t *counts, int wor
 // cuda_stream, a cudaStream_t, with device li->local_rank already current), and gets NCCL's
 // unique id through MPI when built with it and launched by mpirun, else over TCP from rank 0
 // (dist/bootstrap_tcp.h). Returns NULL with err set when this launch cannot be served.
-Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, char *err, size_t errlen);
+// timeout_s: how long any rank waits for the others (comm_timeout).
+Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, double timeout_s,
+                char *err, size_t errlen);
 void comm_close(Comm *c);  // NULL is fine
 
-// The timeout from FLASHGPT_DIST_TIMEOUT (seconds, > 0), default 300.
-double comm_timeout_from_env(void);
+// The timeout in seconds: FLASHGPT_DIST_TIMEOUT when set (> 0; anything else exits 2 with a
+// message), else `configured` (the config's dist.timeout).
+double comm_timeout(double configured);
 // Prints "rank R of W: <what> did not complete within S s ..." on stderr, then c->abort (when
 // set) or exit(EXIT_RUNTIME).
 void comm_fail_timeout(const Comm *c, const char *what) __attribute__((noreturn));
@@ -89,7 +93,7 @@ void comm_fail_timeout(const Comm *c, const char *what) __attribute__((noreturn)
 Comm *comm_single_create(void);
 #ifdef FLASHGPT_MPI
 // Initialises MPI (once per process) and wraps MPI_COMM_WORLD; the world must match li's.
-Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen);
+Comm *comm_mpi_create(const LaunchInfo *li, double timeout_s, char *err, size_t errlen);
 #endif
 #ifdef FLASHGPT_NCCL
 // A new NCCL unique id (128 bytes) on rank 0.
@@ -97,5 +101,5 @@ int comm_nccl_unique_id(void *id, char *err, size_t errlen);
 // NCCL over li's world on cuda_stream, the unique id already shared by every rank. boot (may be
 // NULL) is the MPI comm that carried the id; the NCCL comm closes it when it is closed.
 Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_stream, Comm *boot,
-                       char *err, size_t errlen);
+                       double timeout_s, char *err, size_t errlen);
 #endif

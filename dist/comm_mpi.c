@@ -180,7 +180,7 @@ static void mpi_destroy(Comm *c) {
     free(c);
 }
 
-Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen) {
+Comm *comm_mpi_create(const LaunchInfo *li, double timeout_s, char *err, size_t errlen) {
     int inited = 0, provided, rank, world;
     MPI_Initialized(&inited);
     if (!inited) MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
@@ -202,7 +202,7 @@ Comm *comm_mpi_create(const LaunchInfo *li, char *err, size_t errlen) {
     *c = (Comm){.name = "mpi",
                 .rank = rank,
                 .world = world,
-                .timeout_s = comm_timeout_from_env(),
+                .timeout_s = timeout_s,
                 .ctx = x,
                 .allreduce_sum = mpi_allreduce,
                 .reduce_scatter_sum = mpi_reduce_scatter,

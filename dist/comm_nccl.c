@@ -246,7 +246,7 @@ int comm_nccl_unique_id(void *id, char *err, size_t errlen) {
 }
 
 Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_stream, Comm *boot,
-                       char *err, size_t errlen) {
+                       double timeout_s, char *err, size_t errlen) {
     // NVLink SHARP (NVLS multicast) stays off unless the user sets the variable (the launch
     // scripts set it to 0 as well).
     setenv("NCCL_NVLS_ENABLE", "0", 0);
@@ -257,7 +257,7 @@ Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_s
     *c = (Comm){.name = "nccl",
                 .rank = li->rank,
                 .world = li->world,
-                .timeout_s = comm_timeout_from_env(),
+                .timeout_s = timeout_s,
                 .ctx = x,
                 .allreduce_sum = nccl_allreduce,
                 .reduce_scatter_sum = nccl_reduce_scatter,

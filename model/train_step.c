@@ -41,8 +41,6 @@ struct Trainer {
     int *inputs, *targets;  // (B, T) host, the current micro-batch
 };
 
-#define DEFAULT_BUCKET_MB 25.0
-
 const char *const STEP_PHASE_NAMES[N_STEP_PHASES] = {"forward+backward", "reduction after backward",
                                                      "norm", "optimizer", "all-gather"};
 
@@ -61,12 +59,12 @@ static CommDtype comm_dtype(DType d) {
     return d == DTYPE_BF16 ? COMM_BF16 : d == DTYPE_F16 ? COMM_F16 : COMM_F32;
 }
 
-// Bucket size from FLASHGPT_BUCKET_MB (MiB of gradients, > 0; 0 = no buckets: one
-// reduce-scatter after backward), default 25 MiB: large enough that each collective's fixed
-// latency is small against its transfer, small enough that the first starts early in backward.
-static size_t bucket_elems(size_t elem_bytes) {
+// Bucket size in elements from dist.bucket_mb (MiB of gradients; 0 = no buckets: one
+// reduce-scatter after backward), or FLASHGPT_BUCKET_MB when set. The default, 25 MiB, is large
+// enough that each collective's fixed latency is small against its transfer, small enough that
+// the first starts early in backward.
+static size_t bucket_elems(double mb, size_t elem_bytes) {
     const char *v = getenv("FLASHGPT_BUCKET_MB");
-    double mb = DEFAULT_BUCKET_MB;
     if (v) {
         char *end;
         mb = strtod(v, &end);
@@ -157,7 +155,7 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     t->n = gpt_num_params(m);
     t->counts = xmalloc((size_t)t->world * sizeof(size_t));
     comm_shard(t->n, t->world, t->rank, &t->shard_off, &t->shard_n, t->counts);
-    if (t->comm) t->bucket_n = bucket_elems(dtype_size(be->dtype));
+    if (t->comm) t->bucket_n = bucket_elems(c->dist.bucket_mb, dtype_size(be->dtype));
     t->B = c->train.batch_size;
     t->T = c->train.seq_len;
     t->inputs = xmalloc((size_t)t->B * t->T * sizeof(int));

@@ -13,11 +13,11 @@
 // global batch), so rank r holds the gradient of its shard of the flat vector (comm_shard).
 // The reduction overlaps backward: on the last micro-step gpt's grad-ready hook hands over each
 // layer's gradient block as soon as it is final, and buckets of adjacent blocks (about
-// FLASHGPT_BUCKET_MB MiB, default 25; 0 = one reduce-scatter after backward) start their
+// dist.bucket_mb MiB, default 25; 0 = one reduce-scatter after backward) start their
 // reduce-scatter at once (Comm.reduce_scatter_start), all finished before the gradient norm.
 // Bucket boundaries depend on the model's sizes alone, so results never depend on timing; with
 // 2 ranks each element is the same one addition as in the single reduce-scatter, so the weights
-// are bitwise those of FLASHGPT_BUCKET_MB=0 (with more ranks the library may pick another
+// are bitwise those of dist.bucket_mb = 0 (with more ranks the library may pick another
 // summation order for another message size).
 // ZeRO-1: the AdamW moments (and on CUDA the fp32 master weights) exist only for that shard;
 // each rank updates its shard, then the parameters are all-gathered. The loss and the gradient

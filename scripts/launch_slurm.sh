@@ -34,10 +34,11 @@ export MASTER_ADDR MASTER_PORT
 # NVLink SHARP (NVLS multicast) stays off; flashgpt's collectives do not need it.
 export NCCL_NVLS_ENABLE=0
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8}
-# A rank that waits longer than this for the others (a dead or hung host) exits non-zero.
-export FLASHGPT_DIST_TIMEOUT=${FLASHGPT_DIST_TIMEOUT:-600}
 
 echo "launch_slurm: $SLURM_NTASKS ranks on $SLURM_JOB_NUM_NODES hosts," \
      "rank 0 at $MASTER_ADDR:$MASTER_PORT"
-# --kill-on-bad-exit: when one task fails, Slurm ends the others at once.
-exec srun --kill-on-bad-exit=1 --cpu-bind=cores ./train_gpt train -c "$config" --device cuda "$@"
+# --kill-on-bad-exit: when one task fails, Slurm ends the others at once. A rank that waits
+# longer than dist.timeout for the others (a dead or hung host) exits non-zero: 600 s here, for
+# checkpoint writes to a shared filesystem; a later --set (or FLASHGPT_DIST_TIMEOUT) wins.
+exec srun --kill-on-bad-exit=1 --cpu-bind=cores ./train_gpt train -c "$config" --device cuda \
+    --set dist.timeout=600 "$@"

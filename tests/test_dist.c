@@ -1,5 +1,5 @@
-// dist: launch detection from each launcher's variables, shard and range arithmetic, the
-// single-process communicator, and the TCP bootstrap between forked processes (all ranks
+// dist: launch detection from each launcher's variables, the rank timeout, shard and range
+// arithmetic, the single-process communicator, and the TCP bootstrap between forked processes (all ranks
 // arrive; one rank missing; rank 0 missing), which is how NCCL's unique id travels without MPI.
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +203,17 @@ static void test_tcp_bootstrap(void) {
            "a missing rank 0 is named: %s", err);
 }
 
+// dist.timeout is the default; FLASHGPT_DIST_TIMEOUT, when set, wins.
+static void test_timeout(void) {
+    unsetenv("FLASHGPT_DIST_TIMEOUT");
+    EXPECT(comm_timeout(42.0) == 42.0, "the configured timeout without the variable");
+    setenv("FLASHGPT_DIST_TIMEOUT", "7.5", 1);
+    EXPECT(comm_timeout(42.0) == 7.5, "FLASHGPT_DIST_TIMEOUT overrides the config");
+    unsetenv("FLASHGPT_DIST_TIMEOUT");
+}
+
 int main(void) {
+    TEST_CASE("rank timeout: dist.timeout, overridden by FLASHGPT_DIST_TIMEOUT", test_timeout());
     TEST_CASE("launch detection: torchrun, mpirun, srun, none, bad variables", test_launch());
     TEST_CASE("comm_shard tiles the flat vector in aligned shards", test_shard());
     TEST_CASE("comm_range_parts splits a range at the shard boundaries", test_range_parts());

@@ -208,15 +208,17 @@ def test_grad_accum_reduces_once_and_matches(tmp_path, shards):
 
 @needs_mpi
 def test_bucketed_reduction_is_bitwise_the_single_one(tmp_path, shards):
-    # FLASHGPT_BUCKET_MB=0 reduce-scatters all gradients after backward; 0.001 MiB (262 floats)
+    # dist.bucket_mb = 0 reduce-scatters all gradients after backward; 0.001 MiB (262 floats)
     # makes every block its own bucket, 0.02 MiB (5242 floats) groups small blocks and puts the
     # shard boundary inside a bucket, and the default (25) is one bucket for this model. With 2
-    # ranks every element is the same single addition either way: equal bit for bit.
+    # ranks every element is the same single addition either way: equal bit for bit. 0.001 comes
+    # through FLASHGPT_BUCKET_MB, which overrides the config's 0.
     runs = {}
     for mb in ("0", "0.001", "0.02", None):
+        dist = {"bucket_mb": 0 if mb == "0.001" else float(mb)} if mb else {}
         path, run_dir = config(tmp_path, shards, f"mb{mb}", data={"shuffle": True},
-                               train={"grad_accum": 2, "steps": 10})
-        train(path, 2, extra_env={"FLASHGPT_BUCKET_MB": mb} if mb else None)
+                               train={"grad_accum": 2, "steps": 10}, dist=dist)
+        train(path, 2, extra_env={"FLASHGPT_BUCKET_MB": mb} if mb == "0.001" else None)
         runs[mb] = (losses(run_dir), weights(os.path.join(run_dir, "ckpt_00000010")))
     ref_losses, ref_weights = runs["0"]
     for mb, (l, w) in runs.items():
@@ -232,6 +234,15 @@ def test_bad_bucket_size_is_a_usage_error(tmp_path, shards):
     r = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env=env(FLASHGPT_BUCKET_MB="lots"))
     assert r.returncode != 0 and "FLASHGPT_BUCKET_MB='lots'" in r.stderr, r.stderr[-2000:]
+
+
+def test_bad_dist_settings_are_usage_errors(tmp_path, shards):
+    # The config's dist section is validated like every other: the message names the key.
+    for key, value in (("bucket_mb", -1), ("timeout", 0)):
+        path, _ = config(tmp_path, shards, f"bad_{key}", dist={key: value})
+        r = subprocess.run([BIN, "train", "-c", path, "--device", "cpu"], capture_output=True,
+                           text=True, timeout=60, cwd=ROOT, env=env())
+        assert r.returncode == 2 and f"dist.{key}" in r.stderr, r.stderr[-2000:]
 
 
 @needs_mpi
@@ -340,14 +351,20 @@ def test_resume_on_another_world_size(tmp_path, shards):
 # faults: a killed or a hung rank ends the job, non-zero, within a bounded time
 
 
-def start_long_run(tmp_path, shards, timeout_s):
+def start_long_run(tmp_path, shards, timeout_s, through_env):
+    """A long 2-rank run with a rank timeout of timeout_s, set through FLASHGPT_DIST_TIMEOUT
+    (through_env) or the config's dist.timeout."""
     path, run_dir = config(tmp_path, shards, "fault", train={"steps": 1000000},
-                           log={"checkpoint_every": 0, "eval_every": 0, "every": 100})
+                           log={"checkpoint_every": 0, "eval_every": 0, "every": 100},
+                           dist={} if through_env else {"timeout": timeout_s})
     tag = str(os.getpid()) + str(time.monotonic_ns())
     args = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "FLASHGPT_TEST_JOB",
             BIN, "train", "-c", path, "--device", "cpu"]
+    variables = {"FLASHGPT_TEST_JOB": tag}
+    if through_env:
+        variables["FLASHGPT_DIST_TIMEOUT"] = str(timeout_s)
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                         env=env(FLASHGPT_DIST_TIMEOUT=str(timeout_s), FLASHGPT_TEST_JOB=tag))
+                         env=env(**variables))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait until both ranks train
         metrics = os.path.join(run_dir, "metrics.jsonl")
@@ -395,7 +412,7 @@ def wait_exit(p, bound):
 
 @needs_mpi
 def test_killed_rank_ends_the_job(tmp_path, shards):
-    p, pids = start_long_run(tmp_path, shards, timeout_s=10)
+    p, pids = start_long_run(tmp_path, shards, timeout_s=10, through_env=True)
     os.kill(pids[1], signal.SIGKILL)
     rc, err, _ = wait_exit(p, 60)
     assert rc != 0
@@ -404,9 +421,9 @@ def test_killed_rank_ends_the_job(tmp_path, shards):
 
 @needs_mpi
 def test_hung_rank_ends_the_job_after_the_timeout(tmp_path, shards):
-    # A stopped rank never enters the next collective: rank 0 waits FLASHGPT_DIST_TIMEOUT seconds,
-    # says what timed out, and MPI_Abort ends the job (the stopped rank included).
-    p, pids = start_long_run(tmp_path, shards, timeout_s=3)
+    # A stopped rank never enters the next collective: rank 0 waits dist.timeout seconds, says
+    # what timed out, and MPI_Abort ends the job (the stopped rank included).
+    p, pids = start_long_run(tmp_path, shards, timeout_s=3, through_env=False)
     os.kill(pids[1], signal.SIGSTOP)
     try:
         rc, err, waited = wait_exit(p, 60)
