@@ -1,6 +1,7 @@
 // cli/bench: `train_gpt bench`: training-step throughput of a config on random tokens (no data, logs or
 // checkpoints are touched). Launched by torchrun, mpirun or srun it times data-parallel steps:
-// every rank trains on its own random batch, and rank 0 reports the global tokens/s.
+// every rank trains on its own random batch, and rank 0 reports the global tokens/s. With
+// --attention it times one layer's attention instead (cli/bench_attention.c).
 #include "cli/cli.h"
 
 #include <stdlib.h>
@@ -29,25 +30,29 @@ int cli_bench_main(int argc, char **argv) {
     Config c;
     const char *device = NULL;
     long steps = 5;
-    int n = 0, breakdown = 0;
+    int n = 0, breakdown = 0, attention = 0;
     char err[ERR_LEN];
     char **rest = xmalloc((size_t)(argc + 1) * sizeof(char *));
     rest[n++] = argv[0];
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             printf("usage: train_gpt bench -c CONFIG.json [--set key=value ...] [--steps N] [--breakdown]\n"
-                   "                       [--device cpu|cuda]\n"
+                   "                       [--attention] [--device cpu|cuda]\n"
                    "Times N training steps (after one warm-up step) of the config's model on random tokens\n"
                    "and prints ms/step and tokens/s. No data, logs or checkpoints are touched.\n"
                    "--breakdown then times N more steps phase by phase (forward+backward, the gradient\n"
                    "reduction left after backward, norm, optimizer, all-gather; a device sync ends each\n"
                    "phase) and prints rank 0's mean per phase.\n"
+                   "--attention times the attention of one layer instead (batch x seq, the model's heads,\n"
+                   "causal, attention.window / dropout / impl / deterministic; ALiBi left out): N forward\n"
+                   "calls, then N backward calls, in ms and TFLOP/s.\n"
                    "Under torchrun, mpirun or srun every rank trains on batch_size sequences of its own\n"
                    "(data parallel, as `train`), and rank 0 prints the tokens/s of all ranks together.\n");
             return EXIT_OK;
         }
         if (strcmp(argv[i], "--steps") == 0) steps = cli_parse_long("--steps", cli_opt_value(argc, argv, &i), 1, 1000000);
         else if (strcmp(argv[i], "--breakdown") == 0) breakdown = 1;
+        else if (strcmp(argv[i], "--attention") == 0) attention = 1;
         else rest[n++] = argv[i];
     }
     cli_parse_train_args(n, rest, &c, &device);
@@ -55,6 +60,11 @@ int cli_bench_main(int argc, char **argv) {
     LaunchInfo li;
     if (launch_detect(&li, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     Backend *be = cli_open_backend(device, c.precision.dtype, li.local_rank);
+    if (attention) {   // each rank times its own device; rank 0 prints
+        cli_bench_attention(&c, be, steps, li.rank == 0);
+        be->destroy(be);
+        return EXIT_OK;
+    }
     Comm *comm = cli_open_comm(&li, be, &c);
     GPTConfig gc = gpt_config_from(&c);
     const int B = c.train.batch_size, T = c.train.seq_len;

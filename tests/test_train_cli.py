@@ -4,6 +4,7 @@ during a checkpoint write never damages an older checkpoint; eval and sample wor
 checkpoint alone."""
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -295,3 +296,26 @@ def test_bench_reports_throughput(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "tokens/s" in r.stdout and "ms/step" in r.stdout
     assert not os.path.exists(cfg["log"]["dir"])  # bench writes nothing
+
+
+ATTN_LINE = re.compile(r"^bench attention: cpu backend \(fp32\), (flash|naive), batch 4 x seq 32, "
+                       r"2 heads \((1|2) kv\) of 16, causal(, window 5)?: forward ([0-9.]+) ms "
+                       r"\(([0-9.e+-]+) TFLOP/s\), backward ([0-9.]+) ms \(([0-9.e+-]+) TFLOP/s\)$")
+
+
+@pytest.mark.parametrize("sets", [[], ["attention.impl=naive", "attention.window=5", "model.n_kv_head=1"]])
+def test_bench_attention_times_one_layer(tmp_path, sets):
+    # --attention: one line with the layer's shape and positive times and rates, nothing written.
+    cfg = tiny(tmp_path)
+    args = ["bench", "-c", write_config(tmp_path, cfg), "--steps", "2", "--attention", "--device", "cpu"]
+    for s in sets:
+        args += ["--set", s]
+    r = run(args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1, r.stdout
+    m = ATTN_LINE.match(lines[0])
+    assert m, lines[0]
+    assert m.group(1) == ("naive" if sets else "flash") and bool(m.group(3)) == bool(sets)
+    assert all(float(m.group(k)) > 0 for k in (4, 5, 6, 7)), lines[0]
+    assert not os.path.exists(cfg["log"]["dir"])
