@@ -101,8 +101,9 @@ __device__ __forceinline__ void store_f32(T *p, const float (&v)[VEC]) {
 }
 
 // The vector width for rows of `row_len` elements of T starting at the given pointers: 16 bytes
-// when every row start is 16-byte aligned, else 1 element. Calls f(std::integral_constant<int,
-// VEC>{}) so kernels take VEC as a template parameter.
+// when every row start is 16-byte aligned, else 1 element (row_len 0: one flat range, only the
+// pointers count). Calls f(std::integral_constant<int, VEC>{}) so kernels take VEC as a
+// template parameter.
 template <typename T, typename F>
 void dispatch_vec(size_t row_len, std::initializer_list<const void *> ptrs, F &&f) {
     constexpr int W = 16 / sizeof(T);

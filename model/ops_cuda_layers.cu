@@ -318,7 +318,7 @@ void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n) {
     if (n == 0) return;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        dispatch_vec<E>(0, {out, a, b}, [&](auto vec) {
+        dispatch_vec<E>(0, {out, a, b}, [&](auto vec) {   // flat: the tail goes element-wise
             constexpr int V = decltype(vec)::value;
             const size_t bulk = n / V * V;
             cudaStream_t st = cuda_ctx(be)->stream;
