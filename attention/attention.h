@@ -69,6 +69,15 @@ typedef struct {
     size_t workspace_bytes;
 } AttnParams;
 
+// The fused QKV layout: q, k and v are the head groups [NH | NKV | NKV] of one buffer qkv
+// (B, T, (NH + 2*NKV) * HS) and out is (B, T, NH * HS), elements of elem_bytes. Sets the four
+// pointers and strides, B, T_q = T_k = T, NH, NKV, HS and scale = 1/sqrt(HS); the rest of p is
+// left as it is.
+void attn_fused_qkv(AttnParams *p, const void *qkv, void *out, int B, int T, int NH, int NKV,
+                    int HS, size_t elem_bytes);
+// The gradients in the same layout (after attn_fused_qkv): dq, dk, dv into dqkv, dout like out.
+void attn_fused_qkv_grads(AttnParams *p, void *dqkv, const void *dout, size_t elem_bytes);
+
 // Validates the params for `dev` (and for backward when `backward` is set). Returns 0 when they
 // are acceptable, otherwise writes a message a user can act on into err and returns -1.
 int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, size_t errlen);

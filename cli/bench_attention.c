@@ -6,7 +6,6 @@
 // 2.5 times that backward.
 #include "cli/cli.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,35 +48,18 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
     const int B = c->train.batch_size, T = c->train.seq_len, NH = c->model.n_head;
     const int NKV = c->model.n_kv_head ? c->model.n_kv_head : NH, HS = c->model.n_embd / NH;
     const int C = NH * HS, OCq = (NH + 2 * NKV) * HS;
-    const size_t N = (size_t)B * T;
+    const size_t N = (size_t)B * T, ds = dtype_size(be->dtype);
     Rng r;
     rng_seed(&r, (uint64_t)c->train.seed);
     void *qkv = random_buffer(be, &r, N * OCq), *dout = random_buffer(be, &r, N * C);
-    void *out = be->alloc(be, N * C * dtype_size(be->dtype));
-    void *dqkv = be->alloc(be, N * OCq * dtype_size(be->dtype));
+    void *out = be->alloc(be, N * C * ds), *dqkv = be->alloc(be, N * OCq * ds);
     float *lse = be->alloc(be, N * NH * sizeof(float));
-    const size_t ds = dtype_size(be->dtype);
 
     AttnParams p;
     memset(&p, 0, sizeof p);
-    const AttnStrides qkv_st = {(int64_t)T * OCq, OCq, HS}, y_st = {(int64_t)T * C, C, HS};
-    p.q = qkv;
-    p.k = (char *)qkv + (size_t)NH * HS * ds;
-    p.v = (char *)qkv + (size_t)(NH + NKV) * HS * ds;
-    p.out = out;
+    attn_fused_qkv(&p, qkv, out, B, T, NH, NKV, HS, ds);
+    attn_fused_qkv_grads(&p, dqkv, dout, ds);
     p.lse = lse;
-    p.q_st = p.k_st = p.v_st = p.dq_st = p.dk_st = p.dv_st = qkv_st;
-    p.o_st = p.do_st = y_st;
-    p.dout = dout;
-    p.dq = dqkv;
-    p.dk = (char *)dqkv + (size_t)NH * HS * ds;
-    p.dv = (char *)dqkv + (size_t)(NH + NKV) * HS * ds;
-    p.B = B;
-    p.T_q = p.T_k = T;
-    p.NH = NH;
-    p.NKV = NKV;
-    p.HS = HS;
-    p.scale = 1.0f / sqrtf((float)HS);
     p.causal = 1;
     p.window_left = c->attention.window;
     p.window_right = -1;

@@ -435,3 +435,14 @@ void config_print_help(FILE *f) {
                 KEYS[i].def[0] ? KEYS[i].def : "\"\"", range, KEYS[i].help);
     }
 }
+
+double config_env_override(const char *name, double configured, double lo, double hi,
+                           const char *expected) {
+    const char *v = getenv(name);
+    if (!v) return configured;
+    char *end;
+    const double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || !(x >= lo && x <= hi))
+        fatal(EXIT_USAGE, "environment variable %s='%s': expected %s", name, v, expected);
+    return x;
+}

@@ -71,4 +71,9 @@ int config_validate(Config *c, char *err, size_t errlen);
 int config_same_model(const Config *a, const Config *b, char *err, size_t errlen);
 
 char *config_to_json(const Config *c);   // malloc'ed, pretty-printed, every key
+// A setting the environment may override: the number in variable `name` when it is set (it must
+// lie in [lo, hi], else exit 2 with "environment variable NAME='...': expected <expected>"),
+// otherwise `configured`.
+double config_env_override(const char *name, double configured, double lo, double hi,
+                           const char *expected);
 void config_print_help(FILE *f);         // the table: key, type, default, range, help

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/config.h"
 #ifdef FLASHGPT_NCCL
 #include "dist/bootstrap_tcp.h"
 #endif
@@ -48,14 +49,7 @@ void comm_shard(size_t n, int world, int rank, size_t *offset, size_t *count, si
 }
 
 double comm_timeout(double configured) {
-    const char *v = getenv("FLASHGPT_DIST_TIMEOUT");
-    if (!v) return configured;
-    char *end;
-    const double s = strtod(v, &end);
-    if (*v == '\0' || *end != '\0' || !(s > 0))
-        fatal(EXIT_USAGE, "environment variable FLASHGPT_DIST_TIMEOUT='%s': expected seconds > 0",
-              v);
-    return s;
+    return config_env_override("FLASHGPT_DIST_TIMEOUT", configured, 1e-9, 1e9, "seconds > 0");
 }
 
 void comm_fail_timeout(const Comm *c, const char *what) {

@@ -433,21 +433,8 @@ static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T, int l) {
     const GPTConfig *g = &m->cfg;
     AttnParams p;
     memset(&p, 0, sizeof p);
-    AttnStrides qkv_st = {(int64_t)T * m->OCq, m->OCq, g->HS};
-    AttnStrides y_st = {(int64_t)T * g->C, g->C, g->HS};
-    p.q = a->qkv;
-    p.k = at(a->qkv, (size_t)g->NH * g->HS, m->ds);
-    p.v = at(a->qkv, (size_t)(g->NH + g->NKV) * g->HS, m->ds);
-    p.out = a->atty;
+    attn_fused_qkv(&p, a->qkv, a->atty, B, T, g->NH, g->NKV, g->HS, m->ds);
     p.lse = a->lse;
-    p.q_st = p.k_st = p.v_st = qkv_st;
-    p.o_st = y_st;
-    p.B = B;
-    p.T_q = p.T_k = T;
-    p.NH = g->NH;
-    p.NKV = g->NKV;
-    p.HS = g->HS;
-    p.scale = 1.0f / sqrtf((float)g->HS);
     p.causal = 1;
     p.window_left = layer_window(m, l);
     p.window_right = -1;   // causal already hides every later key
@@ -668,12 +655,7 @@ void gpt_backward(GPT *m, float grad_scale) {
         if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_PROJ);
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
-        p.dout = m->datty;
-        p.do_st = p.o_st;
-        p.dq = m->dqkv;
-        p.dk = at(m->dqkv, (size_t)g->NH * g->HS, m->ds);
-        p.dv = at(m->dqkv, (size_t)(g->NH + g->NKV) * g->HS, m->ds);
-        p.dq_st = p.dk_st = p.dv_st = p.q_st;
+        attn_fused_qkv_grads(&p, m->dqkv, m->datty, m->ds);
         be->attention_backward(be, &p);
         if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,

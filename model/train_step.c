@@ -64,16 +64,9 @@ static CommDtype comm_dtype(DType d) {
 // enough that each collective's fixed latency is small against its transfer, small enough that
 // the first starts early in backward.
 static size_t bucket_elems(double mb, size_t elem_bytes) {
-    const char *v = getenv("FLASHGPT_BUCKET_MB");
-    if (v) {
-        char *end;
-        mb = strtod(v, &end);
-        if (*v == '\0' || *end != '\0' || !(mb >= 0) || mb > 1e6)
-            fatal(EXIT_USAGE,
-                  "environment variable FLASHGPT_BUCKET_MB='%s': expected MiB of gradients per "
-                  "reduction bucket, >= 0 (0: one reduction after backward)",
-                  v);
-    }
+    mb = config_env_override("FLASHGPT_BUCKET_MB", mb, 0, 1e6,
+                             "MiB of gradients per reduction bucket, 0 to 1e6 (0: one reduction "
+                             "after backward)");
     if (mb == 0) return 0;
     const size_t n = (size_t)(mb * 1048576.0 / (double)elem_bytes);
     return n ? n : 1;
