@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the data that the default runs and the tests read available in data_cache/ (ignored by
 # git): tinyshakespeare.txt and GPT-2's encoder.json and vocab.bpe. Each file is linked from
-# ../shared/data/ when that folder has it, else downloaded once from its public source.
+# ../shared/data/ (beside this checkout, or beside the local repository it was cloned from) when
+# that folder has it, else downloaded once from its public source.
 #   usage: scripts/fetch_data.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,14 @@ fetch() {  # DEST SHARED_COPY URL
     mv "$dest.part" "$dest"
 }
 
-fetch data_cache/tinyshakespeare.txt ../shared/data/tinyshakespeare.txt "$SHAKESPEARE_URL"
+# The shared data folder: ../shared/data beside this checkout, or, in a clone of a local
+# checkout (git clone /path/to/repo), ../shared/data beside the repository it was cloned from.
+shared=../shared/data
+origin=$(git remote get-url origin 2>/dev/null || true)
+if [ ! -d "$shared" ] && [ -n "$origin" ] && [ -d "$origin/../shared/data" ]; then
+    shared="$origin/../shared/data"
+fi
+fetch data_cache/tinyshakespeare.txt "$shared/tinyshakespeare.txt" "$SHAKESPEARE_URL"
 for f in encoder.json vocab.bpe; do
-    fetch "data_cache/gpt2/$f" "../shared/data/gpt2/$f" "$GPT2_URL/$f"
+    fetch "data_cache/gpt2/$f" "$shared/gpt2/$f" "$GPT2_URL/$f"
 done
