@@ -100,13 +100,10 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
-$(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
-
 $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libflashgpt.a -o $@ -lcjson -lopenblas -lcublasLt -lcublas -lgomp $(DIST_LIBS) $(LDFLAGS_EXTRA)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
+	$(CC) $(CFLAGS) $@.o $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
 # The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
 # It needs only common/check.o from the rest of common (no cJSON, so it loads on machines

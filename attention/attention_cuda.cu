@@ -1,11 +1,14 @@
 // attention_cuda: the public CUDA entries of attention/attention.h. They validate the params once
 // (attn_check, then what only the GPU path needs), ask the one selection function for a kernel
 // family and tile, and dispatch; every run-time choice becomes a template parameter in
-// sm80_dispatch() alone.
+// sm80_dispatch() and sm90_dispatch() alone.
 #include "attention/flash_common.cuh"
 #include "attention/flash_tiles.cuh"
 
-typedef enum { ATTN_KERNEL_NAIVE = 0, ATTN_KERNEL_SM80 = 1 } AttnKernelFamily;
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { ATTN_KERNEL_NAIVE = 0, ATTN_KERNEL_SM80 = 1, ATTN_KERNEL_SM90 = 2 } AttnKernelFamily;
 
 typedef struct {
     AttnKernelFamily family;
@@ -13,10 +16,14 @@ typedef struct {
     bool extras;  // ALiBi or dropout: the kernel variant that evaluates them
 } AttnKernelChoice;
 
-// Picks the kernel family and tile from (arch, dtype, head size, features). Causal and T do not
-// change the sm80 tile today (FwdTile / BwdTile document why); a Hopper family (wgmma + TMA)
-// becomes a case here for arch >= 90. Returns -1 with a message when nothing fits.
-static int attn_select_kernel(const AttnParams &p, int arch, AttnKernelChoice *c, char *err, size_t errlen) {
+// Picks the kernel family and tile from (arch, dtype, head size, features, direction). Causal and
+// T do not change the tiles today (flash_tiles.cuh documents why). Hopper (compute capability
+// 9.0, with sm_90a code in this binary) runs the wgmma family where it exists; ALiBi and dropout
+// stay on the sm80 family. The environment variable FLASHGPT_ATTN_KERNEL=sm80 forces the sm80
+// family on Hopper (tests and benchmarks compare the two); `auto` or unset is the default.
+// Returns -1 with a message when nothing fits.
+static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnKernelChoice *c, char *err,
+                              size_t errlen) {
     c->hs = p.HS;
     c->extras = p.alibi_slopes != NULL || p.dropout_p > 0.f;
     if (p.impl == ATTN_IMPL_NAIVE) {
@@ -49,6 +56,13 @@ static int attn_select_kernel(const AttnParams &p, int arch, AttnKernelChoice *c
         return -1;
     }
     c->family = ATTN_KERNEL_SM80;
+    const char *force = getenv("FLASHGPT_ATTN_KERNEL");
+    if (force && *force && strcmp(force, "auto") != 0 && strcmp(force, "sm80") != 0) {
+        snprintf(err, errlen, "attention: FLASHGPT_ATTN_KERNEL=%s is not a kernel family: use auto or sm80", force);
+        return -1;
+    }
+    const bool sm80_forced = force && strcmp(force, "sm80") == 0;
+    if (arch == 90 && !c->extras && !backward && !sm80_forced && flash_sm90_ok()) c->family = ATTN_KERNEL_SM90;
     return 0;
 }
 
@@ -81,6 +95,17 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
     }
 }
 
+template <typename T> static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, cudaStream_t s) {
+    if (c.hs == 64) flash_fwd_sm90_launch<T, 64>(p, s);
+    else flash_fwd_sm90_launch<T, 128>(p, s);
+}
+
+static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c) {
+    cudaStream_t s = static_cast<cudaStream_t>(p.stream);
+    if (p.dtype == ATTN_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, s);
+    else sm90_dispatch_hs<__half>(p, c, s);
+}
+
 static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
     if (p.dtype == ATTN_BF16) sm80_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
@@ -99,13 +124,14 @@ static void attn_run_cuda(const AttnParams *p, int backward) {
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     AttnKernelChoice c;
-    if (attn_select_kernel(*p, major * 10 + minor, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    if (attn_select_kernel(*p, major * 10 + minor, backward, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     if (c.family == ATTN_KERNEL_NAIVE) {
         if (backward) naive_backward_cuda(*p);
         else naive_forward_cuda(*p);
         return;
     }
-    sm80_dispatch(*p, c, backward);
+    if (c.family == ATTN_KERNEL_SM90) sm90_dispatch(*p, c);
+    else sm80_dispatch(*p, c, backward);
 }
 
 extern "C" void attn_forward_cuda(const AttnParams *p) { attn_run_cuda(p, 0); }

@@ -86,6 +86,21 @@ template <int HS> struct DqTile {
     static_assert(SMEM <= SM80_SMEM_LIMIT, "dQ tile exceeds shared memory");
 };
 
+// Hopper forward (flash_fwd_sm90.cu, wgmma): NWG warpgroups of 64 query rows each share the K/V
+// tiles of BN keys (two stages). Per thread: scores BN/2 fp32, O HS/2 fp32, P BN/4 registers.
+//   HS 64:  3 warpgroups, BM 192, BN 128 (FlashAttention-3's shape for this head size).
+//   HS 128: 2 warpgroups, BM 128, BN 128.
+// Every tile is 1024-byte aligned (the 128-byte swizzle), hence the extra 1 KB.
+#define SM90_SMEM_LIMIT (227 * 1024)
+template <int HS> struct Sm90FwdTile {
+    static constexpr int NWG = HS <= 64 ? 3 : 2;
+    static constexpr int BM = 64 * NWG, BN = 128;
+    static constexpr int NTHREADS = 128 * NWG;
+    static constexpr size_t SMEM = 1024 + (size_t)(BM + 4 * BN) * HS * 2;
+    static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
+    static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 forward tile exceeds shared memory");
+};
+
 // Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {64, 128},
 // EXTRAS = ALiBi or dropout present). `ws_f32` is the fp32 workspace (see flash_workspace_bytes).
 template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s);
@@ -93,6 +108,10 @@ template <typename T, int HS, bool EXTRAS>
 void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s);
+
+// sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; no ALiBi or dropout).
+template <typename T, int HS> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s);
+bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
 // Backward helpers (flash_bwd.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not
 // NULL, zeroing of dq_accum (B, NH, T_q, HS); then dQ = scale * dq_accum in the element type.

@@ -1,0 +1,183 @@
+// flash_fwd_sm90: the FlashAttention-2 forward on Hopper's warpgroup MMA (wgmma, sm_90a). One
+// block per (query tile, head, batch row); each warpgroup owns 64 query rows. S = Q K^T reads
+// both operands from shared memory; the probabilities stay in registers as the A operand of
+// O += P V. K/V tiles are double-buffered with cp.async. Masking follows flash_fwd.cu (partial
+// tiles masked per element, empty tiles skipped); ALiBi and dropout stay on the sm80 kernels.
+#include "attention/flash_common.cuh"
+#include "attention/flash_mask.cuh"
+#include "attention/flash_tiles.cuh"
+#include "attention/wgmma.cuh"
+
+template <typename T, int HS>
+__global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_kernel(const AttnParams p) {
+#ifdef FLASH_SM90_DEVICE
+    using Tile = Sm90FwdTile<HS>;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int NS = BN / 8, NO = HS / 8;  // n8 column tiles of the scores and of the output
+    extern __shared__ unsigned char smem_raw[];
+    T *sQ = reinterpret_cast<T *>(smem_align1024(smem_raw));  // (BM, HS) SW128, later O staging
+    T *sK = sQ + BM * HS;                                      // 2 stages of (BN, HS) SW128
+    T *sV = sK + 2 * BN * HS;                                  // 2 stages of (BN, HS) SW128
+
+    const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (p.NH / p.NKV);
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int m0 = m_block * BM, m_valid = min(BM, p.T_q - m0);
+
+    const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + m0 * p.q_st.row + h * p.q_st.head;
+    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + kvh * p.k_st.head;
+    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + kvh * p.v_st.head;
+
+    const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
+    const int nb_begin = max(first.lo, 0) / BN;
+    const int nb_end = max(cdiv(min(last.hi, p.T_k), BN), nb_begin);
+
+    const int wrow0 = m0 + wg * 64 + warp * 16;  // this warp's first query row
+    RowRange rr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) rr[r] = row_range(p, b, min(wrow0 + 8 * r + g, p.T_q - 1));
+    const float scale_log2 = p.scale * LOG2E_F;
+    const bool prescale = !(p.scale > 0.f);  // a non-positive scale would reverse the max
+    const float sl = prescale ? 1.f : scale_log2;
+
+    auto load_kv = [&](int nb) {
+        const int n0 = nb * BN, st = nb & 1;
+        tile_load_sw128<BN, HS, NT>(sK + st * BN * HS, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
+        tile_load_sw128<BN, HS, NT>(sV + st * BN * HS, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
+    };
+    tile_load_sw128<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
+    if (nb_end > nb_begin) load_kv(nb_end - 1);
+    cp_async_commit();
+
+    const uint32_t q_base = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows
+    float o[NO * 4];
+#pragma unroll
+    for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+    for (int nb = nb_end - 1; nb >= nb_begin; nb--) {
+        const int n0 = nb * BN, st = nb & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // tile nb has landed; every warpgroup is done with tile nb+1's stage
+        if (nb > nb_begin) load_kv(nb - 1);
+        cp_async_commit();
+
+        float s[NS * 4];
+        const uint32_t k_base = smem_u32(sK + st * BN * HS), v_base = smem_u32(sV + st * BN * HS);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            const uint32_t kofs = (ks & 3) * 32;  // byte of the k16 slice in its column block's rows
+            Wgmma<T, BN, 0, 0>::ss(s, sw128_desc(q_base + (ks >> 2) * BM * 128 + kofs, 16, 1024),
+                                   sw128_desc(k_base + (ks >> 2) * BN * 128 + kofs, 16, 1024), ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(s);
+
+        if (prescale) {
+#pragma unroll
+            for (int i = 0; i < NS * 4; i++) s[i] *= scale_log2;
+        }
+        if (tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL) {
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                    if (j < rr[r].lo || j >= rr[r].hi) s[nt * 4 + e] = -INFINITY;
+                }
+        }
+        // Online softmax (flash_fwd.cu): a row that has seen only masked keys keeps max -inf and
+        // uses 0 in its place, so exp2 gives 0, never NaN.
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(row_max[r], mx * sl);
+            const float m_use = mx == -INFINITY ? 0.f : mx;
+            const float corr = exp2f(row_max[r] - m_use);
+            row_max[r] = mx;
+            row_sum[r] *= corr;
+#pragma unroll
+            for (int i = 0; i < NO; i++) {
+                o[i * 4 + 2 * r] *= corr;
+                o[i * 4 + 2 * r + 1] *= corr;
+            }
+#pragma unroll
+            for (int i = 0; i < NS * 2; i++) {
+                const int idx = (i >> 1) * 4 + 2 * r + (i & 1);
+                const float pr = exp2f(fmaf(s[idx], sl, -m_use));
+                row_sum[r] += pr;
+                s[idx] = pr;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = ElemTraits<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = ElemTraits<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = ElemTraits<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = ElemTraits<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+
+        wgmma_fence_regs(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            Wgmma<T, HS, 0, 1>::rs(o, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128, 1024), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(o);
+    }
+
+    // Finish: O /= rowsum (0 for a fully masked row, LSE +inf), staged through this warpgroup's
+    // own rows of sQ (no other warpgroup reads them) and stored with 16-byte writes.
+    cp_async_wait<0>();  // the Q copy is still in flight when no key tile was visible
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = row_sum[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const int row = wrow0 + 8 * r + g;
+        if (p.lse && t == 0 && row < p.T_q)
+            p.lse[((int64_t)b * p.NH + h) * p.T_q + row] = sum > 0.f ? (row_max[r] + log2f(sum)) * LN2_F : INFINITY;
+#pragma unroll
+        for (int i = 0; i < NO; i++)
+            *reinterpret_cast<uint32_t *>(sQ + sw128_offset<BM>(wg * 64 + warp * 16 + 8 * r + g, i * 8 + 2 * t)) =
+                ElemTraits<T>::pack(o[i * 4 + 2 * r] * inv, o[i * 4 + 2 * r + 1] * inv);
+    }
+    named_barrier(1 + wg, 128);
+    const int wrow = m0 + wg * 64;
+    T *out = static_cast<T *>(p.out) + b * p.o_st.batch + (int64_t)wrow * p.o_st.row + h * p.o_st.head;
+    tile_store_sw128<BM, 64, HS, 128>(out, p.o_st.row, sQ, wg * 64, p.T_q - wrow, tid & 127);
+#endif
+}
+
+template <typename T, int HS> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s) {
+    using Tile = Sm90FwdTile<HS>;
+    auto kernel = flash_fwd_sm90_kernel<T, HS>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
+    dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
+    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Whether this binary holds the sm_90a code of the sm90 kernels for the current device (a build
+// without -gencode ...sm_90a runs the sm80 family on Hopper).
+bool flash_sm90_ok() {
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, flash_fwd_sm90_kernel<__nv_bfloat16, 64>) != cudaSuccess) return false;
+    return a.binaryVersion == 90;
+}
+
+template void flash_fwd_sm90_launch<__nv_bfloat16, 64>(const AttnParams &, cudaStream_t);
+template void flash_fwd_sm90_launch<__nv_bfloat16, 128>(const AttnParams &, cudaStream_t);
+template void flash_fwd_sm90_launch<__half, 64>(const AttnParams &, cudaStream_t);
+template void flash_fwd_sm90_launch<__half, 128>(const AttnParams &, cudaStream_t);

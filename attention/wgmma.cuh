@@ -1,0 +1,173 @@
+// wgmma: the Hopper (sm_90a) building blocks of the sm90 flash kernels: warpgroup MMA
+// (wgmma.mma_async, m64nNk16, fp32 accumulate) with operands in shared memory described by
+// matrix descriptors, or A in registers; the 128-byte-swizzled tile layout those descriptors
+// read; and the fences that order them. Internal to attention/*.cu.
+//
+// A warpgroup is 4 consecutive warps (128 threads). For m64nNk16 warp w of the group owns rows
+// 16w..16w+15 of the 64-row result, with the mma.m16n8k16 C layout repeated over the N/8
+// column tiles: d[4j + e] is row 16w + g + 8*(e >> 1), column 8j + 2t + (e & 1) (lane = 4g + t).
+// An A operand in registers has the mma.m16n8k16 A layout on the same rows, so the fp32 results
+// of two adjacent n8 tiles convert to one k16 slice of A (c_to_a in flash_common.cuh).
+//
+// Shared-memory layout (SW128): a tile of ROWS x COLS 16-bit elements (COLS a multiple of 64) is
+// stored as COLS/64 column blocks of [ROWS][64]; each 128-byte row has its eight 16-byte chunks
+// XOR-ed with row % 8, the tile starting on a 1024-byte boundary. That is the canonical
+// 128-byte-swizzle layout of the PTX ISA's matrix descriptors in both orientations:
+//   K-major (the reduction dimension runs along the row: Q and K in S = Q K^T): a k16 slice is
+//     32 bytes of every row; 8-row groups are 1024 bytes apart (SBO); the slice at k sits in
+//     column block k / 64 at byte 2 * (k % 64) of the row.
+//   MN-major (the reduction dimension runs down the rows: V in O = P V): a k16 slice is 16
+//     consecutive rows (two 8-row groups, SBO = 1024 bytes); 64-column blocks are LBO apart.
+#pragma once
+#include <stdint.h>
+
+#include "attention/flash_common.cuh"
+
+// The sm90 kernels' bodies exist only in the sm_90a build (wgmma is not in plain sm_90 or later
+// architectures); elsewhere they compile empty and the host never selects them (flash_sm90_ok).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASH_SM90_DEVICE 1
+#endif
+
+// ---- the SW128 tile layout ---------------------------------------------------------------
+
+// Element offset of (row, col) in an SW128 tile of ROWS rows.
+template <int ROWS> __device__ __forceinline__ int sw128_offset(int row, int col) {
+    const unsigned r = (unsigned)row, c = (unsigned)col;
+    return (int)((c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7));
+}
+
+// The first 1024-byte boundary at or after p (the kernels ask for 1024 extra bytes).
+__device__ __forceinline__ unsigned char *smem_align1024(unsigned char *p) {
+    return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
+}
+
+// Copies rows [0, ROWS) of a strided global tile into an SW128 tile with cp.async; rows at or
+// beyond n_valid are zero-filled. Each thread copies one 16-byte column of rows r0, r0 + RPI, ...
+// (RPI a multiple of 8, so one swizzled address serves every pass).
+template <int ROWS, int COLS, int NTHREADS, typename T>
+__device__ __forceinline__ void tile_load_sw128(T *smem, const T *src, int64_t row_stride, int n_valid,
+                                                int tid) {
+    constexpr int CH = COLS / 8, RPI = NTHREADS / CH, PASSES = (ROWS + RPI - 1) / RPI;
+    static_assert(COLS % 64 == 0 && NTHREADS % CH == 0 && RPI % 8 == 0, "SW128 tile copy shape");
+    const int r0 = tid / CH, col = (tid % CH) * 8;
+    const uint32_t dst = smem_u32(smem + sw128_offset<ROWS>(r0, col));
+    const T *g = src + (int64_t)r0 * row_stride + col;
+#pragma unroll
+    for (int it = 0; it < PASSES; it++) {
+        const int r = r0 + it * RPI;
+        if (ROWS % RPI != 0 && r >= ROWS) break;
+        const bool ok = r < n_valid;
+        cp_async_16(dst + it * RPI * 128, ok ? g + (int64_t)it * RPI * row_stride : src, ok ? 16 : 0);
+    }
+}
+
+// Stores rows [row0, row0 + NROWS) of an SW128 tile of ROWS rows to global memory (row r of the
+// tile to dst + (r - row0) * row_stride), skipping rows at or beyond row0 + n_valid.
+template <int ROWS, int NROWS, int COLS, int NTHREADS, typename T>
+__device__ __forceinline__ void tile_store_sw128(T *dst, int64_t row_stride, const T *smem, int row0,
+                                                 int n_valid, int tid) {
+    constexpr int CH = COLS / 8, TOTAL = NROWS * CH;
+    static_assert(TOTAL % NTHREADS == 0, "SW128 tile store shape");
+#pragma unroll
+    for (int it = 0; it < TOTAL / NTHREADS; it++) {
+        const int c = it * NTHREADS + tid, r = c / CH, col = (c % CH) * 8;
+        if (r < n_valid)
+            *reinterpret_cast<uint4 *>(dst + (int64_t)r * row_stride + col) =
+                *reinterpret_cast<const uint4 *>(smem + sw128_offset<ROWS>(row0 + r, col));
+    }
+}
+
+// ---- descriptors and fences ---------------------------------------------------------------
+
+// Matrix descriptor of an SW128 operand starting at shared address `addr` (bytes; the tile
+// itself 1024-byte aligned): start, leading and stride byte offsets in 16-byte units, layout
+// type 1 (128-byte swizzle) in bits 62-63.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16 |
+           (uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Orders the generic-proxy writes of this thread to shared memory (stores, cp.async after its
+// wait) before later wgmma reads of them (the async proxy); a barrier must follow.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of accumulator registers across a wgmma
+// wait or fence (the asm statements of the MMAs do not tell it when the hardware touches them).
+template <int N> __device__ __forceinline__ void wgmma_fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Named barrier over the NTHREADS threads that use id (1..15; 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int nthreads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+// ---- warpgroup MMA ------------------------------------------------------------------------
+
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                 "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_D32 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+#define WG_D64 WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+#define WG_R32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+               "%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_R64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+               "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,"   \
+               "%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+
+// d (64 x N, fp32) = A B (+ d when accumulate), both operands in shared memory. TA / TB: 0 for
+// a K-major operand, 1 for an MN-major one. Issued asynchronously: commit, then wait before d
+// is read or the operands overwritten.
+template <typename T, int N, int TA, int TB> struct Wgmma;
+
+#define WGMMA_SPECIALISE(TYPE, TY)                                                                    \
+    template <int TA, int TB> struct Wgmma<TYPE, 64, TA, TB> {                                       \
+        static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int acc) {  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                              \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WG_R32         \
+                         ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                       \
+                         : WG_D32 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                      \
+        }                                                                                             \
+        static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, \
+                                                  int acc) {                                          \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                              \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WG_R32         \
+                         ", {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                              \
+                         : WG_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc),    \
+                           "n"(TB));                                                                  \
+        }                                                                                             \
+    };                                                                                                \
+    template <int TA, int TB> struct Wgmma<TYPE, 128, TA, TB> {                                      \
+        static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int acc) {  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                              \
+                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WG_R64        \
+                         ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                       \
+                         : WG_D64 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                      \
+        }                                                                                             \
+        static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, \
+                                                  int acc) {                                          \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                              \
+                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WG_R64        \
+                         ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                              \
+                         : WG_D64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc),    \
+                           "n"(TB));                                                                  \
+        }                                                                                             \
+    };
+
+#ifdef FLASH_SM90_DEVICE
+WGMMA_SPECIALISE(__nv_bfloat16, "bf16")
+WGMMA_SPECIALISE(__half, "f16")
+#else
+// Host passes and other architectures see stubs: the kernels that call them are never launched
+// there (flash_sm90_ok), and their bodies are compiled out anyway.
+template <typename T, int N, int TA, int TB> struct Wgmma {
+    template <int M> static __device__ __forceinline__ void ss(float (&)[M], uint64_t, uint64_t, int) {}
+    template <int M>
+    static __device__ __forceinline__ void rs(float (&)[M], const uint32_t (&)[4], uint64_t, int) {}
+};
+#endif
+#undef WGMMA_SPECIALISE
