@@ -18,8 +18,8 @@ typedef struct {
 
 // Picks the kernel family and tile from (arch, dtype, head size, features, direction). Causal and
 // T do not change the tiles today (flash_tiles.cuh documents why). Hopper (compute capability
-// 9.0, with sm_90a code in this binary) runs the wgmma family where it exists; ALiBi and dropout
-// stay on the sm80 family. The environment variable FLASHGPT_ATTN_KERNEL=sm80 forces the sm80
+// 9.0, with sm_90a code in this binary) runs the wgmma family; ALiBi, dropout and the
+// deterministic backward stay on the sm80 family. The environment variable FLASHGPT_ATTN_KERNEL=sm80 forces the sm80
 // family on Hopper (tests and benchmarks compare the two); `auto` or unset is the default.
 // Returns -1 with a message when nothing fits.
 static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnKernelChoice *c, char *err,
@@ -62,7 +62,8 @@ static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnK
         return -1;
     }
     const bool sm80_forced = force && strcmp(force, "sm80") == 0;
-    if (arch == 90 && !c->extras && !backward && !sm80_forced && flash_sm90_ok()) c->family = ATTN_KERNEL_SM90;
+    if (arch == 90 && !c->extras && !(backward && p.deterministic) && !sm80_forced && flash_sm90_ok())
+        c->family = ATTN_KERNEL_SM90;
     return 0;
 }
 
@@ -95,15 +96,29 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
     }
 }
 
-template <typename T> static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, cudaStream_t s) {
-    if (c.hs == 64) flash_fwd_sm90_launch<T, 64>(p, s);
-    else flash_fwd_sm90_launch<T, 128>(p, s);
+// The sm90 backward always uses the fp32 dQ accumulator (workspace as in sm80_run).
+template <typename T, int HS> static void sm90_run(const AttnParams &p, int backward, cudaStream_t s) {
+    if (!backward) {
+        flash_fwd_sm90_launch<T, HS>(p, s);
+        return;
+    }
+    float *dq_accum = static_cast<float *>(p.workspace);
+    float *dsum = dq_accum + (size_t)p.B * p.NH * p.T_q * HS;
+    flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
+    flash_bwd_sm90_launch<T, HS>(p, dsum, dq_accum, s);
+    flash_bwd_convert_dq<T>(p, dq_accum, s);
 }
 
-static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c) {
+template <typename T>
+static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
+    if (c.hs == 64) sm90_run<T, 64>(p, backward, s);
+    else sm90_run<T, 128>(p, backward, s);
+}
+
+static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == ATTN_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, s);
-    else sm90_dispatch_hs<__half>(p, c, s);
+    if (p.dtype == ATTN_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
+    else sm90_dispatch_hs<__half>(p, c, backward, s);
 }
 
 static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
@@ -130,7 +145,7 @@ static void attn_run_cuda(const AttnParams *p, int backward) {
         else naive_forward_cuda(*p);
         return;
     }
-    if (c.family == ATTN_KERNEL_SM90) sm90_dispatch(*p, c);
+    if (c.family == ATTN_KERNEL_SM90) sm90_dispatch(*p, c, backward);
     else sm80_dispatch(*p, c, backward);
 }
 

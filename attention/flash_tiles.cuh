@@ -101,6 +101,21 @@ template <int HS> struct Sm90FwdTile {
     static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 forward tile exceeds shared memory");
 };
 
+// Hopper backward (flash_bwd_sm90.cu, wgmma): two warpgroups of 64 keys share a key tile of BN
+// keys; query tiles of BM rows stream through a two-stage Q/dO pipeline. Per thread: S^T and
+// dP^T BM/2 fp32 each, dK and dV HS/2 each, dQ 32.
+//   HS 64:  BM 128 (dQ split between the warpgroups by query halves).
+//   HS 128: BM 64  (dQ split by column halves; dK and dV already take 128 registers).
+template <int HS> struct Sm90BwdTile {
+    static constexpr int NWG = 2, NTHREADS = 128 * NWG;
+    static constexpr int BN = 64 * NWG, BM = HS <= 64 ? 128 : 64;
+    // K, V, two stages of Q and dO, dS^T, two stages of LSE, D and the key ranges
+    static constexpr size_t SMEM = 1024 + (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
+                                   2 * (size_t)BM * (4 + 4 + 8);
+    static_assert(HS % 64 == 0 && BM % 64 == 0, "SW128 tiles are whole 64-column blocks");
+    static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 backward tile exceeds shared memory");
+};
+
 // Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {64, 128},
 // EXTRAS = ALiBi or dropout present). `ws_f32` is the fp32 workspace (see flash_workspace_bytes).
 template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s);
@@ -109,8 +124,11 @@ void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStr
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s);
 
-// sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; no ALiBi or dropout).
+// sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; no ALiBi or dropout; the
+// backward only with the fp32 dQ accumulator, not the deterministic mode).
 template <typename T, int HS> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s);
+template <typename T, int HS>
+void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
 // Backward helpers (flash_bwd.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not

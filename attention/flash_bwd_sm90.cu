@@ -1,0 +1,224 @@
+// flash_bwd_sm90: the FlashAttention-2 backward main kernel on Hopper's warpgroup MMA (wgmma,
+// sm_90a); flash_bwd.cu's preprocess (D, zeroed dQ accumulator) and dQ conversion run around
+// it. One block per (key tile of BN keys, KV head, batch row), two warpgroups of 64 keys each.
+// For every query tile of every query head sharing the KV head, each warpgroup computes the
+// transposed products, keys as rows, so that P^T and dS^T land in registers in the layout of
+// the next products' A operand:
+//   S^T = K Q^T and dP^T = V dO^T   (64 keys x BM queries, both operands in shared memory;
+//                                     dP^T runs while P^T = exp(S^T - LSE) is computed)
+//   dV += P^T dO, dK += dS^T Q      (A from registers, dO and Q read MN-major)
+//   dQ += dS K                      (dS^T through shared memory, both operands MN-major; the
+//                                     two warpgroups split the 64 x 128 x HS product and add
+//                                     their halves into the fp32 accumulator with atomics)
+// ALiBi, dropout and the deterministic mode stay on the sm80 kernels.
+#include "attention/flash_common.cuh"
+#include "attention/flash_mask.cuh"
+#include "attention/flash_tiles.cuh"
+#include "attention/wgmma.cuh"
+
+template <typename T, int HS>
+__global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
+    flash_bwd_sm90_kernel(const AttnParams p, const float *dsum, float *dq_accum) {
+#ifdef FLASH_SM90_DEVICE
+    using Tile = Sm90BwdTile<HS>;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int NQ = BM / 8;  // n8 column tiles (queries) of S^T and dP^T
+    extern __shared__ unsigned char smem_raw[];
+    T *sK = reinterpret_cast<T *>(smem_align1024(smem_raw));  // (BN, HS), at the end dK staging
+    T *sV = sK + BN * HS;                                      // (BN, HS), at the end dV staging
+    T *sQ = sV + BN * HS;                                      // 2 stages of (BM, HS)
+    T *sdO = sQ + 2 * BM * HS;                                 // 2 stages of (BM, HS)
+    T *sdS = sdO + 2 * BM * HS;                                // (BN, BM): dS^T, keys x queries
+    float *sLse = reinterpret_cast<float *>(sdS + BN * BM);    // 2 stages of (BM)
+    float *sD = sLse + 2 * BM;                                 // 2 stages of (BM)
+    int2 *sRng = reinterpret_cast<int2 *>(sD + 2 * BM);        // 2 stages of (BM): visible keys
+
+    const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int G = p.NH / p.NKV;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = n_block * BN, n_valid = min(BN, p.T_k - n0);
+
+    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + (int64_t)n0 * p.k_st.row + kvh * p.k_st.head;
+    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + (int64_t)n0 * p.v_st.row + kvh * p.v_st.head;
+    tile_load_sw128<BN, HS, NT>(sK, k, p.k_st.row, n_valid, tid);
+    tile_load_sw128<BN, HS, NT>(sV, v, p.v_st.row, n_valid, tid);
+
+    int q_begin, q_end;
+    query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
+    const int mb_begin = q_begin / BM;
+    const int n_mb = q_end > q_begin ? cdiv(q_end, BM) - mb_begin : 0;
+    const int total = G * n_mb;  // (query head, query tile) pairs, head-major
+
+    // Q, dO, LSE, D and the visible key ranges of pair `it` into `stage`. Rows past T_q are
+    // zero-filled (flash_bwd.cu: their dS and P dO come out 0).
+    auto load_stage = [&](int it, int stage) {
+        const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
+        const int m_valid = min(BM, p.T_q - m0);
+        const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + (int64_t)m0 * p.q_st.row + h * p.q_st.head;
+        const T *d = static_cast<const T *>(p.dout) + b * p.do_st.batch + (int64_t)m0 * p.do_st.row + h * p.do_st.head;
+        tile_load_sw128<BM, HS, NT>(sQ + stage * BM * HS, q, p.q_st.row, m_valid, tid);
+        tile_load_sw128<BM, HS, NT>(sdO + stage * BM * HS, d, p.do_st.row, m_valid, tid);
+        const int64_t l0 = ((int64_t)b * p.NH + h) * p.T_q + m0;
+        for (int r = tid; r < BM; r += NT) {
+            const bool ok = r < m_valid;
+            cp_async_4(smem_u32(sLse + stage * BM + r), p.lse + (ok ? l0 + r : 0), ok ? 4 : 0);
+            cp_async_4(smem_u32(sD + stage * BM + r), dsum + (ok ? l0 + r : 0), ok ? 4 : 0);
+            const RowRange rr = row_range(p, b, min(m0 + r, p.T_q - 1));
+            sRng[stage * BM + r] = make_int2(rr.lo, rr.hi);
+        }
+    };
+
+    float dk[HS / 2], dv[HS / 2];  // this warpgroup's (64 keys, HS)
+#pragma unroll
+    for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
+    const float scale_log2 = p.scale * LOG2E_F;
+    const int krow = wg * 64 + warp * 16 + g;  // tile-relative key of d[4j + 0..1]; +8 for 2..3
+    const uint32_t k_base = smem_u32(sK), v_base = smem_u32(sV), ds_base = smem_u32(sdS);
+    // dQ split between the warpgroups: HS 64 (BM 128) by query halves, HS 128 (BM 64) by column
+    // halves; each is a 64 x 64 x BN product (column block dq_a of dS^T, dq_b of K).
+    const int dq_a = BM == 128 ? wg : 0, dq_b = BM == 128 ? 0 : wg;
+    const int dq_row0 = dq_a * 64 + warp * 16 + g, dq_col0 = dq_b * 64 + 2 * t;
+
+    if (total > 0) load_stage(0, 0);
+    cp_async_commit();
+    for (int it = 0; it < total; it++) {
+        const int stage = it & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // this stage (and K, V) landed; every warpgroup is done with pair it-1
+        if (it + 1 < total) load_stage(it + 1, stage ^ 1);
+        cp_async_commit();
+
+        const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
+        const int m_valid = min(BM, p.T_q - m0);
+        const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
+        const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
+        const int2 *cRng = sRng + stage * BM;
+        const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
+        const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
+
+        float st[NQ * 4], dpt[NQ * 4];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            const uint32_t a = (ks >> 2) * BN * 128 + wg * 64 * 128 + (ks & 3) * 32;
+            const uint32_t bq = (ks >> 2) * BM * 128 + (ks & 3) * 32;
+            Wgmma<T, BM, 0, 0>::ss(st, sw128_desc(k_base + a, 16, 1024), sw128_desc(q_base + bq, 16, 1024), ks > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            const uint32_t a = (ks >> 2) * BN * 128 + wg * 64 * 128 + (ks & 3) * 32;
+            const uint32_t bq = (ks >> 2) * BM * 128 + (ks & 3) * 32;
+            Wgmma<T, BM, 0, 0>::ss(dpt, sw128_desc(v_base + a, 16, 1024), sw128_desc(o_base + bq, 16, 1024), ks > 0);
+        }
+        wgmma_commit();
+
+        // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running.
+        wgmma_wait<1>();
+        wgmma_fence_regs(st);
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            const int q = 8 * j + 2 * t;
+            const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
+            const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = e & 1, key = n0 + krow + 8 * (e >> 1);
+                bool masked = false;
+                if (partial) {
+                    const int2 rg = cRng[q + c];
+                    masked = key < rg.x || key >= rg.y;
+                }
+                st[4 * j + e] = masked ? 0.f : exp2f(fmaf(st[4 * j + e], scale_log2, nl[c]));
+            }
+        }
+        // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ).
+        wgmma_wait<0>();
+        wgmma_fence_regs(dpt);
+        uint32_t pa[BM / 16][4], sa[BM / 16][4];
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            const int q = 8 * j + 2 * t;
+            const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
+#pragma unroll
+            for (int e = 0; e < 4; e++) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uint32_t ds = ElemTraits<T>::pack(dpt[4 * j + 2 * r], dpt[4 * j + 2 * r + 1]);
+                *reinterpret_cast<uint32_t *>(sdS + sw128_offset<BN>(krow + 8 * r, q)) = ds;
+                sa[j >> 1][(j & 1) * 2 + r] = ds;
+                pa[j >> 1][(j & 1) * 2 + r] = ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
+            }
+        }
+        fence_proxy_async();
+
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++)
+            Wgmma<T, HS, 0, 1>::rs(dv, pa[kk], sw128_desc(o_base + kk * 16 * 128, BM * 128, 1024), 1);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++)
+            Wgmma<T, HS, 0, 1>::rs(dk, sa[kk], sw128_desc(q_base + kk * 16 * 128, BM * 128, 1024), 1);
+        wgmma_commit();
+
+        __syncthreads();  // dS^T complete: both warpgroups' keys
+        float dq[32];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++)
+            Wgmma<T, 64, 1, 1>::ss(dq, sw128_desc(ds_base + dq_a * BN * 128 + ks * 16 * 128, BN * 128, 1024),
+                                   sw128_desc(k_base + dq_b * BN * 128 + ks * 16 * 128, BN * 128, 1024), ks > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(dq);
+        wgmma_fence_regs(dk);
+        wgmma_fence_regs(dv);
+        float *acc = dq_accum + (((int64_t)b * p.NH + h) * p.T_q + m0) * HS;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = dq_row0 + 8 * r;
+            if (row < m_valid) {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    atomic_add_pair(acc + (int64_t)row * HS + dq_col0 + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warpgroup is done with K and V (also when no query tile was visible)
+
+    // dK = scale * dS^T Q and dV, staged through sK and sV, then stored with 16-byte writes.
+#pragma unroll
+    for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int off = sw128_offset<BN>(krow + 8 * r, 8 * j + 2 * t);
+            *reinterpret_cast<uint32_t *>(sK + off) = ElemTraits<T>::pack(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(sV + off) = ElemTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        }
+    __syncthreads();
+    T *dkg = static_cast<T *>(p.dk) + b * p.dk_st.batch + (int64_t)n0 * p.dk_st.row + kvh * p.dk_st.head;
+    T *dvg = static_cast<T *>(p.dv) + b * p.dv_st.batch + (int64_t)n0 * p.dv_st.row + kvh * p.dv_st.head;
+    tile_store_sw128<BN, BN, HS, NT>(dkg, p.dk_st.row, sK, 0, n_valid, tid);
+    tile_store_sw128<BN, BN, HS, NT>(dvg, p.dv_st.row, sV, 0, n_valid, tid);
+#endif
+}
+
+template <typename T, int HS>
+void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, cudaStream_t s) {
+    using Tile = Sm90BwdTile<HS>;
+    auto kernel = flash_bwd_sm90_kernel<T, HS>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
+    dim3 grid(cdiv(p.T_k, Tile::BN), p.NKV, p.B);
+    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+#define INSTANTIATE_BWD_SM90(T, HS) \
+    template void flash_bwd_sm90_launch<T, HS>(const AttnParams &, const float *, float *, cudaStream_t);
+INSTANTIATE_BWD_SM90(__nv_bfloat16, 64)
+INSTANTIATE_BWD_SM90(__nv_bfloat16, 128)
+INSTANTIATE_BWD_SM90(__half, 64)
+INSTANTIATE_BWD_SM90(__half, 128)
