@@ -14,6 +14,7 @@ typedef struct {
     AttnKernelFamily family;
     int hs;       // head size of the instantiated kernel
     bool extras;  // ALiBi or dropout: the kernel variant that evaluates them
+    int fwd_wgs;  // sm90 forward: warpgroups per block (Sm90FwdTile)
 } AttnKernelChoice;
 
 // Picks the kernel family and tile from (arch, dtype, head size, features, direction). Causal and
@@ -64,6 +65,9 @@ static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnK
     const bool sm80_forced = force && strcmp(force, "sm80") == 0;
     if (arch == 90 && !c->extras && !(backward && p.deterministic) && !sm80_forced && flash_sm90_ok())
         c->family = ATTN_KERNEL_SM90;
+    // HS 64: three warpgroups (BM 192) from 4K queries on, two below (short causal rows are
+    // imbalanced over 192-row tiles); HS 128 fits two only.
+    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 ? 3 : 2;
     return 0;
 }
 
@@ -97,9 +101,11 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
 }
 
 // The sm90 backward always uses the fp32 dQ accumulator (workspace as in sm80_run).
-template <typename T, int HS> static void sm90_run(const AttnParams &p, int backward, cudaStream_t s) {
+template <typename T, int HS>
+static void sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
     if (!backward) {
-        flash_fwd_sm90_launch<T, HS>(p, s);
+        if (HS == 64 && c.fwd_wgs == 3) flash_fwd_sm90_launch<T, 64, 3>(p, s);
+        else flash_fwd_sm90_launch<T, HS, 2>(p, s);
         return;
     }
     float *dq_accum = static_cast<float *>(p.workspace);
@@ -111,8 +117,8 @@ template <typename T, int HS> static void sm90_run(const AttnParams &p, int back
 
 template <typename T>
 static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
-    if (c.hs == 64) sm90_run<T, 64>(p, backward, s);
-    else sm90_run<T, 128>(p, backward, s);
+    if (c.hs == 64) sm90_run<T, 64>(p, c, backward, s);
+    else sm90_run<T, 128>(p, c, backward, s);
 }
 
 static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {

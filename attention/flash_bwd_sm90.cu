@@ -79,6 +79,17 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     // halves; each is a 64 x 64 x BN product (column block dq_a of dS^T, dq_b of K).
     const int dq_a = BM == 128 ? wg : 0, dq_b = BM == 128 ? 0 : wg;
     const int dq_row0 = dq_a * 64 + warp * 16 + g, dq_col0 = dq_b * 64 + 2 * t;
+    // Descriptors of the fixed operands (the k-steps add constant byte offsets): this warpgroup's
+    // K and V rows (K-major), and dQ's column blocks of dS^T and K (MN-major).
+    const uint64_t dk_desc = sw128_desc(k_base + wg * 64 * 128, 16, 1024);
+    const uint64_t dv_desc = sw128_desc(v_base + wg * 64 * 128, 16, 1024);
+    const uint64_t dqa_desc = sw128_desc(ds_base + dq_a * BN * 128, BN * 128, 1024);
+    const uint64_t dqb_desc = sw128_desc(k_base + dq_b * BN * 128, BN * 128, 1024);
+    // This thread's dS^T stores: row krow + 8r, column 8j + 2t, at the byte address
+    // ds_row[r] + (((j & 7) ^ g) << 4) + (j >> 3) * BN * 128 (sw128_offset with the row fixed).
+    uint32_t ds_row[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) ds_row[r] = ds_base + (krow + 8 * r) * 128 + 4 * t;
 
     if (total > 0) load_stage(0, 0);
     cp_async_commit();
@@ -97,41 +108,47 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         const int2 *cRng = sRng + stage * BM;
         const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
         const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
+        const uint64_t q_kdesc = sw128_desc(q_base, 16, 1024), o_kdesc = sw128_desc(o_base, 16, 1024);
+        const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
 
         float st[NQ * 4], dpt[NQ * 4];
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {
-            const uint32_t a = (ks >> 2) * BN * 128 + wg * 64 * 128 + (ks & 3) * 32;
-            const uint32_t bq = (ks >> 2) * BM * 128 + (ks & 3) * 32;
-            Wgmma<T, BM, 0, 0>::ss(st, sw128_desc(k_base + a, 16, 1024), sw128_desc(q_base + bq, 16, 1024), ks > 0);
-        }
+        for (int ks = 0; ks < HS / 16; ks++)
+            Wgmma<T, BM, 0, 0>::ss(st, desc_add(dk_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
+                                   desc_add(q_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
 #pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {
-            const uint32_t a = (ks >> 2) * BN * 128 + wg * 64 * 128 + (ks & 3) * 32;
-            const uint32_t bq = (ks >> 2) * BM * 128 + (ks & 3) * 32;
-            Wgmma<T, BM, 0, 0>::ss(dpt, sw128_desc(v_base + a, 16, 1024), sw128_desc(o_base + bq, 16, 1024), ks > 0);
-        }
+        for (int ks = 0; ks < HS / 16; ks++)
+            Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(dv_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
+                                   desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
 
-        // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running.
+        // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running; the masked
+        // variant only for tiles that need it (a per-element test costs the bulk instructions).
         wgmma_wait<1>();
         wgmma_fence_regs(st);
+        if (partial) {
 #pragma unroll
-        for (int j = 0; j < NQ; j++) {
-            const int q = 8 * j + 2 * t;
-            const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
-            const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+            for (int j = 0; j < NQ; j++) {
+                const int q = 8 * j + 2 * t;
+                const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
+                const int2 rg[2] = {cRng[q], cRng[q + 1]};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int c = e & 1, key = n0 + krow + 8 * (e >> 1);
-                bool masked = false;
-                if (partial) {
-                    const int2 rg = cRng[q + c];
-                    masked = key < rg.x || key >= rg.y;
+                for (int e = 0; e < 4; e++) {
+                    const int c = e & 1, key = n0 + krow + 8 * (e >> 1);
+                    const bool masked = key < rg[c].x || key >= rg[c].y;
+                    const float x = exp2_ftz(fmaf(st[4 * j + e], scale_log2, -(c ? lse.y : lse.x) * LOG2E_F));
+                    st[4 * j + e] = masked ? 0.f : x;
                 }
-                st[4 * j + e] = masked ? 0.f : exp2f(fmaf(st[4 * j + e], scale_log2, nl[c]));
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const float2 lse = *reinterpret_cast<const float2 *>(cLse + 8 * j + 2 * t);
+                const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[4 * j + e] = exp2_ftz(fmaf(st[4 * j + e], scale_log2, nl[e & 1]));
             }
         }
         // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ).
@@ -140,51 +157,49 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         uint32_t pa[BM / 16][4], sa[BM / 16][4];
 #pragma unroll
         for (int j = 0; j < NQ; j++) {
-            const int q = 8 * j + 2 * t;
-            const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
-#pragma unroll
-            for (int e = 0; e < 4; e++) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+            const float2 dd = *reinterpret_cast<const float2 *>(cD + 8 * j + 2 * t);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const uint32_t ds = ElemTraits<T>::pack(dpt[4 * j + 2 * r], dpt[4 * j + 2 * r + 1]);
-                *reinterpret_cast<uint32_t *>(sdS + sw128_offset<BN>(krow + 8 * r, q)) = ds;
+                const uint32_t ds = ElemTraits<T>::pack(st[4 * j + 2 * r] * (dpt[4 * j + 2 * r] - dd.x),
+                                                        st[4 * j + 2 * r + 1] * (dpt[4 * j + 2 * r + 1] - dd.y));
+                const uint32_t addr = ds_row[r] + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds) : "memory");
                 sa[j >> 1][(j & 1) * 2 + r] = ds;
                 pa[j >> 1][(j & 1) * 2 + r] = ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
             }
         }
         fence_proxy_async();
-
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++)
-            Wgmma<T, HS, 0, 1>::rs(dv, pa[kk], sw128_desc(o_base + kk * 16 * 128, BM * 128, 1024), 1);
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++)
-            Wgmma<T, HS, 0, 1>::rs(dk, sa[kk], sw128_desc(q_base + kk * 16 * 128, BM * 128, 1024), 1);
-        wgmma_commit();
-
         __syncthreads();  // dS^T complete: both warpgroups' keys
+
+        // dQ first, then dV and dK: the dQ atomics below overlap the dV/dK products.
         float dq[32];
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++)
-            Wgmma<T, 64, 1, 1>::ss(dq, sw128_desc(ds_base + dq_a * BN * 128 + ks * 16 * 128, BN * 128, 1024),
-                                   sw128_desc(k_base + dq_b * BN * 128 + ks * 16 * 128, BN * 128, 1024), ks > 0);
+            Wgmma<T, 64, 1, 1>::ss(dq, desc_add(dqa_desc, ks * 16 * 128), desc_add(dqb_desc, ks * 16 * 128), ks > 0);
         wgmma_commit();
-        wgmma_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dv, pa[kk], desc_add(o_mndesc, kk * 16 * 128), 1);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dk, sa[kk], desc_add(q_mndesc, kk * 16 * 128), 1);
+        wgmma_commit();
+        wgmma_wait<1>();
         wgmma_fence_regs(dq);
-        wgmma_fence_regs(dk);
-        wgmma_fence_regs(dv);
         float *acc = dq_accum + (((int64_t)b * p.NH + h) * p.T_q + m0) * HS;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = dq_row0 + 8 * r;
             if (row < m_valid) {
+                float *a = acc + (int64_t)row * HS + dq_col0;
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    atomic_add_pair(acc + (int64_t)row * HS + dq_col0 + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+                for (int j = 0; j < 8; j++) atomic_add_pair(a + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
             }
         }
+        wgmma_wait<0>();  // dV and dK read this stage's Q and dO, and pa / sa until here
+        wgmma_fence_regs(dk);
+        wgmma_fence_regs(dv);
+        wgmma_fence_regs(pa);
+        wgmma_fence_regs(sa);
     }
     cp_async_wait<0>();
     __syncthreads();  // every warpgroup is done with K and V (also when no query tile was visible)

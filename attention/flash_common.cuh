@@ -58,6 +58,14 @@ __device__ __forceinline__ void mma_16816<__half>(float c[4], const uint32_t a[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x in one MUFU instruction, denormal results flushed to 0 (exp2f keeps them at the cost of
+// extra range-scaling instructions around every exponential).
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---- shared memory ------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {

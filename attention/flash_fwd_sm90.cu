@@ -8,10 +8,10 @@
 #include "attention/flash_tiles.cuh"
 #include "attention/wgmma.cuh"
 
-template <typename T, int HS>
-__global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_kernel(const AttnParams p) {
+template <typename T, int HS, int NWG>
+__global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_sm90_kernel(const AttnParams p) {
 #ifdef FLASH_SM90_DEVICE
-    using Tile = Sm90FwdTile<HS>;
+    using Tile = Sm90FwdTile<HS, NWG>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
     constexpr int NS = BN / 8, NO = HS / 8;  // n8 column tiles of the scores and of the output
     extern __shared__ unsigned char smem_raw[];
@@ -50,7 +50,9 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_k
     if (nb_end > nb_begin) load_kv(nb_end - 1);
     cp_async_commit();
 
-    const uint32_t q_base = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows
+    // Descriptors: this warpgroup's 64 rows of Q and stage 0 of K (K-major), of V (MN-major).
+    const uint64_t q_desc = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16, 1024);
+    const uint64_t k_desc0 = sw128_desc(smem_u32(sK), 16, 1024), v_desc0 = sw128_desc(smem_u32(sV), BN * 128, 1024);
     float o[NO * 4];
 #pragma unroll
     for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
@@ -65,14 +67,12 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_k
         cp_async_commit();
 
         float s[NS * 4];
-        const uint32_t k_base = smem_u32(sK + st * BN * HS), v_base = smem_u32(sV + st * BN * HS);
+        const uint64_t k_desc = desc_add(k_desc0, st * BN * HS * 2), v_desc = desc_add(v_desc0, st * BN * HS * 2);
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {
-            const uint32_t kofs = (ks & 3) * 32;  // byte of the k16 slice in its column block's rows
-            Wgmma<T, BN, 0, 0>::ss(s, sw128_desc(q_base + (ks >> 2) * BM * 128 + kofs, 16, 1024),
-                                   sw128_desc(k_base + (ks >> 2) * BN * 128 + kofs, 16, 1024), ks > 0);
-        }
+        for (int ks = 0; ks < HS / 16; ks++)  // the k16 slice: column block ks / 4, byte 32 (ks % 4) of its rows
+            Wgmma<T, BN, 0, 0>::ss(s, desc_add(q_desc, (ks >> 2) * BM * 128 + (ks & 3) * 32),
+                                   desc_add(k_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(s);
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_k
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             mx = fmaxf(row_max[r], mx * sl);
             const float m_use = mx == -INFINITY ? 0.f : mx;
-            const float corr = exp2f(row_max[r] - m_use);
+            const float corr = exp2_ftz(row_max[r] - m_use);
             row_max[r] = mx;
             row_sum[r] *= corr;
 #pragma unroll
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_k
 #pragma unroll
             for (int i = 0; i < NS * 2; i++) {
                 const int idx = (i >> 1) * 4 + 2 * r + (i & 1);
-                const float pr = exp2f(fmaf(s[idx], sl, -m_use));
+                const float pr = exp2_ftz(fmaf(s[idx], sl, -m_use));
                 row_sum[r] += pr;
                 s[idx] = pr;
             }
@@ -130,10 +130,11 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_k
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            Wgmma<T, HS, 0, 1>::rs(o, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128, 1024), 1);
+            Wgmma<T, HS, 0, 1>::rs(o, pa[kk], desc_add(v_desc, kk * 16 * 128), 1);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(o);
+        wgmma_fence_regs(pa);
     }
 
     // Finish: O /= rowsum (0 for a fully masked row, LSE +inf), staged through this warpgroup's
@@ -160,9 +161,9 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS>::NTHREADS, 1) flash_fwd_sm90_k
 #endif
 }
 
-template <typename T, int HS> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s) {
-    using Tile = Sm90FwdTile<HS>;
-    auto kernel = flash_fwd_sm90_kernel<T, HS>;
+template <typename T, int HS, int NWG> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s) {
+    using Tile = Sm90FwdTile<HS, NWG>;
+    auto kernel = flash_fwd_sm90_kernel<T, HS, NWG>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
     kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p);
@@ -173,11 +174,13 @@ template <typename T, int HS> void flash_fwd_sm90_launch(const AttnParams &p, cu
 // without -gencode ...sm_90a runs the sm80 family on Hopper).
 bool flash_sm90_ok() {
     cudaFuncAttributes a;
-    if (cudaFuncGetAttributes(&a, flash_fwd_sm90_kernel<__nv_bfloat16, 64>) != cudaSuccess) return false;
+    if (cudaFuncGetAttributes(&a, flash_fwd_sm90_kernel<__nv_bfloat16, 64, 2>) != cudaSuccess) return false;
     return a.binaryVersion == 90;
 }
 
-template void flash_fwd_sm90_launch<__nv_bfloat16, 64>(const AttnParams &, cudaStream_t);
-template void flash_fwd_sm90_launch<__nv_bfloat16, 128>(const AttnParams &, cudaStream_t);
-template void flash_fwd_sm90_launch<__half, 64>(const AttnParams &, cudaStream_t);
-template void flash_fwd_sm90_launch<__half, 128>(const AttnParams &, cudaStream_t);
+#define INSTANTIATE_FWD_SM90(T)                                                    \
+    template void flash_fwd_sm90_launch<T, 64, 2>(const AttnParams &, cudaStream_t); \
+    template void flash_fwd_sm90_launch<T, 64, 3>(const AttnParams &, cudaStream_t); \
+    template void flash_fwd_sm90_launch<T, 128, 2>(const AttnParams &, cudaStream_t);
+INSTANTIATE_FWD_SM90(__nv_bfloat16)
+INSTANTIATE_FWD_SM90(__half)

@@ -88,16 +88,18 @@ template <int HS> struct DqTile {
 
 // Hopper forward (flash_fwd_sm90.cu, wgmma): NWG warpgroups of 64 query rows each share the K/V
 // tiles of BN keys (two stages). Per thread: scores BN/2 fp32, O HS/2 fp32, P BN/4 registers.
-//   HS 64:  3 warpgroups, BM 192, BN 128 (FlashAttention-3's shape for this head size).
-//   HS 128: 2 warpgroups, BM 128, BN 128.
+// attn_select_kernel picks NWG. Measured on H200 (docs/PERFORMANCE.md), TFLOP/s at HS 64:
+//   3 warpgroups (BM 192, FlashAttention-3's shape): 314 causal / 354 full at 8K, 172 causal at 1K;
+//   2 warpgroups (BM 128): 291 / 305 at 8K, 197 causal at 1K (less imbalance on short causal rows).
+//   HS 128: 2 warpgroups (3 do not fit the registers: O alone takes 64 per thread).
 // Every tile is 1024-byte aligned (the 128-byte swizzle), hence the extra 1 KB.
 #define SM90_SMEM_LIMIT (227 * 1024)
-template <int HS> struct Sm90FwdTile {
-    static constexpr int NWG = HS <= 64 ? 3 : 2;
+template <int HS, int NWG> struct Sm90FwdTile {
     static constexpr int BM = 64 * NWG, BN = 128;
     static constexpr int NTHREADS = 128 * NWG;
     static constexpr size_t SMEM = 1024 + (size_t)(BM + 4 * BN) * HS * 2;
     static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
+    static_assert(NWG == 2 || (NWG == 3 && HS == 64), "warpgroups that fit the registers");
     static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 forward tile exceeds shared memory");
 };
 
@@ -126,7 +128,7 @@ void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s)
 
 // sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; no ALiBi or dropout; the
 // backward only with the fp32 dQ accumulator, not the deterministic mode).
-template <typename T, int HS> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s);
+template <typename T, int HS, int NWG> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s);
 template <typename T, int HS>
 void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device

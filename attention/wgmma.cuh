@@ -88,6 +88,10 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
            (uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
 }
 
+// The descriptor of the operand `bytes` further on (a multiple of 16): the start address is the
+// low 14-bit field in 16-byte units, and shared addresses stay below 256 KB, so no carry leaves it.
+__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
@@ -101,6 +105,14 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 template <int N> __device__ __forceinline__ void wgmma_fence_regs(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for A fragments in registers: an RS wgmma reads them after it is issued, so they
+// must stay live (not be reused for other values) until the wait that covers it.
+template <int M> __device__ __forceinline__ void wgmma_fence_regs(uint32_t (&a)[M][4]) {
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 // Named barrier over the NTHREADS threads that use id (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int nthreads) {
