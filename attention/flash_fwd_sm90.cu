@@ -1,7 +1,7 @@
 // flash_fwd_sm90: the FlashAttention-2 forward on Hopper's warpgroup MMA (wgmma, sm_90a). One
 // block per (query tile, head, batch row); each warpgroup owns 64 query rows. S = Q K^T reads
 // both operands from shared memory; the probabilities stay in registers as the A operand of
-// O += P V. K/V tiles are double-buffered with cp.async. Masking follows flash_fwd.cu (partial
+// O += P V. K/V tiles stream through three cp.async stages handed over by mbarriers. Masking follows flash_fwd.cu (partial
 // tiles masked per element, empty tiles skipped); ALiBi and dropout stay on the sm80 kernels.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
@@ -14,10 +14,13 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     using Tile = Sm90FwdTile<HS, NWG>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
     constexpr int NS = BN / 8, NO = HS / 8;  // n8 column tiles of the scores and of the output
+    constexpr int STAGES = Tile::STAGES;
     extern __shared__ unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_align1024(smem_raw));  // (BM, HS) SW128, later O staging
-    T *sK = sQ + BM * HS;                                      // 2 stages of (BN, HS) SW128
-    T *sV = sK + 2 * BN * HS;                                  // 2 stages of (BN, HS) SW128
+    T *sK = sQ + BM * HS;                                      // STAGES x (BN, HS) SW128
+    T *sV = sK + STAGES * BN * HS;                             // STAGES x (BN, HS) SW128
+    const uint32_t full0 = smem_u32(sV + STAGES * BN * HS);    // STAGES mbarriers: stage landed
+    const uint32_t empty0 = full0 + STAGES * 8;                // STAGES mbarriers: stage released
 
     const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (p.NH / p.NKV);
@@ -41,14 +44,24 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     const bool prescale = !(p.scale > 0.f);  // a non-positive scale would reverse the max
     const float sl = prescale ? 1.f : scale_log2;
 
-    auto load_kv = [&](int nb) {
-        const int n0 = nb * BN, st = nb & 1;
+    // Key tiles run from last to first (the partial diagonal and ragged tiles first, then the
+    // bulk): tile i is nb_end - 1 - i, in stage i % STAGES. Every thread copies part of each
+    // tile and arrives on the stage's `full` barrier when its copies land; every thread arrives
+    // on `empty` when its warpgroup is done with the stage. A stage is refilled once all have
+    // released it, so warpgroups drift apart by up to a tile instead of meeting every tile.
+    const int n_tiles = nb_end - nb_begin;
+    auto load_kv = [&](int i) {
+        const int n0 = (nb_end - 1 - i) * BN, st = i % STAGES;
+        if (i >= STAGES) mbar_wait(empty0 + st * 8, ((i / STAGES) - 1) & 1);
         tile_load_sw128<BN, HS, NT>(sK + st * BN * HS, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
         tile_load_sw128<BN, HS, NT>(sV + st * BN * HS, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
+        mbar_arrive_cp_async(full0 + st * 8);
     };
-    tile_load_sw128<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
-    if (nb_end > nb_begin) load_kv(nb_end - 1);
-    cp_async_commit();
+    if (tid == 0)
+        for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, NT), mbar_init(empty0 + st * 8, NT);
+    __syncthreads();
+    tile_load_sw128<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);  // lands with tile 0's barrier
+    for (int i = 0; i < STAGES - 1 && i < n_tiles; i++) load_kv(i);
 
     // Descriptors: this warpgroup's 64 rows of Q and stage 0 of K (K-major), of V (MN-major).
     const uint64_t q_desc = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16, 1024);
@@ -58,13 +71,10 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
-    for (int nb = nb_end - 1; nb >= nb_begin; nb--) {
-        const int n0 = nb * BN, st = nb & 1;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();  // tile nb has landed; every warpgroup is done with tile nb+1's stage
-        if (nb > nb_begin) load_kv(nb - 1);
-        cp_async_commit();
+    for (int i = 0; i < n_tiles; i++) {
+        const int nb = nb_end - 1 - i, n0 = nb * BN, st = i % STAGES;
+        mbar_wait(full0 + st * 8, (i / STAGES) & 1);
+        fence_proxy_async();  // the copies (generic proxy) before the MMAs' reads (async proxy)
 
         float s[NS * 4];
         const uint64_t k_desc = desc_add(k_desc0, st * BN * HS * 2), v_desc = desc_add(v_desc0, st * BN * HS * 2);
@@ -135,11 +145,13 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
         wgmma_wait<0>();
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
+        mbar_arrive(empty0 + st * 8);
+        if (i + STAGES - 1 < n_tiles) load_kv(i + STAGES - 1);
     }
 
     // Finish: O /= rowsum (0 for a fully masked row, LSE +inf), staged through this warpgroup's
     // own rows of sQ (no other warpgroup reads them) and stored with 16-byte writes.
-    cp_async_wait<0>();  // the Q copy is still in flight when no key tile was visible
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // the Q copy, when no key tile was visible
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = row_sum[r];

@@ -87,7 +87,7 @@ template <int HS> struct DqTile {
 };
 
 // Hopper forward (flash_fwd_sm90.cu, wgmma): NWG warpgroups of 64 query rows each share the K/V
-// tiles of BN keys (two stages). Per thread: scores BN/2 fp32, O HS/2 fp32, P BN/4 registers.
+// tiles of BN keys (STAGES stages, handed over by mbarriers). Per thread: scores BN/2 fp32, O HS/2 fp32, P BN/4 registers.
 // attn_select_kernel picks NWG. Measured on H200 (docs/PERFORMANCE.md), TFLOP/s at HS 64:
 //   3 warpgroups (BM 192, FlashAttention-3's shape): 314 causal / 354 full at 8K, 172 causal at 1K;
 //   2 warpgroups (BM 128): 291 / 305 at 8K, 197 causal at 1K (less imbalance on short causal rows).
@@ -95,9 +95,10 @@ template <int HS> struct DqTile {
 // Every tile is 1024-byte aligned (the 128-byte swizzle), hence the extra 1 KB.
 #define SM90_SMEM_LIMIT (227 * 1024)
 template <int HS, int NWG> struct Sm90FwdTile {
-    static constexpr int BM = 64 * NWG, BN = 128;
+    static constexpr int BM = 64 * NWG, BN = 128, STAGES = 3;
     static constexpr int NTHREADS = 128 * NWG;
-    static constexpr size_t SMEM = 1024 + (size_t)(BM + 4 * BN) * HS * 2;
+    // Q, STAGES x (K, V), then a full and an empty mbarrier per stage
+    static constexpr size_t SMEM = 1024 + (size_t)(BM + 2 * STAGES * BN) * HS * 2 + 2 * STAGES * 8;
     static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
     static_assert(NWG == 2 || (NWG == 3 && HS == 64), "warpgroups that fit the registers");
     static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 forward tile exceeds shared memory");
