@@ -1,7 +1,6 @@
-// flash_tiles: the tile policy of the sm80 flash kernels (every tile constant lives here, with
-// its shared-memory budget checked at compile time) and the launchers that attention_cuda.cu's
-// one selection function dispatches to. A later Hopper family (wgmma, TMA) adds its own traits
-// and launchers beside these and a case in attn_select_kernel().
+// flash_tiles: the tile policy of both flash kernel families, sm80 (mma.sync) and sm90 (wgmma):
+// every tile constant lives here, with its shared-memory budget checked at compile time, and the
+// launchers that attention_cuda.cu's one selection function dispatches to.
 #pragma once
 #include <cuda_runtime.h>
 #include <stddef.h>
@@ -10,6 +9,7 @@
 
 // Shared memory one block may use on sm80 (A100: 163 KB) and sm90 (H100/H200: 227 KB).
 #define SM80_SMEM_LIMIT (163 * 1024)
+#define SM90_SMEM_LIMIT (227 * 1024)
 
 // Forward: each of NWARPS warps owns MT m16 tiles of query rows (BM = 16 * MT * NWARPS) and keeps
 // them, with its O accumulator (16*MT x HS fp32) and its scores (16*MT x BN fp32), in registers.
@@ -54,7 +54,7 @@ template <int HS> struct FwdTile {
 // elements, which at HS 64 is why the row ranges are recomputed instead of staged. One block
 // of 8 warps fits an SM (registers and shared memory): ncu shows 2 warps per scheduler stalled
 // on MMA/ldmatrix latency with the tensor pipe ~36% busy, which is the remaining gap to
-// PyTorch's FlashAttention-2 (0.68-0.96x).
+// PyTorch's FlashAttention-2 (0.68-0.96x); the sm90 family below replaced it on Hopper.
 template <int HS> struct BwdTile {
     static constexpr int NWARPS = 8;
     static constexpr int NTHREADS = 32 * NWARPS;
@@ -87,13 +87,14 @@ template <int HS> struct DqTile {
 };
 
 // Hopper forward (flash_fwd_sm90.cu, wgmma): NWG warpgroups of 64 query rows each share the K/V
-// tiles of BN keys (STAGES stages, handed over by mbarriers). Per thread: scores BN/2 fp32, O HS/2 fp32, P BN/4 registers.
-// attn_select_kernel picks NWG. Measured on H200 (docs/PERFORMANCE.md), TFLOP/s at HS 64:
+// tiles of BN keys (STAGES stages, handed over by mbarriers). Per thread: scores BN/2 fp32, O
+// HS/2 fp32, P BN/4 registers. attn_select_kernel picks NWG. Measured on H200 at HS 64 with two
+// stages and a block barrier per tile (docs/PERFORMANCE.md), TFLOP/s:
 //   3 warpgroups (BM 192, FlashAttention-3's shape): 314 causal / 354 full at 8K, 172 causal at 1K;
 //   2 warpgroups (BM 128): 291 / 305 at 8K, 197 causal at 1K (less imbalance on short causal rows).
 //   HS 128: 2 warpgroups (3 do not fit the registers: O alone takes 64 per thread).
+// Three mbarrier stages instead of the block barrier: +7-10% (350 / 390 at 8K, HS 64).
 // Every tile is 1024-byte aligned (the 128-byte swizzle), hence the extra 1 KB.
-#define SM90_SMEM_LIMIT (227 * 1024)
 template <int HS, int NWG> struct Sm90FwdTile {
     static constexpr int BM = 64 * NWG, BN = 128, STAGES = 3;
     static constexpr int NTHREADS = 128 * NWG;

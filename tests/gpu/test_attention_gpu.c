@@ -1,6 +1,7 @@
 // GPU attention tests: attn_forward_cuda / attn_backward_cuda (flash and naive) against the CPU
 // reference (attn_*_cpu, fp32) and a float64 reference, over odd shapes, GQA, strided fused QKV,
-// windows, ALiBi, documents, dropout, fully masked rows and the deterministic mode.
+// windows, ALiBi, documents, dropout, fully masked rows and the deterministic mode, on the
+// kernel family attn_select_kernel picks and again with FLASHGPT_ATTN_KERNEL=sm80.
 //
 // Tolerance (STYLE.md, after flash-attention's tests): the GPU's error against float64 must stay
 // within 2x the error of a straightforward implementation in the same precision (float64
@@ -572,7 +573,17 @@ int main(int argc, char **argv) {
     const Case *list = quick ? quick_cases : cases;
     const int n = quick ? (int)(sizeof quick_cases / sizeof *quick_cases) : (int)(sizeof cases / sizeof *cases);
     printf("case: error vs float64 / bound (2 x same-precision error + %.0e) per output\n", ATOL);
-    for (int i = 0; i < n; i++) TEST_CASE(list[i].name, run_case(&list[i], &rng));
+    // Every case runs on the kernel family the selection picks (on Hopper the sm90 family where
+    // it applies), then again with the sm80 family forced, so both stay covered on one GPU.
+    for (int fam = 0; fam < 2; fam++) {
+        if (fam == 1) setenv("FLASHGPT_ATTN_KERNEL", "sm80", 1);
+        for (int i = 0; i < n; i++) {
+            char name[160];
+            snprintf(name, sizeof name, "%s%s", fam ? "[sm80] " : "", list[i].name);
+            TEST_CASE(name, run_case(&list[i], &rng));
+        }
+    }
+    unsetenv("FLASHGPT_ATTN_KERNEL");
     TEST_CASE("dropout keep rate", test_dropout_stats());
     return TEST_SUMMARY();
 }
