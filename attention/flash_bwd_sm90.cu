@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     const int dq_row0 = dq_a * 64 + warp * 16 + g, dq_col0 = dq_b * 64 + 2 * t;
     // Descriptors of the fixed operands (the k-steps add constant byte offsets): this warpgroup's
     // K and V rows (K-major), and dQ's column blocks of dS^T and K (MN-major).
-    const uint64_t dk_desc = sw128_desc(k_base + wg * 64 * 128, 16, 1024);
-    const uint64_t dv_desc = sw128_desc(v_base + wg * 64 * 128, 16, 1024);
+    const uint64_t krows_desc = sw128_desc(k_base + wg * 64 * 128, 16, 1024);
+    const uint64_t vrows_desc = sw128_desc(v_base + wg * 64 * 128, 16, 1024);
     const uint64_t dqa_desc = sw128_desc(ds_base + dq_a * BN * 128, BN * 128, 1024);
     const uint64_t dqb_desc = sw128_desc(k_base + dq_b * BN * 128, BN * 128, 1024);
     // This thread's dS^T stores: row krow + 8r, column 8j + 2t, at the byte address
@@ -115,12 +115,12 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++)
-            Wgmma<T, BM, 0, 0>::ss(st, desc_add(dk_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
+            Wgmma<T, BM, 0, 0>::ss(st, desc_add(krows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
                                    desc_add(q_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++)
-            Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(dv_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
+            Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(vrows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
                                    desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
 
