@@ -96,11 +96,11 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(BUILD)/libflashgpt.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h $(BUILD)/libflashgpt.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
 	$(CC) $(CFLAGS) $@.o $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)

@@ -22,16 +22,7 @@
 #include "attention/mask.h"
 #include "common/rng.h"
 #include "tests/testlib.h"
-
-#define CUDA_OK(stmt)                                                                             \
-    do {                                                                                          \
-        cudaError_t e_ = (stmt);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "CUDA error: %s: %s (%s:%d)\n", #stmt, cudaGetErrorString(e_),        \
-                    __FILE__, __LINE__);                                                          \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "tests/gpu/cuda_ok.h"
 
 // ---- element conversion (round to nearest even) -------------------------------------------
 

@@ -15,16 +15,7 @@ extern "C" {
 #include "common/rng.h"
 }
 #include "tests/testlib.h"
-
-#define CUDA_OK(stmt)                                                                             \
-    do {                                                                                          \
-        cudaError_t e_ = (stmt);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "CUDA error: %s: %s (%s:%d)\n", #stmt, cudaGetErrorString(e_),        \
-                    __FILE__, __LINE__);                                                          \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "tests/gpu/cuda_ok.h"
 
 // C (64 x N) = A (64 x K) B (K x N); a and b row-major in global memory, TA / TB the shared
 // orientation (0 K-major, 1 MN-major), RS: A from registers (TA ignored).
