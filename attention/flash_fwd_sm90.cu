@@ -22,16 +22,19 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     const uint32_t full0 = smem_u32(sV + STAGES * BN * HS);    // STAGES mbarriers: stage landed
     const uint32_t empty0 = full0 + STAGES * 8;                // STAGES mbarriers: stage released
 
-    const QueryBlock qb = query_block(p, BM, BN);
-    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0, m_valid = qb.m_valid;
-    const RowRange first = qb.first, last = qb.last;
-    const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
+    const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (p.NH / p.NKV);
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
+    const int m0 = m_block * BM, m_valid = min(BM, p.T_q - m0);
 
-    const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
-    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, 0, kvh);
-    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, 0, kvh);
+    const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + m0 * p.q_st.row + h * p.q_st.head;
+    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + kvh * p.k_st.head;
+    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + kvh * p.v_st.head;
+
+    const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
+    const int nb_begin = max(first.lo, 0) / BN;
+    const int nb_end = max(cdiv(min(last.hi, p.T_k), BN), nb_begin);
 
     const int wrow0 = m0 + wg * 64 + warp * 16;  // this warp's first query row
     RowRange rr[2];
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     }
     named_barrier(1 + wg, 128);
     const int wrow = m0 + wg * 64;
-    T *out = tensor_at(static_cast<T *>(p.out), p.o_st, b, wrow, h);
+    T *out = static_cast<T *>(p.out) + b * p.o_st.batch + (int64_t)wrow * p.o_st.row + h * p.o_st.head;
     tile_store_sw128<BM, 64, HS, 128>(out, p.o_st.row, sQ, wg * 64, p.T_q - wrow, tid & 127);
 #endif
 }
