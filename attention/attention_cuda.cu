@@ -17,12 +17,13 @@ typedef struct {
     int fwd_wgs;  // sm90 forward: warpgroups per block (Sm90FwdTile)
 } AttnKernelChoice;
 
-// Picks the kernel family and tile from (arch, dtype, head size, features, direction). Causal and
-// T do not change the tiles today (flash_tiles.cuh documents why). Hopper (compute capability
-// 9.0, with sm_90a code in this binary) runs the wgmma family; ALiBi, dropout and the
-// deterministic backward stay on the sm80 family. The environment variable FLASHGPT_ATTN_KERNEL=sm80 forces the sm80
-// family on Hopper (tests and benchmarks compare the two); `auto` or unset is the default.
-// Returns -1 with a message when nothing fits.
+// Picks the kernel family and tile from (arch, dtype, head size, features, direction, T).
+// Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family; ALiBi,
+// dropout and the deterministic backward stay on the sm80 family. Only the sm90 forward's tile
+// depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents why). The
+// environment variable FLASHGPT_ATTN_KERNEL=sm80 forces the sm80 family on Hopper (tests and
+// benchmarks compare the two); `auto` or unset is the default. Returns -1 with a message when
+// nothing fits.
 static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnKernelChoice *c, char *err,
                               size_t errlen) {
     c->hs = p.HS;
@@ -74,15 +75,19 @@ static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnK
 // Flash workspace (floats, see attn_workspace_bytes): the dQ accumulator (B, NH, T_q, HS), which
 // only the non-deterministic backward uses, then D (B, NH, T_q). The accumulator comes first so
 // that it keeps the workspace's alignment: the backward adds pairs of floats with 8-byte atomics.
+static float *flash_ws_dq_accum(const AttnParams &p) { return static_cast<float *>(p.workspace); }
+static float *flash_ws_dsum(const AttnParams &p) {
+    return flash_ws_dq_accum(p) + (size_t)p.B * p.NH * p.T_q * p.HS;
+}
+
 template <typename T, int HS, bool EXTRAS>
 static void sm80_run(const AttnParams &p, int backward, cudaStream_t s) {
     if (!backward) {
         flash_fwd_launch<T, HS, EXTRAS>(p, s);
         return;
     }
-    float *ws = static_cast<float *>(p.workspace);
-    float *dq_accum = p.deterministic ? NULL : ws;
-    float *dsum = ws + (size_t)p.B * p.NH * p.T_q * HS;
+    float *dq_accum = p.deterministic ? NULL : flash_ws_dq_accum(p);
+    float *dsum = flash_ws_dsum(p);
     flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
     flash_bwd_launch<T, HS, EXTRAS>(p, dsum, dq_accum, s);
     if (dq_accum) flash_bwd_convert_dq<T>(p, dq_accum, s);
@@ -100,7 +105,8 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
     }
 }
 
-// The sm90 backward always uses the fp32 dQ accumulator (workspace as in sm80_run).
+// The sm90 backward always uses the fp32 dQ accumulator (attn_select_kernel keeps the
+// deterministic mode on the sm80 family).
 template <typename T, int HS>
 static void sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
     if (!backward) {
@@ -108,8 +114,7 @@ static void sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backwar
         else flash_fwd_sm90_launch<T, HS, 2>(p, s);
         return;
     }
-    float *dq_accum = static_cast<float *>(p.workspace);
-    float *dsum = dq_accum + (size_t)p.B * p.NH * p.T_q * HS;
+    float *dq_accum = flash_ws_dq_accum(p), *dsum = flash_ws_dsum(p);
     flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
     flash_bwd_sm90_launch<T, HS>(p, dsum, dq_accum, s);
     flash_bwd_convert_dq<T>(p, dq_accum, s);

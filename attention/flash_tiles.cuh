@@ -121,7 +121,8 @@ template <int HS> struct Sm90BwdTile {
 };
 
 // Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {64, 128},
-// EXTRAS = ALiBi or dropout present). `ws_f32` is the fp32 workspace (see flash_workspace_bytes).
+// EXTRAS = ALiBi or dropout present). dsum and dq_accum point into the caller's fp32 workspace
+// (its layout: flash_ws_dq_accum / flash_ws_dsum in attention_cuda.cu).
 template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s);
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
