@@ -38,8 +38,8 @@ template <typename T, int HS> __global__ void bwd_dsum_kernel(const AttnParams p
         int b, h, i;
         split_row(p, row, &b, &h, &i);
         float o[8], d[8];
-        load8(o, static_cast<const T *>(p.out) + b * p.o_st.batch + i * p.o_st.row + h * p.o_st.head + c);
-        load8(d, static_cast<const T *>(p.dout) + b * p.do_st.batch + i * p.do_st.row + h * p.do_st.head + c);
+        load8(o, tensor_at(static_cast<const T *>(p.out), p.o_st, b, i, h) + c);
+        load8(d, tensor_at(static_cast<const T *>(p.dout), p.do_st, b, i, h) + c);
 #pragma unroll
         for (int j = 0; j < 8; j++) acc += o[j] * d[j];
     }
@@ -74,7 +74,7 @@ template <typename T> __global__ void bwd_convert_dq_kernel(const AttnParams p, 
     out.y = ElemTraits<T>::pack(lo.z * p.scale, lo.w * p.scale);
     out.z = ElemTraits<T>::pack(hi.x * p.scale, hi.y * p.scale);
     out.w = ElemTraits<T>::pack(hi.z * p.scale, hi.w * p.scale);
-    T *dq = static_cast<T *>(p.dq) + b * p.dq_st.batch + i * p.dq_st.row + h * p.dq_st.head;
+    T *dq = tensor_at(static_cast<T *>(p.dq), p.dq_st, b, i, h);
     *reinterpret_cast<uint4 *>(dq + c) = out;
 }
 
@@ -106,36 +106,26 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
     float *sD = sLse + 2 * BM;                               // 2 stages of (BM): D
 
     const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int G = p.NH / p.NKV;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int n0 = n_block * BN, n_valid = min(BN, p.T_k - n0);
 
-    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + (int64_t)n0 * p.k_st.row + kvh * p.k_st.head;
-    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + (int64_t)n0 * p.v_st.row + kvh * p.v_st.head;
+    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, n0, kvh);
+    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, n0, kvh);
     tile_load_async<BN, HS, NT>(sK, k, p.k_st.row, n_valid, tid);
     tile_load_async<BN, HS, NT>(sV, v, p.v_st.row, n_valid, tid);
 
-    int q_begin, q_end;
-    query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
-    const int mb_begin = q_begin / BM;
-    const int n_mb = q_end > q_begin ? cdiv(q_end, BM) - mb_begin : 0;
-    const int total = G * n_mb;  // (query head, query tile) pairs, head-major
+    const BwdPairs pairs = bwd_pairs(p, b, kvh, n0, n_valid, BM);
 
     // Q, dO, LSE and D of pair `it` into `stage`. Rows past T_q are zero-filled: their Q and dO
     // are 0, so whatever P they get (LSE reads 0), their dS = P * (0 - 0) and P dO add nothing.
     auto load_stage = [&](int it, int stage) {
-        const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
+        const int h = pairs.head(it), m0 = pairs.m0(it, BM);
         const int m_valid = min(BM, p.T_q - m0);
-        const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + (int64_t)m0 * p.q_st.row + h * p.q_st.head;
-        const T *d = static_cast<const T *>(p.dout) + b * p.do_st.batch + (int64_t)m0 * p.do_st.row + h * p.do_st.head;
+        const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
+        const T *d = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, m0, h);
         tile_load_async<BM, HS, NT>(sQ + stage * BM * HS, q, p.q_st.row, m_valid, tid);
         tile_load_async<BM, HS, NT>(sdO + stage * BM * HS, d, p.do_st.row, m_valid, tid);
-        const int64_t l0 = ((int64_t)b * p.NH + h) * p.T_q + m0;
-        for (int r = tid; r < BM; r += NT) {
-            const bool ok = r < m_valid;
-            cp_async_4(smem_u32(sLse + stage * BM + r), p.lse + (ok ? l0 + r : 0), ok ? 4 : 0);
-            cp_async_4(smem_u32(sD + stage * BM + r), dsum + (ok ? l0 + r : 0), ok ? 4 : 0);
-        }
+        load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, h, m0, m_valid, tid);
     };
 
     float dk[KV_MT][KV_ND][4], dv[KV_MT][KV_ND][4];  // this warp's (32 keys, HS / KV_WD) blocks
@@ -169,17 +159,17 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
 #pragma unroll
     for (int np = 0; np < DQ_ND / 2; np++) off_dq[np] = frag_addr_b_kn<HS>(sK, 0, dq_d0 + 16 * np, lane) - smem_u32(sK);
 
-    if (total > 0) load_stage(0, 0);
+    if (pairs.total > 0) load_stage(0, 0);
     cp_async_commit();
-    for (int it = 0; it < total; it++) {
+    for (int it = 0; it < pairs.total; it++) {
         const int stage = it & 1;
         cp_async_wait<0>();
         __syncthreads();  // this stage (and K, V) landed; every warp is done with pair it-1, so
                           // the other stage, P and dS may be overwritten
-        if (it + 1 < total) load_stage(it + 1, stage ^ 1);
+        if (it + 1 < pairs.total) load_stage(it + 1, stage ^ 1);
         cp_async_commit();
 
-        const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
+        const int h = pairs.head(it), m0 = pairs.m0(it, BM);
         const int m_valid = min(BM, p.T_q - m0);
         const T *cQ = sQ + stage * BM * HS;
         const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
@@ -364,8 +354,8 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                 *reinterpret_cast<uint32_t *>(sV + off) = ElemTraits<T>::pack(dv[mt][i][2 * r], dv[mt][i][2 * r + 1]);
             }
     __syncthreads();
-    T *dkg = static_cast<T *>(p.dk) + b * p.dk_st.batch + (int64_t)n0 * p.dk_st.row + kvh * p.dk_st.head;
-    T *dvg = static_cast<T *>(p.dv) + b * p.dv_st.batch + (int64_t)n0 * p.dv_st.row + kvh * p.dv_st.head;
+    T *dkg = tensor_at(static_cast<T *>(p.dk), p.dk_st, b, n0, kvh);
+    T *dvg = tensor_at(static_cast<T *>(p.dv), p.dv_st, b, n0, kvh);
     tile_store<BN, HS, NT>(dkg, p.dk_st.row, sK, n_valid, tid);
     tile_store<BN, HS, NT>(dvg, p.dv_st.row, sV, n_valid, tid);
 }

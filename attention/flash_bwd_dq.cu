@@ -19,19 +19,16 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
     T *sK = sdO + BM * HS;                    // (BN, HS)
     T *sV = sK + BN * HS;                     // (BN, HS)
 
-    const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (p.NH / p.NKV);
+    const QueryBlock qb = query_block(p, BM, BN);
+    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0, m_valid = qb.m_valid;
+    const RowRange first = qb.first, last = qb.last;
+    const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int m0 = m_block * BM, m_valid = min(BM, p.T_q - m0);
 
-    const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + (int64_t)m0 * p.q_st.row + h * p.q_st.head;
-    const T *dO = static_cast<const T *>(p.dout) + b * p.do_st.batch + (int64_t)m0 * p.do_st.row + h * p.do_st.head;
-    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + kvh * p.k_st.head;
-    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + kvh * p.v_st.head;
-
-    const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
-    const int nb_begin = max(first.lo, 0) / BN;
-    const int nb_end = max(cdiv(min(last.hi, p.T_k), BN), nb_begin);
+    const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
+    const T *dO = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, m0, h);
+    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, 0, kvh);
+    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, 0, kvh);
 
     const int row0 = m0 + warp * 16 + g;
     float lse2[2], dd[2];
@@ -135,7 +132,7 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
             *reinterpret_cast<uint32_t *>(sdQ + SwizzledTile<HS>::offset(g + 8 * r, i * 8 + 2 * t)) =
                 ElemTraits<T>::pack(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
     __syncwarp();
-    T *dqg = static_cast<T *>(p.dq) + b * p.dq_st.batch + (int64_t)(m0 + warp * 16) * p.dq_st.row + h * p.dq_st.head;
+    T *dqg = tensor_at(static_cast<T *>(p.dq), p.dq_st, b, m0 + warp * 16, h);
     tile_store<16, HS, 32>(dqg, p.dq_st.row, sdQ, p.T_q - (m0 + warp * 16), lane);
 }
 

@@ -34,36 +34,28 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     int2 *sRng = reinterpret_cast<int2 *>(sD + 2 * BM);        // 2 stages of (BM): visible keys
 
     const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int G = p.NH / p.NKV;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = n_block * BN, n_valid = min(BN, p.T_k - n0);
 
-    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + (int64_t)n0 * p.k_st.row + kvh * p.k_st.head;
-    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + (int64_t)n0 * p.v_st.row + kvh * p.v_st.head;
+    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, n0, kvh);
+    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, n0, kvh);
     tile_load_sw128<BN, HS, NT>(sK, k, p.k_st.row, n_valid, tid);
     tile_load_sw128<BN, HS, NT>(sV, v, p.v_st.row, n_valid, tid);
 
-    int q_begin, q_end;
-    query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
-    const int mb_begin = q_begin / BM;
-    const int n_mb = q_end > q_begin ? cdiv(q_end, BM) - mb_begin : 0;
-    const int total = G * n_mb;  // (query head, query tile) pairs, head-major
+    const BwdPairs pairs = bwd_pairs(p, b, kvh, n0, n_valid, BM);
 
     // Q, dO, LSE, D and the visible key ranges of pair `it` into `stage`. Rows past T_q are
     // zero-filled (flash_bwd.cu: their dS and P dO come out 0).
     auto load_stage = [&](int it, int stage) {
-        const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
+        const int h = pairs.head(it), m0 = pairs.m0(it, BM);
         const int m_valid = min(BM, p.T_q - m0);
-        const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + (int64_t)m0 * p.q_st.row + h * p.q_st.head;
-        const T *d = static_cast<const T *>(p.dout) + b * p.do_st.batch + (int64_t)m0 * p.do_st.row + h * p.do_st.head;
+        const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
+        const T *d = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, m0, h);
         tile_load_sw128<BM, HS, NT>(sQ + stage * BM * HS, q, p.q_st.row, m_valid, tid);
         tile_load_sw128<BM, HS, NT>(sdO + stage * BM * HS, d, p.do_st.row, m_valid, tid);
-        const int64_t l0 = ((int64_t)b * p.NH + h) * p.T_q + m0;
+        load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, h, m0, m_valid, tid);
         for (int r = tid; r < BM; r += NT) {
-            const bool ok = r < m_valid;
-            cp_async_4(smem_u32(sLse + stage * BM + r), p.lse + (ok ? l0 + r : 0), ok ? 4 : 0);
-            cp_async_4(smem_u32(sD + stage * BM + r), dsum + (ok ? l0 + r : 0), ok ? 4 : 0);
             const RowRange rr = row_range(p, b, min(m0 + r, p.T_q - 1));
             sRng[stage * BM + r] = make_int2(rr.lo, rr.hi);
         }
@@ -91,17 +83,17 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 #pragma unroll
     for (int r = 0; r < 2; r++) ds_row[r] = ds_base + (krow + 8 * r) * 128 + 4 * t;
 
-    if (total > 0) load_stage(0, 0);
+    if (pairs.total > 0) load_stage(0, 0);
     cp_async_commit();
-    for (int it = 0; it < total; it++) {
+    for (int it = 0; it < pairs.total; it++) {
         const int stage = it & 1;
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();  // this stage (and K, V) landed; every warpgroup is done with pair it-1
-        if (it + 1 < total) load_stage(it + 1, stage ^ 1);
+        if (it + 1 < pairs.total) load_stage(it + 1, stage ^ 1);
         cp_async_commit();
 
-        const int h = kvh * G + it / n_mb, m0 = (mb_begin + it % n_mb) * BM;
+        const int h = pairs.head(it), m0 = pairs.m0(it, BM);
         const int m_valid = min(BM, p.T_q - m0);
         const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
         const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
@@ -214,8 +206,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             *reinterpret_cast<uint32_t *>(sV + off) = ElemTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
         }
     __syncthreads();
-    T *dkg = static_cast<T *>(p.dk) + b * p.dk_st.batch + (int64_t)n0 * p.dk_st.row + kvh * p.dk_st.head;
-    T *dvg = static_cast<T *>(p.dv) + b * p.dv_st.batch + (int64_t)n0 * p.dv_st.row + kvh * p.dv_st.head;
+    T *dkg = tensor_at(static_cast<T *>(p.dk), p.dk_st, b, n0, kvh);
+    T *dvg = tensor_at(static_cast<T *>(p.dv), p.dv_st, b, n0, kvh);
     tile_store_sw128<BN, BN, HS, NT>(dkg, p.dk_st.row, sK, 0, n_valid, tid);
     tile_store_sw128<BN, BN, HS, NT>(dvg, p.dv_st.row, sV, 0, n_valid, tid);
 #endif

@@ -19,19 +19,15 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     T *sK = sQ + BM * HS;                     // 2 stages of (BN, HS)
     T *sV = sK + 2 * BN * HS;                 // 2 stages of (BN, HS)
 
-    // Causal blocks late in the sequence carry the most key tiles: start them first.
-    const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (p.NH / p.NKV);
+    const QueryBlock qb = query_block(p, BM, BN);
+    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0, m_valid = qb.m_valid;
+    const RowRange first = qb.first, last = qb.last;
+    const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int m0 = m_block * BM, m_valid = min(BM, p.T_q - m0);
 
-    const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + m0 * p.q_st.row + h * p.q_st.head;
-    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + kvh * p.k_st.head;
-    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + kvh * p.v_st.head;
-
-    const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
-    const int nb_begin = max(first.lo, 0) / BN;
-    const int nb_end = max(cdiv(min(last.hi, p.T_k), BN), nb_begin);
+    const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
+    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, 0, kvh);
+    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, 0, kvh);
 
     // This thread's rows: g and g+8 of each of the warp's m-tiles (clamped for the ragged tail).
     const int wrow0 = m0 + warp * WROWS;
@@ -230,7 +226,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             }
         }
     __syncwarp();
-    T *out = static_cast<T *>(p.out) + b * p.o_st.batch + (int64_t)wrow0 * p.o_st.row + h * p.o_st.head;
+    T *out = tensor_at(static_cast<T *>(p.out), p.o_st, b, wrow0, h);
     tile_store<WROWS, HS, 32>(out, p.o_st.row, sO, p.T_q - wrow0, lane);
 }
 

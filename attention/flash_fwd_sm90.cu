@@ -1,8 +1,11 @@
 // flash_fwd_sm90: the FlashAttention-2 forward on Hopper's warpgroup MMA (wgmma, sm_90a). One
 // block per (query tile, head, batch row); each warpgroup owns 64 query rows. S = Q K^T reads
 // both operands from shared memory; the probabilities stay in registers as the A operand of
-// O += P V. K/V tiles stream through three cp.async stages handed over by mbarriers. Masking follows flash_fwd.cu (partial
-// tiles masked per element, empty tiles skipped); ALiBi and dropout stay on the sm80 kernels.
+// O += P V. K/V tiles stream through three cp.async stages handed over by mbarriers. The loop
+// is software-pipelined as in FlashAttention-3: S of the next key tile is issued before O += P V
+// of the current one, so the softmax runs while the tensor cores work. Masking follows
+// flash_fwd.cu (partial tiles masked per element, empty tiles skipped); ALiBi and dropout stay
+// on the sm80 kernels.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
@@ -22,19 +25,16 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     const uint32_t full0 = smem_u32(sV + STAGES * BN * HS);    // STAGES mbarriers: stage landed
     const uint32_t empty0 = full0 + STAGES * 8;                // STAGES mbarriers: stage released
 
-    const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (p.NH / p.NKV);
+    const QueryBlock qb = query_block(p, BM, BN);
+    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0, m_valid = qb.m_valid;
+    const RowRange first = qb.first, last = qb.last;
+    const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int m0 = m_block * BM, m_valid = min(BM, p.T_q - m0);
 
-    const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + m0 * p.q_st.row + h * p.q_st.head;
-    const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + kvh * p.k_st.head;
-    const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + kvh * p.v_st.head;
-
-    const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
-    const int nb_begin = max(first.lo, 0) / BN;
-    const int nb_end = max(cdiv(min(last.hi, p.T_k), BN), nb_begin);
+    const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
+    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, 0, kvh);
+    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, 0, kvh);
 
     const int wrow0 = m0 + wg * 64 + warp * 16;  // this warp's first query row
     RowRange rr[2];
@@ -61,35 +61,47 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
         for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, NT), mbar_init(empty0 + st * 8, NT);
     __syncthreads();
     tile_load_sw128<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);  // lands with tile 0's barrier
-    for (int i = 0; i < STAGES - 1 && i < n_tiles; i++) load_kv(i);
+    for (int i = 0; i < STAGES && i < n_tiles; i++) load_kv(i);
 
     // Descriptors: this warpgroup's 64 rows of Q and stage 0 of K (K-major), of V (MN-major).
     const uint64_t q_desc = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16, 1024);
     const uint64_t k_desc0 = sw128_desc(smem_u32(sK), 16, 1024), v_desc0 = sw128_desc(smem_u32(sV), BN * 128, 1024);
-    float o[NO * 4];
+    float o[NO * 4], s[NS * 4];
 #pragma unroll
     for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, corr[2];
+    uint32_t pa[BN / 16][4];
 
-    for (int i = 0; i < n_tiles; i++) {
-        const int nb = nb_end - 1 - i, n0 = nb * BN, st = i % STAGES;
+    // S = Q K^T of tile i (waits for its stage), issued and committed as one wgmma group.
+    auto issue_scores = [&](int i) {
+        const int st = i % STAGES;
         mbar_wait(full0 + st * 8, (i / STAGES) & 1);
         fence_proxy_async();  // the copies (generic proxy) before the MMAs' reads (async proxy)
-
-        float s[NS * 4];
-        const uint64_t k_desc = desc_add(k_desc0, st * BN * HS * 2), v_desc = desc_add(v_desc0, st * BN * HS * 2);
+        const uint64_t k_desc = desc_add(k_desc0, st * BN * HS * 2);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++)  // the k16 slice: column block ks / 4, byte 32 (ks % 4) of its rows
             Wgmma<T, BN, 0, 0>::ss(s, desc_add(q_desc, (ks >> 2) * BM * 128 + (ks & 3) * 32),
                                    desc_add(k_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_regs(s);
-
+    };
+    // O += P V of tile i, one wgmma group (P from registers, V from its stage).
+    auto issue_pv = [&](int i) {
+        const uint64_t v_desc = desc_add(v_desc0, (i % STAGES) * BN * HS * 2);
+        wgmma_fence_regs(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) Wgmma<T, HS, 0, 1>::rs(o, pa[kk], desc_add(v_desc, kk * 16 * 128), 1);
+        wgmma_commit();
+    };
+    // Online softmax of tile i's scores in s (flash_fwd.cu): s becomes P, the running max and
+    // sum move on, corr is the factor O still has to take. A row that has seen only masked keys
+    // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
+    auto softmax = [&](int i) {
+        const int n0 = (nb_end - 1 - i) * BN;
         if (prescale) {
 #pragma unroll
-            for (int i = 0; i < NS * 4; i++) s[i] *= scale_log2;
+            for (int e = 0; e < NS * 4; e++) s[e] *= scale_log2;
         }
         if (tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL) {
 #pragma unroll
@@ -100,9 +112,6 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
                     if (j < rr[r].lo || j >= rr[r].hi) s[nt * 4 + e] = -INFINITY;
                 }
         }
-        // Online softmax (flash_fwd.cu): a row that has seen only masked keys keeps max -inf and
-        // uses 0 in its place, so exp2 gives 0, never NaN.
-        uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
@@ -112,41 +121,60 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             mx = fmaxf(row_max[r], mx * sl);
             const float m_use = mx == -INFINITY ? 0.f : mx;
-            const float corr = exp2_ftz(row_max[r] - m_use);
+            corr[r] = exp2_ftz(row_max[r] - m_use);
             row_max[r] = mx;
-            row_sum[r] *= corr;
+            float sum = 0.f;
 #pragma unroll
-            for (int i = 0; i < NO; i++) {
-                o[i * 4 + 2 * r] *= corr;
-                o[i * 4 + 2 * r + 1] *= corr;
+            for (int e = 0; e < NS * 2; e++) {
+                const int idx = (e >> 1) * 4 + 2 * r + (e & 1);
+                s[idx] = exp2_ftz(fmaf(s[idx], sl, -m_use));
+                sum += s[idx];
             }
-#pragma unroll
-            for (int i = 0; i < NS * 2; i++) {
-                const int idx = (i >> 1) * 4 + 2 * r + (i & 1);
-                const float pr = exp2_ftz(fmaf(s[idx], sl, -m_use));
-                row_sum[r] += pr;
-                s[idx] = pr;
-            }
+            row_sum[r] = row_sum[r] * corr[r] + sum;
         }
+    };
+    // O *= corr, then P (fp32 in s) packed into pa, the A operand of the next O += P V.
+    auto rescale_and_pack = [&]() {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = ElemTraits<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = ElemTraits<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = ElemTraits<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = ElemTraits<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-
-        wgmma_fence_regs(o);
-        wgmma_fence();
+        for (int i = 0; i < NO; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[i * 4 + e] *= corr[e >> 1];
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            Wgmma<T, HS, 0, 1>::rs(o, pa[kk], desc_add(v_desc, kk * 16 * 128), 1);
-        wgmma_commit();
+#pragma unroll
+            for (int e = 0; e < 4; e++) pa[kk][e] = ElemTraits<T>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+    };
+
+    // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while O += P V of tile
+    // i - 1 runs on the tensor cores, the softmax of tile i (whose S = Q K^T was issued just
+    // before) runs on the other units. Tile i is nb_end - 1 - i (last to first: the partial
+    // diagonal and ragged tiles first, then the bulk), in stage i % STAGES; a stage is released
+    // once its O += P V has completed, and refilled with tile i + STAGES.
+    if (n_tiles > 0) {
+        issue_scores(0);
+        wgmma_wait<0>();
+        wgmma_fence_regs(s);
+        softmax(0);
+        rescale_and_pack();
+    }
+    for (int i = 1; i < n_tiles; i++) {
+        issue_scores(i);
+        issue_pv(i - 1);
+        wgmma_wait<1>();  // S of tile i
+        wgmma_fence_regs(s);
+        softmax(i);
+        wgmma_wait<0>();  // O += P V of tile i - 1
+        wgmma_fence_regs(o);
+        wgmma_fence_regs(pa);
+        mbar_arrive(empty0 + ((i - 1) % STAGES) * 8);
+        if (i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
+        rescale_and_pack();
+    }
+    if (n_tiles > 0) {
+        issue_pv(n_tiles - 1);
         wgmma_wait<0>();
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
-        mbar_arrive(empty0 + st * 8);
-        if (i + STAGES - 1 < n_tiles) load_kv(i + STAGES - 1);
     }
 
     // Finish: O /= rowsum (0 for a fully masked row, LSE +inf), staged through this warpgroup's
@@ -168,7 +196,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     }
     named_barrier(1 + wg, 128);
     const int wrow = m0 + wg * 64;
-    T *out = static_cast<T *>(p.out) + b * p.o_st.batch + (int64_t)wrow * p.o_st.row + h * p.o_st.head;
+    T *out = tensor_at(static_cast<T *>(p.out), p.o_st, b, wrow, h);
     tile_store_sw128<BM, 64, HS, 128>(out, p.o_st.row, sQ, wg * 64, p.T_q - wrow, tid & 127);
 #endif
 }

@@ -8,6 +8,7 @@
 // document edges, ragged tails: masked per element). The rules themselves are mask.h's, shared
 // with the CPU reference.
 #pragma once
+#include "attention/flash_common.cuh"
 #include "attention/mask.h"
 
 typedef AttnKeyRange RowRange;  // visible keys lo <= j < hi; empty when lo >= hi
@@ -42,6 +43,69 @@ __device__ __forceinline__ void query_span(const AttnParams &p, int b, int n0, i
         if (row_range(p, b, mid).lo >= n1) hi = mid; else lo = mid + 1;
     }
     *q_end = lo;
+}
+
+// Element (b, row, h, 0) of a tensor addressed as attention.h describes (strides in elements).
+template <typename P>
+__device__ __forceinline__ P *tensor_at(P *base, const AttnStrides &st, int b, int64_t row, int h) {
+    return base + b * st.batch + row * st.row + h * st.head;
+}
+
+// The query tile of a forward-style block (grid: query tiles of BM rows, query heads, batch
+// rows; causal blocks late in the sequence carry the most key tiles, so they start first), the
+// visible keys of its first and last row (tile_class classifies every key tile with them) and
+// the key tiles [nb_begin, nb_end) of BN keys it visits.
+struct QueryBlock {
+    int h, b, kvh, m0, m_valid;
+    RowRange first, last;
+    int nb_begin, nb_end;
+};
+__device__ __forceinline__ QueryBlock query_block(const AttnParams &p, int BM, int BN) {
+    QueryBlock q;
+    const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    q.h = blockIdx.y;
+    q.b = blockIdx.z;
+    q.kvh = q.h / (p.NH / p.NKV);
+    q.m0 = m_block * BM;
+    q.m_valid = min(BM, p.T_q - q.m0);
+    q.first = row_range(p, q.b, q.m0);
+    q.last = row_range(p, q.b, q.m0 + q.m_valid - 1);
+    q.nb_begin = max(q.first.lo, 0) / BN;
+    q.nb_end = max((min(q.last.hi, p.T_k) + BN - 1) / BN, q.nb_begin);
+    return q;
+}
+
+// Backward: the (query head, query tile) pairs a block of key tile [n0, n0 + n_valid) and KV head
+// kvh visits, head-major: pair `it` is query head head(it), query rows from m0(it). GQA: the G
+// query heads sharing the KV head follow each other, so dK and dV sum them in registers.
+struct BwdPairs {
+    int G, kvh, mb_begin, n_mb, total;
+    __device__ __forceinline__ int head(int it) const { return kvh * G + it / n_mb; }
+    __device__ __forceinline__ int m0(int it, int BM) const { return (mb_begin + it % n_mb) * BM; }
+};
+__device__ __forceinline__ BwdPairs bwd_pairs(const AttnParams &p, int b, int kvh, int n0, int n_valid, int BM) {
+    int q_begin, q_end;
+    query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
+    BwdPairs w;
+    w.G = p.NH / p.NKV;
+    w.kvh = kvh;
+    w.mb_begin = q_begin / BM;
+    w.n_mb = q_end > q_begin ? (q_end + BM - 1) / BM - w.mb_begin : 0;
+    w.total = w.G * w.n_mb;
+    return w;
+}
+
+// Backward: LSE and D of query rows [m0, m0 + BM) of head h into sLse and sD with 4-byte
+// cp.async (zeros from m_valid on); threads tid of NT.
+template <int BM, int NT>
+__device__ __forceinline__ void load_lse_d(float *sLse, float *sD, const AttnParams &p, const float *dsum, int b,
+                                           int h, int m0, int m_valid, int tid) {
+    const int64_t l0 = ((int64_t)b * p.NH + h) * p.T_q + m0;
+    for (int r = tid; r < BM; r += NT) {
+        const bool ok = r < m_valid;
+        cp_async_4(smem_u32(sLse + r), p.lse + (ok ? l0 + r : 0), ok ? 4 : 0);
+        cp_async_4(smem_u32(sD + r), dsum + (ok ? l0 + r : 0), ok ? 4 : 0);
+    }
 }
 
 // ALiBi bias in the log2 domain the kernels work in (slope pre-multiplied by log2(e)).

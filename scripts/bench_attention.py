@@ -220,6 +220,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lib", default="build/libattention.so")
     ap.add_argument("--quick", action="store_true", help="fewer sequence lengths")
+    ap.add_argument("--seqs", help="comma-separated sequence lengths for the speed table (overrides --quick)")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPT-2-small memory/time table")
     ap.add_argument("--json", help="write the raw numbers here")
     ap.add_argument("--reps", type=int, default=10)
@@ -229,6 +230,8 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name()}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}")
     ok = check_correctness(ours, dtype)
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
+    if args.seqs:
+        seqs = [int(x) for x in args.seqs.split(",")]
     speed = bench_speed(ours, dtype, seqs, args.reps)
     mem = [] if args.no_memory else bench_memory(ours, dtype, [2048, 8192] if args.quick else [2048, 8192, 32768])
     if args.json:
