@@ -10,7 +10,8 @@
 //   dQ += dS K                      (dS^T through shared memory, both operands MN-major; the
 //                                     two warpgroups split the 64 x 128 x HS product and add
 //                                     their halves into the fp32 accumulator with atomics)
-// ALiBi, dropout and the deterministic mode stay on the sm80 kernels.
+// Each pair issues S^T and dP^T first; the next pair's copies and this pair's bookkeeping run
+// while the tensor cores work. ALiBi, dropout and the deterministic mode stay on the sm80 kernels.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
@@ -45,20 +46,35 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 
     const BwdPairs pairs = bwd_pairs(p, b, kvh, n0, n_valid, BM);
 
-    // Q, dO, LSE, D and the visible key ranges of pair `it` into `stage`. Rows past T_q are
-    // zero-filled (flash_bwd.cu: their dS and P dO come out 0).
-    auto load_stage = [&](int it, int stage) {
-        const int h = pairs.head(it), m0 = pairs.m0(it, BM);
-        const int m_valid = min(BM, p.T_q - m0);
-        const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
-        const T *d = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, m0, h);
-        tile_load_sw128<BM, HS, NT>(sQ + stage * BM * HS, q, p.q_st.row, m_valid, tid);
-        tile_load_sw128<BM, HS, NT>(sdO + stage * BM * HS, d, p.do_st.row, m_valid, tid);
-        load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, h, m0, m_valid, tid);
-        for (int r = tid; r < BM; r += NT) {
-            const RowRange rr = row_range(p, b, min(m0 + r, p.T_q - 1));
-            sRng[stage * BM + r] = make_int2(rr.lo, rr.hi);
-        }
+    // The (query head, query tile) pairs are walked in order by a cursor (no division per step).
+    // load_stage copies the next pair's Q, dO, LSE and D into `stage` and returns what the
+    // consumer needs of that pair; the visible key ranges of its rows go to shared memory only
+    // when its tile is partial (the only case that reads them). Rows past T_q are zero-filled
+    // (flash_bwd.cu: their dS and P dO come out 0).
+    struct Pair {
+        int h, m0, m_valid;
+        bool partial;
+    };
+    int cur_hi = 0, cur_mb = 0;  // the next pair to load: query head kvh * G + cur_hi, tile mb_begin + cur_mb
+    auto load_stage = [&](int stage) {
+        Pair q;
+        q.h = kvh * pairs.G + cur_hi;
+        q.m0 = (pairs.mb_begin + cur_mb) * BM;
+        if (++cur_mb == pairs.n_mb) cur_mb = 0, cur_hi++;
+        q.m_valid = min(BM, p.T_q - q.m0);
+        const T *qp = tensor_at(static_cast<const T *>(p.q), p.q_st, b, q.m0, q.h);
+        const T *d = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, q.m0, q.h);
+        tile_load_sw128<BM, HS, NT>(sQ + stage * BM * HS, qp, p.q_st.row, q.m_valid, tid);
+        tile_load_sw128<BM, HS, NT>(sdO + stage * BM * HS, d, p.do_st.row, q.m_valid, tid);
+        load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, q.h, q.m0, q.m_valid, tid);
+        const RowRange first = row_range(p, b, q.m0), last = row_range(p, b, q.m0 + q.m_valid - 1);
+        q.partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
+        if (q.partial)
+            for (int r = tid; r < BM; r += NT) {
+                const RowRange rr = row_range(p, b, min(q.m0 + r, p.T_q - 1));
+                sRng[stage * BM + r] = make_int2(rr.lo, rr.hi);
+            }
+        return q;
     };
 
     float dk[HS / 2], dv[HS / 2];  // this warpgroup's (64 keys, HS)
@@ -83,26 +99,19 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 #pragma unroll
     for (int r = 0; r < 2; r++) ds_row[r] = ds_base + (krow + 8 * r) * 128 + 4 * t;
 
-    if (pairs.total > 0) load_stage(0, 0);
+    // Each pair: S^T and dP^T are issued first, then the next pair's copies and this pair's
+    // bookkeeping run while the tensor cores work.
+    Pair cur = {0, 0, 0, false}, next = cur;
+    if (pairs.total > 0) cur = load_stage(0);
     cp_async_commit();
     for (int it = 0; it < pairs.total; it++) {
         const int stage = it & 1;
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();  // this stage (and K, V) landed; every warpgroup is done with pair it-1
-        if (it + 1 < pairs.total) load_stage(it + 1, stage ^ 1);
-        cp_async_commit();
 
-        const int h = pairs.head(it), m0 = pairs.m0(it, BM);
-        const int m_valid = min(BM, p.T_q - m0);
         const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
-        const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
-        const int2 *cRng = sRng + stage * BM;
-        const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
-        const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
         const uint64_t q_kdesc = sw128_desc(q_base, 16, 1024), o_kdesc = sw128_desc(o_base, 16, 1024);
-        const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
-
         float st[NQ * 4], dpt[NQ * 4];
         wgmma_fence();
 #pragma unroll
@@ -115,6 +124,14 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(vrows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
                                    desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
+        if (it + 1 < pairs.total) next = load_stage(stage ^ 1);
+        cp_async_commit();
+
+        const int h = cur.h, m0 = cur.m0, m_valid = cur.m_valid;
+        const bool partial = cur.partial;
+        const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
+        const int2 *cRng = sRng + stage * BM;
+        const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
 
         // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running; the masked
         // variant only for tiles that need it (a per-element test costs the bulk instructions).
@@ -192,6 +209,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         wgmma_fence_regs(dv);
         wgmma_fence_regs(pa);
         wgmma_fence_regs(sa);
+        cur = next;
     }
     cp_async_wait<0>();
     __syncthreads();  // every warpgroup is done with K and V (also when no query tile was visible)
