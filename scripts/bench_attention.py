@@ -216,11 +216,22 @@ def bench_memory(ours, dtype, seqs):
     return rows
 
 
+def seq_list(text):
+    """argparse type of --seqs: positive integers separated by commas."""
+    try:
+        seqs = [int(x) for x in text.split(",")]
+    except ValueError:
+        seqs = []
+    if not seqs or min(seqs) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got '{text}'")
+    return seqs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lib", default="build/libattention.so")
     ap.add_argument("--quick", action="store_true", help="fewer sequence lengths")
-    ap.add_argument("--seqs", help="comma-separated sequence lengths for the speed table (overrides --quick)")
+    ap.add_argument("--seqs", type=seq_list, help="comma-separated sequence lengths for the speed table (overrides --quick)")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPT-2-small memory/time table")
     ap.add_argument("--json", help="write the raw numbers here")
     ap.add_argument("--reps", type=int, default=10)
@@ -231,7 +242,7 @@ def main():
     ok = check_correctness(ours, dtype)
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
     if args.seqs:
-        seqs = [int(x) for x in args.seqs.split(",")]
+        seqs = args.seqs
     speed = bench_speed(ours, dtype, seqs, args.reps)
     mem = [] if args.no_memory else bench_memory(ours, dtype, [2048, 8192] if args.quick else [2048, 8192, 32768])
     if args.json:
