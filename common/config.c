@@ -48,9 +48,11 @@ static const CfgKey KEYS[] = {
     {"data.val", CFG_STR, OFF(data.val), "", 0, 0, NULL, "glob pattern of validation token shards"},
     {"data.tokenizer", CFG_STR, OFF(data.tokenizer), "", 0, 0, NULL,
      "tokenizer file (llm.c format) used to print samples; empty = no text samples"},
-    {"data.synthetic", CFG_ENUM, OFF(data.synthetic), "none", 0, 0, "none|copy|markov|retrieval",
+    {"data.synthetic", CFG_ENUM, OFF(data.synthetic), "none", 0, 0,
+     "none|copy|markov|retrieval|retrieval_spread",
      "built-in task instead of shards: copy (second half repeats the first), markov (known "
-     "entropy), retrieval (key/value pairs recalled about seq_len tokens later)"},
+     "entropy), retrieval (key/value pairs recalled about seq_len tokens later), "
+     "retrieval_spread (the same at any distance up to seq_len)"},
     {"data.shuffle", CFG_BOOL, OFF(data.shuffle), "false", 0, 0, NULL,
      "visit training windows in a seeded random order, each shifted by a random offset"},
     {"data.eot_token", CFG_INT, OFF(data.eot_token), "-1", -1, BIG, NULL,

@@ -21,6 +21,7 @@ typedef enum { TASK_COPY, TASK_MARKOV, TASK_RETRIEVAL } TaskKind;
 
 struct Synthetic {
     TaskKind kind;
+    int spread;        // retrieval_spread: the opening pairs start at a random offset
     int T, S;          // sequence length, alphabet size (ids in [0, S))
     int K;             // Markov successors per state; retrieval key/value pairs
     int *next;         // (S, K) successor ids
@@ -119,10 +120,11 @@ Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t se
     TaskKind kind;
     if (strcmp(name, "copy") == 0) kind = TASK_COPY;
     else if (strcmp(name, "markov") == 0) kind = TASK_MARKOV;
-    else if (strcmp(name, "retrieval") == 0) kind = TASK_RETRIEVAL;
+    else if (strcmp(name, "retrieval") == 0 || strcmp(name, "retrieval_spread") == 0)
+        kind = TASK_RETRIEVAL;
     else {
-        set_error(err, errlen, "data.synthetic: unknown task '%s' (expected copy, markov or retrieval)",
-                  name);
+        set_error(err, errlen, "data.synthetic: unknown task '%s' (expected copy, markov, "
+                               "retrieval or retrieval_spread)", name);
         return NULL;
     }
     if (kind == TASK_COPY && T < 2) {
@@ -131,9 +133,10 @@ Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t se
         return NULL;
     }
     if (kind == TASK_RETRIEVAL && (vocab_size < 8 || T < 4 * RETRIEVAL_PAIRS + 1)) {
-        set_error(err, errlen, "data.synthetic=retrieval needs model.vocab_size >= 8 (got %d) and "
+        set_error(err, errlen, "data.synthetic=%s needs model.vocab_size >= 8 (got %d) and "
                             "train.seq_len > %d (got %d): key, value and filler ranges and two "
-                            "copies of the pairs must fit", vocab_size, 4 * RETRIEVAL_PAIRS, T);
+                            "copies of the pairs must fit",
+                  name, vocab_size, 4 * RETRIEVAL_PAIRS, T);
         return NULL;
     }
     if (vocab_size < 2) {
@@ -142,6 +145,7 @@ Synthetic *synthetic_create(const char *name, int vocab_size, int T, uint64_t se
     }
     Synthetic *s = xcalloc(1, sizeof *s);
     s->kind = kind;
+    s->spread = strcmp(name, "retrieval_spread") == 0;
     s->T = T;
     s->S = vocab_size < SYNTH_MAX_SYMBOLS ? vocab_size : SYNTH_MAX_SYMBOLS;
     if (kind == TASK_MARKOV) {
@@ -169,7 +173,9 @@ static void copy_sequence(const Synthetic *s, Rng *r, int *inputs, int *targets)
     for (int t = 0; t < s->T; t++) targets[t] = t < H ? -1 : inputs[(t + 1) % H];
 }
 
-// Keys: a partial Fisher-Yates shuffle of [0, S/4) gives K distinct ones.
+// Keys: a partial Fisher-Yates shuffle of [0, S/4) gives K distinct ones. The opening pairs
+// start at offset o (0, or uniform in [0, T - 4K] for retrieval_spread, drawn last so that
+// retrieval's sequences stay what they were); the closing pairs always end the sequence.
 static void retrieval_sequence(const Synthetic *s, Rng *r, int *inputs, int *targets) {
     const int K = s->K, nk = s->S / 4, T = s->T;
     int keys[SYNTH_MAX_SYMBOLS / 4], vals[RETRIEVAL_PAIRS], order[RETRIEVAL_PAIRS];
@@ -192,9 +198,10 @@ static void retrieval_sequence(const Synthetic *s, Rng *r, int *inputs, int *tar
         inputs[t] = 2 * nk + (int)rng_below(r, (uint64_t)(s->S - 2 * nk));   // filler
         targets[t] = -1;
     }
+    const int o = s->spread ? (int)rng_below(r, (uint64_t)(T - 4 * K + 1)) : 0;
     for (int i = 0; i < K; i++) {
-        inputs[2 * i] = keys[i];
-        inputs[2 * i + 1] = vals[i];
+        inputs[o + 2 * i] = keys[i];
+        inputs[o + 2 * i + 1] = vals[i];
         const int q = T - 2 * K + 2 * i;   // the closing copy, shuffled
         inputs[q] = keys[order[i]];
         inputs[q + 1] = vals[order[i]];

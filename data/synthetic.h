@@ -11,6 +11,10 @@
 //           rest is -1: each answer needs a key defined about T - 4K positions back, so the
 //           distance is set by train.seq_len, and a sliding window shorter than that leaves
 //           chance loss ln(S/4). Loss floor 0.
+//   retrieval_spread: retrieval with the opening pairs at a uniform random offset in [0, T - 4K]
+//           (filler before and after them), so within one batch the answers lie anywhere from 1
+//           to T - 1 positions back, not only about T (for curricula that need the lookup at
+//           every distance; docs/PERFORMANCE.md has what it did in one). Loss floor 0.
 //   markov: a seeded first-order Markov chain over the ids [0, S), S = min(V, 256); each state
 //           has K = min(S, 4) successors with Dirichlet(1) probabilities (one of them the next
 //           state mod S, so the chain is irreducible). The first token is drawn from the

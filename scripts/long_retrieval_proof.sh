@@ -4,7 +4,8 @@
 # scored token needs attention back over almost the whole sequence), trained with flash + RoPE,
 # against a control whose sliding window cannot reach the answers.
 #
-# usage: [RUN=DIR] [CONTROL=1] [STAGE3_STEPS=1000] [LR2=3e-4] [S1_TRIES=4]
+# usage: [RUN=DIR] [CONTROL=1] [STAGE3_STEPS=1000] [LR2=3e-4] [S1_TRIES=4] [MID_TASK=retrieval]
+#        [MID_SEQS="1024 2048"]
 #        scripts/long_retrieval_proof.sh [SEQ [WINDOW]] [-- train_gpt options]
 #   SEQ     final sequence length (default 4096: answers ~4030 tokens back)
 #   WINDOW  the control's window (default SEQ/8: with 4 layers, stacked windows reach 4 x WINDOW
@@ -23,8 +24,9 @@
 #     6250-6750 steps (4 runs). Then lr LR2 until val < S1_TARGET=0.25 (at most S1_MAX=5000
 #     steps in all): from the same weights at step 2000 (val 0.79), lr 3e-4 reached 0.19 at step
 #     2500, while lr 1e-3 was at 0.44 there and first below 0.15 at step 3750.
-#   middle stages at 1024, 2048, ... SEQ/2 (16384 tokens per step), lr LR2, each until val <
-#     MID_TARGET=0.25 (at least 250, at most MID_MAX=1500 steps). Doubling, because a jump
+#   middle stages at MID_SEQS (default 1024, 2048, ... SEQ/2; 16384 tokens per step) on the
+#     task MID_TASK (default retrieval), lr LR2, each until val < MID_TARGET=0.25 (at least 250,
+#     at most MID_MAX=1500 steps). Doubling, because a jump
 #     1024 -> 4096 at lr 3e-4 sent the val loss to 2.2 and it was still 2.1 after 500 steps,
 #     while 2048 -> 4096 went to 1.6-2.0 and came back down.
 #   stage 3, SEQ (8 x 4096 tokens per step), lr LR2, STAGE3_STEPS steps.
@@ -39,9 +41,19 @@
 # and 4 attempts), but each length change sent the val loss back to 0.8-2.0 and it recovered only
 # part way within the caps (1024: 0.29-0.51, 2048: 0.46-0.65), so after 1000 steps at 4096 the
 # seeds stood at 0.44, 0.87 and 1.05, still falling, and the fourth ran out of time at 1024: 0 of
-# 4 below 0.2. The control stayed at chance (3.497). Untested next step, from those runs: a
-# stage 1 taken further (runs that left it at 0.05-0.07 held 0.14-0.15 at 1024) and longer
-# stages: S1_TARGET=0.1 MID_MAX=2500 STAGE3_STEPS=3000.
+# 4 below 0.2. The control stayed at chance (3.497).
+# Session 6 (H200 x2, docs/PERFORMANCE.md), neither variant is better than the defaults:
+#   S1_TARGET=0.1 MID_MAX=2500 STAGE3_STEPS=3000 (seeds 1337, 1338): stage 1 ended at 0.07 and
+#     0.17, 1024 at 0.24 and 0.29, 2048 at 0.37 and 0.69, and 3000 steps at 4096 at 0.55 and
+#     0.61; the first eval after each doubling was again 0.9-2.0.
+#   MID_TASK=retrieval_spread MID_SEQS="1024 2048 4096" (answers at every distance up to L in
+#     the middle stages; seeds 1337-1340): the binding formed at 256 (0.07-0.17) was gone at the
+#     first eval (1.95) and never came back (1.85-1.95 at every middle stage, 1.80-1.89 after
+#     3000 steps at 4096; control 3.467). From scratch at 256, retrieval_spread formed no
+#     binding in 4000 steps (2.33-2.48, 4 of 4 seeds).
+# So the lookup learned at one length works only near the distance it was trained at (a
+# RoPE-phase-tuned match, not dilution: 4x more filler alone would cost far less than a return to
+# the ~1.9 plateau), and a task that demands every distance at once is not learned at this scale.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEQ=${1:-4096}
@@ -57,6 +69,14 @@ FULL=${RUN:-runs/retrieval_$SEQ}; CTRL=${FULL}_window
 LR2=${LR2:-3e-4} STAGE3_STEPS=${STAGE3_STEPS:-1000} CHUNK=${CHUNK:-250}
 S1_ONSET=${S1_ONSET:-1.2} S1_PATIENCE=${S1_PATIENCE:-2000} S1_TARGET=${S1_TARGET:-0.25}
 S1_MAX=${S1_MAX:-5000} S1_TRIES=${S1_TRIES:-4} MID_TARGET=${MID_TARGET:-0.25} MID_MAX=${MID_MAX:-1500}
+MID_TASK=${MID_TASK:-retrieval}
+if [ -z "${MID_SEQS:-}" ]; then
+    MID_SEQS=; for ((L = 1024; L < SEQ; L *= 2)); do MID_SEQS+="$L "; done
+fi
+case "$MID_TASK" in retrieval|retrieval_spread) ;; *)
+    echo "$0: MID_TASK must be retrieval or retrieval_spread (got $MID_TASK)" >&2; exit 2 ;; esac
+for L in $MID_SEQS; do case "$L" in ''|*[!0-9]*)
+    echo "$0: MID_SEQS must list sequence lengths (got '$MID_SEQS')" >&2; exit 2 ;; esac; done
 SEED=1337   # the config's, or the last train.seed among the options
 for a in "$@"; do case "$a" in train.seed=*) SEED=${a#train.seed=} ;; esac; done
 B=$((8 * 4096 / SEQ)); [ "$B" -ge 1 ] || B=1
@@ -101,20 +121,18 @@ done
 below "$v" "$S1_TARGET" || echo "warning: stage 1 ends at val $v, above $S1_TARGET" >&2
 printf 'seed\t%s\t%s\t0\n' "$SEED" "$try" >> "$FULL/stages.tsv"
 mark "$FULL" stage1
-L=1024
-while [ "$L" -lt "$SEQ" ]; do
-    echo "== stage seq $L: lr $LR2 until val < $MID_TARGET (at most $MID_MAX steps)"
-    end=$((n + MID_MAX))
+for L in $MID_SEQS; do
+    echo "== stage seq $L ($MID_TASK): lr $LR2 until val < $MID_TARGET (at most $MID_MAX steps)"
+    end=$((n + MID_MAX)) mb=$((16384 / L)); [ "$mb" -ge 1 ] || mb=1
     while [ "$n" -lt "$end" ]; do
         n=$((n + CHUNK))
-        $T --set optim.lr="$LR2" --set train.seq_len=$L --set train.batch_size=$((16384 / L)) \
-           --set train.steps=$n --set log.eval_every=$CHUNK --set log.dir="$FULL" "$@" \
-           --set train.seed="$SEED"
+        $T --set optim.lr="$LR2" --set train.seq_len=$L --set train.batch_size=$mb \
+           --set data.synthetic="$MID_TASK" --set train.steps=$n --set log.eval_every=$CHUNK \
+           --set log.dir="$FULL" "$@" --set train.seed="$SEED"
         read -r s v < <(last_eval "$FULL")
         below "$v" "$MID_TARGET" && break
     done
     mark "$FULL" "seq$L"
-    L=$((L * 2))
 done
 LAST="--set optim.lr=$LR2 --set train.seq_len=$SEQ --set train.batch_size=$B
       --set train.steps=$((n + STAGE3_STEPS)) --set log.eval_every=100"

@@ -1,6 +1,6 @@
 // data module tests: shard round trips and every bad-shard case, dataset order (sequential,
 // shuffled, ranks, epochs, exact resume), synthetic tasks (copy structure, Markov entropy floor
-// against an empirical estimate) and the llm.c tokenizer file.
+// against an empirical estimate, retrieval_spread's distances) and the llm.c tokenizer file.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +11,7 @@
 #include "common/fileio.h"
 #include "data/dataset.h"
 #include "data/shard.h"
+#include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "tests/testlib.h"
 
@@ -358,6 +359,58 @@ static void test_copy_task(void) {
            "copy with T=1 is refused: %s", e2);
 }
 
+// retrieval_spread: every sequence is a valid retrieval sequence (K pairs, then filler, then the
+// same pairs shuffled at the very end, only the closing keys scored, each answer determined by
+// the opening pair with that key), but the opening block moves, so over many sequences the
+// answer distances cover nearly all of [1, T); plain retrieval keeps its block at 0.
+static void test_retrieval_spread(void) {
+    enum { T = 300, V = 128, K = 16, S = 128, N = 400 };
+    char err[256];
+    Synthetic *sp = synthetic_create("retrieval_spread", V, T, 9, err, sizeof err);
+    Synthetic *fixed = synthetic_create("retrieval", V, T, 9, err, sizeof err);
+    EXPECT(sp && fixed, "%s", err);
+    if (!sp || !fixed) return;
+    int in[T], tg[T], ok = 1, min_dist = T, max_dist = 0, fixed_at_0 = 1;
+    for (int n = 0; n < N; n++) {
+        synthetic_sequence(fixed, 1000 + n, in, tg);
+        for (int i = 0; i < 2 * K; i += 2) fixed_at_0 &= in[i] < S / 4 && in[i + 1] >= S / 4;
+        synthetic_sequence(sp, 1000 + n, in, tg);
+        int o = -1, n_keys = 0;
+        for (int t = 0; t < T - 2 * K; t++)
+            if (in[t] < S / 2 && o < 0) o = t;   // first non-filler: the opening block
+        ok &= o >= 0 && o <= T - 4 * K;
+        if (!(o >= 0 && o <= T - 4 * K)) continue;
+        for (int t = 0; t < T - 2 * K; t++) {
+            const int in_block = t >= o && t < o + 2 * K;
+            ok &= in_block ? (in[t] < S / 2) : (in[t] >= S / 2 && in[t] < S);
+            ok &= tg[t] == -1;
+        }
+        for (int t = T - 2 * K; t < T; t++) {
+            const int is_query_key = (t - (T - 2 * K)) % 2 == 0;
+            ok &= (tg[t] >= 0) == is_query_key;
+            if (tg[t] < 0) continue;
+            n_keys++;
+            int def = -1;
+            for (int j = o; j < o + 2 * K; j += 2)
+                if (in[j] == in[t]) def = j;
+            ok &= def >= 0 && in[def] < S / 4 && in[def + 1] == tg[t] && in[t + 1] == tg[t];
+            if (def < 0) continue;
+            if (t - def - 1 < min_dist) min_dist = t - def - 1;
+            if (t - def - 1 > max_dist) max_dist = t - def - 1;
+        }
+        ok &= n_keys == K;
+    }
+    EXPECT(ok, "retrieval_spread: every sequence is a valid retrieval sequence");
+    EXPECT(fixed_at_0, "retrieval keeps its opening pairs at positions 0..2K-1");
+    EXPECT(min_dist < 2 * K && max_dist > T - 2 * K, "answer distances %d..%d span nearly [1, T)",
+           min_dist, max_dist);
+    synthetic_free(sp);
+    synthetic_free(fixed);
+    EXPECT(synthetic_create("retrieval_spread", V, 4 * K, 9, err, sizeof err) == NULL &&
+               strstr(err, "retrieval_spread") && strstr(err, "train.seq_len"),
+           "a too short sequence is refused with a message naming the task and key: %s", err);
+}
+
 // The floor must equal an independent estimate: the plug-in conditional entropy H(Y|X) of the
 // observed bigram counts, with the Miller-Madow correction (+ (cells - rows) / 2N) that removes
 // its O(1/N) downward bias.
@@ -567,6 +620,7 @@ int main(void) {
     TEST_CASE("dataset resume (markov)", test_dataset_resume(&markov, "markov"));
     TEST_CASE("synthetic copy structure", test_copy_task());
     TEST_CASE("synthetic markov floor", test_markov_floor());
+    TEST_CASE("synthetic retrieval_spread distances", test_retrieval_spread());
     TEST_CASE("tokenizer round trip", test_tokenizer_round_trip(&tmp));
     TEST_CASE("tokenizer bad files", test_tokenizer_bad_files(&tmp));
     TEST_CASE("utf-8 validation", test_utf8());
