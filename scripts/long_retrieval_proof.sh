@@ -48,12 +48,15 @@
 #     0.61; the first eval after each doubling was again 0.9-2.0.
 #   MID_TASK=retrieval_spread MID_SEQS="1024 2048 4096" (answers at every distance up to L in
 #     the middle stages; seeds 1337-1340): the binding formed at 256 (0.07-0.17) was gone at the
-#     first eval (1.95) and never came back (1.85-1.95 at every middle stage, 1.80-1.89 after
+#     first eval (1.95-1.98) and never came back (1.85-1.95 at every middle stage, 1.80-1.89 after
 #     3000 steps at 4096; control 3.467). From scratch at 256, retrieval_spread formed no
 #     binding in 4000 steps (2.33-2.48, 4 of 4 seeds).
-# So the lookup learned at one length works only near the distance it was trained at (a
-# RoPE-phase-tuned match, not dilution: 4x more filler alone would cost far less than a return to
-# the ~1.9 plateau), and a task that demands every distance at once is not learned at this scale.
+# So the lookup learned at one length works only near the distance it was trained at (most
+# likely a match tuned to RoPE's relative phase; dilution alone, 4x more filler, would cost far
+# less than a return to the ~1.9 plateau), and a task that demands every distance at once is not
+# learned at this scale.
+# Next, unmeasured (docs/PERFORMANCE.md, session 6): -- --set model.rope_theta=1e7 with these
+# defaults; a spread widened gradually from the band already learned; partial rotary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEQ=${1:-4096}
