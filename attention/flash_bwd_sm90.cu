@@ -15,11 +15,14 @@
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
+#include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
 template <typename T, int HS>
 __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
-    flash_bwd_sm90_kernel(const AttnParams p, const float *dsum, float *dq_accum) {
+    flash_bwd_sm90_kernel(const AttnParams p, const float *dsum, float *dq_accum,
+                          const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do) {
 #ifdef FLASH_SM90_DEVICE
     using Tile = Sm90BwdTile<HS>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
@@ -33,39 +36,51 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     float *sLse = reinterpret_cast<float *>(sdS + BN * BM);    // 2 stages of (BM)
     float *sD = sLse + 2 * BM;                                 // 2 stages of (BM)
     int2 *sRng = reinterpret_cast<int2 *>(sD + 2 * BM);        // 2 stages of (BM): visible keys
+    const uint32_t qbar0 = smem_u32(sRng + 2 * BM);            // 2 mbarriers: a stage landed
 
     const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = n_block * BN, n_valid = min(BN, p.T_k - n0);
 
-    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, n0, kvh);
-    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, n0, kvh);
-    tile_load_sw128<BN, HS, NT>(sK, k, p.k_st.row, n_valid, tid);
-    tile_load_sw128<BN, HS, NT>(sV, v, p.v_st.row, n_valid, tid);
+    if (tid == 0) {
+        mbar_init(qbar0, 1), mbar_init(qbar0 + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
 
     const BwdPairs pairs = bwd_pairs(p, b, kvh, n0, n_valid, BM);
 
     // The (query head, query tile) pairs are walked in order by a cursor (no division per step).
-    // load_stage copies the next pair's Q, dO, LSE and D into `stage` and returns what the
-    // consumer needs of that pair; the visible key ranges of its rows go to shared memory only
-    // when its tile is partial (the only case that reads them). Rows past T_q are zero-filled
-    // (flash_bwd.cu: their dS and P dO come out 0).
+    // load_stage copies the next pair's Q and dO into `stage` (thread 0, with the copy engine,
+    // landing on the stage's mbarrier; K and V come with the first pair) and its LSE and D (every
+    // thread, cp.async), and returns what the consumer needs of that pair; the visible key ranges
+    // of its rows go to shared memory only when its tile is partial (the only case that reads
+    // them). Rows past T_k or T_q read as zeros (flash_bwd.cu: their dS and P dO come out 0).
     struct Pair {
         int h, m0, m_valid;
         bool partial;
     };
     int cur_hi = 0, cur_mb = 0;  // the next pair to load: query head kvh * G + cur_hi, tile mb_begin + cur_mb
-    auto load_stage = [&](int stage) {
+    auto load_stage = [&](int stage, bool kv) {
         Pair q;
         q.h = kvh * pairs.G + cur_hi;
         q.m0 = (pairs.mb_begin + cur_mb) * BM;
         if (++cur_mb == pairs.n_mb) cur_mb = 0, cur_hi++;
         q.m_valid = min(BM, p.T_q - q.m0);
-        const T *qp = tensor_at(static_cast<const T *>(p.q), p.q_st, b, q.m0, q.h);
-        const T *d = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, q.m0, q.h);
-        tile_load_sw128<BM, HS, NT>(sQ + stage * BM * HS, qp, p.q_st.row, q.m_valid, tid);
-        tile_load_sw128<BM, HS, NT>(sdO + stage * BM * HS, d, p.do_st.row, q.m_valid, tid);
+        if (tid == 0) {
+            const uint32_t bar = qbar0 + stage * 8;
+            mbar_arrive_expect_tx(bar, (2 * BM + (kv ? 2 * BN : 0)) * HS * 2);
+#pragma unroll
+            for (int cb = 0; cb < HS / 64; cb++) {
+                if (kv) {
+                    tma_load_tile(smem_u32(sK + cb * BN * 64), &tm_k, cb * 64, n0, kvh, b, bar);
+                    tma_load_tile(smem_u32(sV + cb * BN * 64), &tm_v, cb * 64, n0, kvh, b, bar);
+                }
+                tma_load_tile(smem_u32(sQ + stage * BM * HS + cb * BM * 64), &tm_q, cb * 64, q.m0, q.h, b, bar);
+                tma_load_tile(smem_u32(sdO + stage * BM * HS + cb * BM * 64), &tm_do, cb * 64, q.m0, q.h, b, bar);
+            }
+        }
         load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, q.h, q.m0, q.m_valid, tid);
         const RowRange first = row_range(p, b, q.m0), last = row_range(p, b, q.m0 + q.m_valid - 1);
         q.partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
@@ -102,12 +117,12 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     // Each pair: S^T and dP^T are issued first, then the next pair's copies and this pair's
     // bookkeeping run while the tensor cores work.
     Pair cur = {0, 0, 0, false}, next = cur;
-    if (pairs.total > 0) cur = load_stage(0);
+    if (pairs.total > 0) cur = load_stage(0, true);
     cp_async_commit();
     for (int it = 0; it < pairs.total; it++) {
         const int stage = it & 1;
         cp_async_wait<0>();
-        fence_proxy_async();
+        mbar_wait(qbar0 + stage * 8, (it >> 1) & 1);
         __syncthreads();  // this stage (and K, V) landed; every warpgroup is done with pair it-1
 
         const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
@@ -124,7 +139,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(vrows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
                                    desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
-        if (it + 1 < pairs.total) next = load_stage(stage ^ 1);
+        if (it + 1 < pairs.total) next = load_stage(stage ^ 1, false);
         cp_async_commit();
 
         const int h = cur.h, m0 = cur.m0, m_valid = cur.m_valid;
@@ -237,7 +252,12 @@ void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_acc
     auto kernel = flash_bwd_sm90_kernel<T, HS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_k, Tile::BN), p.NKV, p.B);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum);
+    const TensorMapEncoder enc = tensor_map_encoder();
+    const CUtensorMap tm_q = sw128_tensor_map(enc, p.q, p.q_st, p.B, p.T_q, p.NH, HS, Tile::BM);
+    const CUtensorMap tm_k = sw128_tensor_map(enc, p.k, p.k_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
+    const CUtensorMap tm_v = sw128_tensor_map(enc, p.v, p.v_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
+    const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM);
+    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum, tm_q, tm_k, tm_v, tm_do);
     CUDA_CHECK(cudaGetLastError());
 }
 

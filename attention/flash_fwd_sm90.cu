@@ -1,7 +1,8 @@
 // flash_fwd_sm90: the FlashAttention-2 forward on Hopper's warpgroup MMA (wgmma, sm_90a). One
 // block per (query tile, head, batch row); each warpgroup owns 64 query rows. S = Q K^T reads
 // both operands from shared memory; the probabilities stay in registers as the A operand of
-// O += P V. K/V tiles stream through three cp.async stages handed over by mbarriers. The loop
+// O += P V. Q and K/V tiles are copied by the copy engine (TMA); K/V stream through three stages
+// handed over by mbarriers. The loop
 // is software-pipelined as in FlashAttention-3: S of the next key tile is issued before O += P V
 // of the current one, so the softmax runs while the tensor cores work. Masking follows
 // flash_fwd.cu (partial tiles masked per element, empty tiles skipped); ALiBi and dropout stay
@@ -9,10 +10,13 @@
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
+#include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
 template <typename T, int HS, int NWG>
-__global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_sm90_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_sm90_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+                                                                                     const __grid_constant__ CUtensorMap tm_k,
+                                                                                     const __grid_constant__ CUtensorMap tm_v) {
 #ifdef FLASH_SM90_DEVICE
     using Tile = Sm90FwdTile<HS, NWG>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
@@ -26,15 +30,11 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     const uint32_t empty0 = full0 + STAGES * 8;                // STAGES mbarriers: stage released
 
     const QueryBlock qb = query_block(p, BM, BN);
-    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0, m_valid = qb.m_valid;
+    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0;
     const RowRange first = qb.first, last = qb.last;
     const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-
-    const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
-    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, 0, kvh);
-    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, 0, kvh);
 
     const int wrow0 = m0 + wg * 64 + warp * 16;  // this warp's first query row
     RowRange rr[2];
@@ -45,23 +45,30 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     const float sl = prescale ? 1.f : scale_log2;
 
     // Key tiles run from last to first (the partial diagonal and ragged tiles first, then the
-    // bulk): tile i is nb_end - 1 - i, in stage i % STAGES. Every thread copies part of each
-    // tile and arrives on the stage's `full` barrier when its copies land; every thread arrives
-    // on `empty` when its warpgroup is done with the stage. A stage is refilled once all have
-    // released it, so warpgroups drift apart by up to a tile instead of meeting every tile.
+    // bulk): tile i is nb_end - 1 - i, in stage i % STAGES. Thread 0 has the copy engine load
+    // each tile (keys past T_k read as zeros), which lands on the stage's `full` barrier; every
+    // thread arrives on `empty` when its warpgroup is done with the stage. Thread 0 refills a
+    // stage once all have released it, so warpgroups drift apart by up to a tile instead of
+    // meeting every tile. Q lands with tile 0 (rows past T_q read as zeros).
     const int n_tiles = nb_end - nb_begin;
-    auto load_kv = [&](int i) {
+    auto load_kv = [&](int i) {  // thread 0 only
         const int n0 = (nb_end - 1 - i) * BN, st = i % STAGES;
+        const uint32_t full = full0 + st * 8;
         if (i >= STAGES) mbar_wait(empty0 + st * 8, ((i / STAGES) - 1) & 1);
-        tile_load_sw128<BN, HS, NT>(sK + st * BN * HS, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
-        tile_load_sw128<BN, HS, NT>(sV + st * BN * HS, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
-        mbar_arrive_cp_async(full0 + st * 8);
+        mbar_arrive_expect_tx(full, (2 * BN + (i == 0 ? BM : 0)) * HS * 2);
+#pragma unroll
+        for (int cb = 0; cb < HS / 64; cb++) {
+            if (i == 0) tma_load_tile(smem_u32(sQ + cb * BM * 64), &tm_q, cb * 64, m0, h, b, full);
+            tma_load_tile(smem_u32(sK + st * BN * HS + cb * BN * 64), &tm_k, cb * 64, n0, kvh, b, full);
+            tma_load_tile(smem_u32(sV + st * BN * HS + cb * BN * 64), &tm_v, cb * 64, n0, kvh, b, full);
+        }
     };
-    if (tid == 0)
-        for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, NT), mbar_init(empty0 + st * 8, NT);
+    if (tid == 0) {
+        for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, 1), mbar_init(empty0 + st * 8, NT);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+        for (int i = 0; i < STAGES && i < n_tiles; i++) load_kv(i);
+    }
     __syncthreads();
-    tile_load_sw128<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);  // lands with tile 0's barrier
-    for (int i = 0; i < STAGES && i < n_tiles; i++) load_kv(i);
 
     // Descriptors: this warpgroup's 64 rows of Q and stage 0 of K (K-major), of V (MN-major).
     const uint64_t q_desc = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16, 1024);
@@ -76,7 +83,6 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
     auto issue_scores = [&](int i) {
         const int st = i % STAGES;
         mbar_wait(full0 + st * 8, (i / STAGES) & 1);
-        fence_proxy_async();  // the copies (generic proxy) before the MMAs' reads (async proxy)
         const uint64_t k_desc = desc_add(k_desc0, st * BN * HS * 2);
         wgmma_fence();
 #pragma unroll
@@ -167,7 +173,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
         mbar_arrive(empty0 + ((i - 1) % STAGES) * 8);
-        if (i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
+        if (tid == 0 && i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
         rescale_and_pack();
     }
     if (n_tiles > 0) {
@@ -179,7 +185,6 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
 
     // Finish: O /= rowsum (0 for a fully masked row, LSE +inf), staged through this warpgroup's
     // own rows of sQ (no other warpgroup reads them) and stored with 16-byte writes.
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // the Q copy, when no key tile was visible
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = row_sum[r];
@@ -206,7 +211,11 @@ template <typename T, int HS, int NWG> void flash_fwd_sm90_launch(const AttnPara
     auto kernel = flash_fwd_sm90_kernel<T, HS, NWG>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p);
+    const TensorMapEncoder enc = tensor_map_encoder();
+    const CUtensorMap tm_q = sw128_tensor_map(enc, p.q, p.q_st, p.B, p.T_q, p.NH, HS, Tile::BM);
+    const CUtensorMap tm_k = sw128_tensor_map(enc, p.k, p.k_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
+    const CUtensorMap tm_v = sw128_tensor_map(enc, p.v, p.v_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
+    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, tm_q, tm_k, tm_v);
     CUDA_CHECK(cudaGetLastError());
 }
 

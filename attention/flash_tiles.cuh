@@ -116,9 +116,10 @@ template <int HS, int NWG> struct Sm90FwdTile {
 template <int HS> struct Sm90BwdTile {
     static constexpr int NWG = 2, NTHREADS = 128 * NWG;
     static constexpr int BN = 64 * NWG, BM = HS <= 64 ? 128 : 64;
-    // K, V, two stages of Q and dO, dS^T, two stages of LSE, D and the key ranges
+    // K, V, two stages of Q and dO, dS^T, two stages of LSE, D and the key ranges, the stages'
+    // two mbarriers
     static constexpr size_t SMEM = 1024 + (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
-                                   2 * (size_t)BM * (4 + 4 + 8);
+                                   2 * (size_t)BM * (4 + 4 + 8) + 2 * 8;
     static_assert(HS % 64 == 0 && BM % 64 == 0, "SW128 tiles are whole 64-column blocks");
     static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 backward tile exceeds shared memory");
 };

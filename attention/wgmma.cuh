@@ -42,26 +42,6 @@ __device__ __forceinline__ unsigned char *smem_align1024(unsigned char *p) {
     return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
 
-// Copies rows [0, ROWS) of a strided global tile into an SW128 tile with cp.async; rows at or
-// beyond n_valid are zero-filled. Each thread copies one 16-byte column of rows r0, r0 + RPI, ...
-// (RPI a multiple of 8, so one swizzled address serves every pass).
-template <int ROWS, int COLS, int NTHREADS, typename T>
-__device__ __forceinline__ void tile_load_sw128(T *smem, const T *src, int64_t row_stride, int n_valid,
-                                                int tid) {
-    constexpr int CH = COLS / 8, RPI = NTHREADS / CH, PASSES = (ROWS + RPI - 1) / RPI;
-    static_assert(COLS % 64 == 0 && NTHREADS % CH == 0 && RPI % 8 == 0, "SW128 tile copy shape");
-    const int r0 = tid / CH, col = (tid % CH) * 8;
-    const uint32_t dst = smem_u32(smem + sw128_offset<ROWS>(r0, col));
-    const T *g = src + (int64_t)r0 * row_stride + col;
-#pragma unroll
-    for (int it = 0; it < PASSES; it++) {
-        const int r = r0 + it * RPI;
-        if (ROWS % RPI != 0 && r >= ROWS) break;
-        const bool ok = r < n_valid;
-        cp_async_16(dst + it * RPI * 128, ok ? g + (int64_t)it * RPI * row_stride : src, ok ? 16 : 0);
-    }
-}
-
 // Stores rows [row0, row0 + NROWS) of an SW128 tile of ROWS rows to global memory (row r of the
 // tile to dst + (r - row0) * row_stride), skipping rows at or beyond row0 + n_valid.
 template <int ROWS, int NROWS, int COLS, int NTHREADS, typename T>
@@ -124,12 +104,12 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-// Arrives once this thread's earlier cp.async copies have landed (counted in the init count).
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives once and expects `bytes` more from bulk copies that complete on this barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // Waits until the phase with parity `parity` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {

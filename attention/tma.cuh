@@ -1,0 +1,53 @@
+// tma: Hopper's bulk copy engine (the tensor memory accelerator) for the sm90 kernels: tensor
+// maps of attention.h tensors (host) and tile copies from them into SW128 shared-memory tiles
+// that complete on an mbarrier. One thread issues them; the engine moves the data (and writes
+// the zeros of rows past the tensor's end) while the warps compute. Internal to attention/*.cu.
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "attention/attention.h"
+#include "attention/wgmma.cuh"
+
+// ---- tensor maps (host) -------------------------------------------------------------------
+
+typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
+
+// The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda).
+inline TensorMapEncoder tensor_map_encoder() {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !fn)
+        fatal(EXIT_RUNTIME, "attention: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12 or later)");
+    return reinterpret_cast<TensorMapEncoder>(fn);
+}
+
+// Map of a (B, rows, heads, HS) tensor of 16-bit elements with element strides `st`, read in
+// boxes of box_rows rows x 64 columns with the 128-byte swizzle (one SW128 column block of a
+// tile); rows at or past `rows` read as zeros. attn_check guarantees the 16-byte alignment of
+// the base and strides that the engine needs.
+inline CUtensorMap sw128_tensor_map(TensorMapEncoder enc, const void *base, const AttnStrides &st, int B, int rows,
+                                    int heads, int HS, int box_rows) {
+    const cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)st.row * 2, (cuuint64_t)st.head * 2, (cuuint64_t)st.batch * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, unit[4] = {1, 1, 1, 1};
+    CUtensorMap map;
+    const CUresult r = enc(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void *>(base), dims, strides, box, unit,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) fatal(EXIT_RUNTIME, "attention: cuTensorMapEncodeTiled failed (CUresult %d)", (int)r);
+    return map;
+}
+
+// ---- tile copies --------------------------------------------------------------------------
+
+// Rows [row, row + box_rows) x columns [col, col + 64) of head h, batch row b into the SW128
+// column block at shared address dst (1024-byte aligned); the copy's bytes complete_tx on bar.
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap *map, int col, int row, int h, int b,
+                                              uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(h), "r"(b), "r"(bar)
+                 : "memory");
+}
