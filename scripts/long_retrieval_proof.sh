@@ -55,8 +55,10 @@
 # likely a match tuned to RoPE's relative phase; dilution alone, 4x more filler, would cost far
 # less than a return to the ~1.9 plateau), and a task that demands every distance at once is not
 # learned at this scale.
-# Next, unmeasured (docs/PERFORMANCE.md, session 6): -- --set model.rope_theta=1e7 with these
-# defaults; a spread widened gradually from the band already learned; partial rotary.
+#   -- --set model.rope_theta=1e7 (S1_TARGET=0.1, seeds 1337-1340): no binding at 256 in any of
+#     16 attempts (1.83 each time, where theta 1e5 formed it for every seed within 4 attempts).
+# Next, unmeasured (docs/PERFORMANCE.md, session 6): partial rotary (-- --set model.rope_dims=16);
+# a spread widened gradually from the band already learned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEQ=${1:-4096}
