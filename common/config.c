@@ -40,6 +40,9 @@ static const CfgKey KEYS[] = {
     {"model.pos_embedding", CFG_ENUM, OFF(model.pos_embedding), "learned", 0, 0, "learned|rope|alibi",
      "position encoding"},
     {"model.rope_theta", CFG_FLOAT, OFF(model.rope_theta), "10000", 1, 1e9, NULL, "RoPE base frequency"},
+    {"model.rope_dims", CFG_INT, OFF(model.rope_dims), "0", 0, 65536, NULL,
+     "RoPE: dimensions rotated per head (even, at most the head size; 0 = all); the others "
+     "carry no position (GPT-NeoX's rotary_pct)"},
     {"model.dropout", CFG_FLOAT, OFF(model.dropout), "0", 0, 0.99, NULL,
      "dropout on embeddings and on the attention and MLP outputs before the residual add "
      "(nanoGPT's dropout)"},
@@ -363,6 +366,12 @@ int config_validate(Config *c, char *err, size_t errlen) {
         return set_error(err, errlen, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", NH, NKV);
     if ((C / NH) % 2 != 0 && strcmp(c->model.pos_embedding, "rope") == 0)
         return set_error(err, errlen, "model.pos_embedding = rope needs an even head size, got %d", C / NH);
+    if (c->model.rope_dims != 0 && strcmp(c->model.pos_embedding, "rope") != 0)
+        return set_error(err, errlen, "model.rope_dims = %d needs model.pos_embedding = rope (got %s): "
+                                   "set model.rope_dims to 0", c->model.rope_dims, c->model.pos_embedding);
+    if (c->model.rope_dims % 2 != 0 || c->model.rope_dims > C / NH)
+        return set_error(err, errlen, "model.rope_dims (%d) must be even and at most the head size "
+                                   "n_embd / n_head (%d); 0 rotates all", c->model.rope_dims, C / NH);
     if (c->train.seq_len > c->model.max_seq_len)
         return set_error(err, errlen, "train.seq_len (%d) must not exceed model.max_seq_len (%d)",
                       c->train.seq_len, c->model.max_seq_len);
@@ -386,7 +395,7 @@ int config_validate(Config *c, char *err, size_t errlen) {
 
 static const char *MODEL_KEYS[] = {"model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
                                    "model.vocab_size", "model.max_seq_len", "model.pos_embedding",
-                                   "model.rope_theta"};
+                                   "model.rope_theta", "model.rope_dims"};
 
 int config_same_model(const Config *a, const Config *b, char *err, size_t errlen) {
     for (size_t i = 0; i < sizeof MODEL_KEYS / sizeof MODEL_KEYS[0]; i++) {

@@ -13,6 +13,7 @@ typedef struct {
         int n_layer, n_head, n_kv_head, n_embd, vocab_size, max_seq_len;
         char pos_embedding[CFG_NAME_MAX];   // learned | rope | alibi
         float rope_theta;
+        int rope_dims;                      // RoPE: rotated dimensions per head; 0 = all
         float dropout;                      // residual dropout (embeddings, attn/MLP outputs)
     } model;
     struct {

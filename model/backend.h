@@ -88,9 +88,10 @@ struct Backend {
     // Rotary position embedding, half-split convention (GPT-NeoX, Llama): in place on the query
     // and key heads of the fused buffer qkv (N, (NH + 2*NKV) * HS); the value heads are left
     // alone. In each of the first NH + NKV heads the pairs (x[d], x[d + HS/2]), d < HS/2, turn by
-    // the angle a = pos * theta^(-2d/HS):  x'[d] = x[d] cos a - x[d + HS/2] sin a,
-    // x'[d + HS/2] = x[d + HS/2] cos a + x[d] sin a. table (maxT, HS/2, 2) fp32 holds [cos a, sin a]
-    // per position (computed once per model); pos (N) int32 token positions, or NULL for i % T.
+    // the table's angle a (pos * theta^(-2d/HS) when every dimension rotates; gpt_rope_table_host):
+    // x'[d] = x[d] cos a - x[d + HS/2] sin a, x'[d + HS/2] = x[d + HS/2] cos a + x[d] sin a.
+    // table (maxT, HS/2, 2) fp32 holds [cos a, sin a] per position and pair (computed once per
+    // model); pos (N) int32 token positions, or NULL for i % T.
     void (*rope_forward)(Backend *be, void *qkv, const float *table, const int *pos, int N, int T,
                          int NH, int NKV, int HS);
     // Its backward on dqkv (N, (NH + 2*NKV) * HS), in place: the inverse rotation (angle -a) of

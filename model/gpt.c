@@ -171,6 +171,7 @@ GPTConfig gpt_config_from(const Config *c) {
             : strcmp(c->model.pos_embedding, "alibi") == 0 ? POS_ALIBI
                                                            : POS_LEARNED;
     g.rope_theta = c->model.rope_theta;
+    g.rope_dims = c->model.rope_dims;
     return g;
 }
 
@@ -187,6 +188,11 @@ static void check_config(const GPTConfig *g, int B, int T) {
     if (g->pos == POS_ROPE && (g->HS % 2 != 0 || !(g->rope_theta > 0.0f)))
         fatal(EXIT_USAGE, "model.pos_embedding = rope needs an even head size (got %d) and "
                           "model.rope_theta > 0 (got %g)", g->HS, (double)g->rope_theta);
+    if (g->pos != POS_ROPE && g->rope_dims != 0)
+        fatal(EXIT_USAGE, "model.rope_dims = %d needs model.pos_embedding = rope", g->rope_dims);
+    if (g->rope_dims < 0 || g->rope_dims % 2 != 0 || g->rope_dims > g->HS)
+        fatal(EXIT_USAGE, "model.rope_dims (%d) must be even and at most the head size %d (0 = all)",
+              g->rope_dims, g->HS);
     if (B < 1 || T < 1 || T > g->maxT)
         fatal(EXIT_USAGE, "batch %d x %d: need B >= 1 and 1 <= T <= model.max_seq_len (%d)", B, T,
               g->maxT);
@@ -239,21 +245,25 @@ static void build_tensors(GPT *m, int decay_wpe) {
 
 static void *need(GPT *m, void *p, size_t bytes) { return p ? p : balloc(m, bytes); }
 
-// The RoPE table (maxT, HS/2, 2): [cos, sin] of the angle pos * theta^(-2d/HS), computed in
-// double (positions reach 1e5 and more, where an fp32 angle would already be off by ~1e-2 rad)
-// and rounded once to fp32.
-static float *rope_table(GPT *m) {
-    const GPTConfig *g = &m->cfg;
-    const int half = g->HS / 2;
-    const size_t n = (size_t)g->maxT * half * 2;
-    float *host = xmalloc(n * sizeof(float));   // (maxT, HS/2, 2)
+// The angles are computed in double (positions reach 1e5 and more, where an fp32 angle would
+// already be off by ~1e-2 rad) and rounded once to fp32. A never-rotated pair has inv_freq 0:
+// cos 0 and sin 0 are exactly 1 and 0, so the backends' rotation leaves it bit for bit.
+void gpt_rope_table_host(const GPTConfig *g, float *host) {
+    const int half = g->HS / 2, R = g->rope_dims > 0 ? g->rope_dims : g->HS;
     for (int d = 0; d < half; d++) {
-        const double inv_freq = pow((double)g->rope_theta, -2.0 * d / g->HS);
+        const double inv_freq = d < R / 2 ? pow((double)g->rope_theta, -2.0 * d / R) : 0.0;
         for (int t = 0; t < g->maxT; t++) {
             host[((size_t)t * half + d) * 2] = (float)cos(t * inv_freq);
             host[((size_t)t * half + d) * 2 + 1] = (float)sin(t * inv_freq);
         }
     }
+}
+
+// The model's RoPE table (gpt_rope_table_host) in backend memory.
+static float *rope_table(GPT *m) {
+    const size_t n = (size_t)m->cfg.maxT * (m->cfg.HS / 2) * 2;
+    float *host = xmalloc(n * sizeof(float));   // (maxT, HS/2, 2)
+    gpt_rope_table_host(&m->cfg, host);
     float *table = balloc(m, n * sizeof(float));
     m->be->upload(m->be, table, host, n * sizeof(float));
     free(host);

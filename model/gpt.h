@@ -14,7 +14,8 @@ typedef struct {
     int maxT;      // max sequence length
     int L, NH, NKV, C, HS;
     PosEmbedding pos;   // learned: wpe table; rope: q/k rotation (half-split); alibi: slopes
-    float rope_theta;   // RoPE base frequency (angles pos * theta^(-2d/HS))
+    float rope_theta;   // RoPE base frequency (see gpt_rope_table_host)
+    int rope_dims;      // RoPE: dimensions rotated per head (even, <= HS); 0 = all HS
 } GPTConfig;
 
 // One named parameter tensor inside the flat parameter vector (element offsets).
@@ -28,6 +29,12 @@ typedef struct {
 typedef struct GPT GPT;   // opaque: see model/gpt.c
 
 GPTConfig gpt_config_from(const Config *c);
+// The RoPE table (maxT, HS/2, 2) into host fp32: [cos, sin] of the angle pos * inv_freq(d) of
+// the half-split pair (x[d], x[d + HS/2]). With R = rope_dims (0 = HS), the pairs d < R/2 turn
+// at inv_freq = theta^(-2d/R) (the full frequency range over the rotated pairs, as GPT-NeoX's
+// rotary_pct, whose rotated dimensions are the first R; here they are d and d + HS/2, d < R/2);
+// the pairs d >= R/2 are never rotated (cos 1, sin 0) and carry no position.
+void gpt_rope_table_host(const GPTConfig *g, float *host);
 // Builds the model on `be` for batches up to B x T. Parameters are not initialised.
 GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *run);
 void gpt_free(GPT *m);

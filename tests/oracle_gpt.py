@@ -5,7 +5,9 @@ plus the training step: grad accumulation, clip_grad_norm_, the learning-rate sc
 optim/optim.h and torch.optim.AdamW.
 
 Positions: learned (wpe), rope (half-split rotation of q and k, angles pos * theta^(-2d/HS), as
-GPT-NeoX and Hugging Face Llama's rotate_half) or alibi (-slope_h * (i - j), slopes 2^(-8h/NH)).
+GPT-NeoX and Hugging Face Llama's rotate_half; with model.rope_dims = R > 0 only the pairs d < R/2
+turn, at pos * theta^(-2d/R), as GPT-NeoX's rotary_pct) or alibi (-slope_h * (i - j), slopes
+2^(-8h/NH)).
 attention.window applies to the layers l with l % attention.window_every == 0. With
 attention.doc_mask a new document starts after every data.eot_token: the mask is built here
 explicitly from document ids (token i sees token j only in the same document), and positions
@@ -31,6 +33,7 @@ class RefGPT(nn.Module):
         self.window_every = cfg["attention"]["window_every"]
         self.pos = m["pos_embedding"]
         self.theta = m["rope_theta"]
+        self.rope_dims = m["rope_dims"] or self.HS
         self.eot = cfg["data"]["eot_token"] if cfg["attention"]["doc_mask"] else -1
         self.names = list(weights)
         self.index = {n: i for i, n in enumerate(self.names)}
@@ -62,8 +65,9 @@ class RefGPT(nn.Module):
 
     def _rope(self, x, pos):
         """x (B, H, T, HS) rotated by pos (B, T): rotate_half form."""
-        half = self.HS // 2
-        inv_freq = self.theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.HS)
+        half, R = self.HS // 2, self.rope_dims
+        d = torch.arange(half, dtype=torch.float64)
+        inv_freq = torch.where(d < R // 2, self.theta ** (-2.0 * d / R), 0.0)   # 0: never rotated
         ang = pos.to(torch.float64)[:, None, :, None] * inv_freq   # (B, 1, T, HS/2)
         cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
         x1, x2 = x[..., :half], x[..., half:]

@@ -82,6 +82,32 @@ int main(void) {
         EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "data.train"), "no data: %s", err);
     });
 
+    TEST_CASE("model.rope_dims", {
+        config_defaults(&c);
+        EXPECT(c.model.rope_dims == 0, "default rope_dims %d", c.model.rope_dims);
+        EXPECT(load(&c, "{\"model\": {\"pos_embedding\": \"rope\", \"rope_dims\": 32}, "
+                        "\"data\": {\"synthetic\": \"copy\"}}", err) == 0, "%s", err);
+        EXPECT(c.model.rope_dims == 32 && config_validate(&c, err, sizeof err) == 0, "json: %s", err);
+        EXPECT(config_set(&c, "model.rope_dims=64", err, sizeof err) == 0 && c.model.rope_dims == 64, "%s", err);
+        EXPECT(config_validate(&c, err, sizeof err) == 0, "rope_dims = head size 64: %s", err);
+        EXPECT(config_set(&c, "model.rope_dims=-2", err, sizeof err) != 0 && strstr(err, "model.rope_dims") &&
+                   strstr(err, "out of range"), "negative: %s", err);
+        config_set(&c, "model.rope_dims=6", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) == 0, "%s", err);
+        config_set(&c, "model.rope_dims=7", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "model.rope_dims (7)") &&
+                   strstr(err, "even"), "odd: %s", err);
+        config_set(&c, "model.rope_dims=66", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "model.rope_dims (66)") &&
+                   strstr(err, "head size") && strstr(err, "(64)"), "too large: %s", err);
+        config_set(&c, "model.rope_dims=16", err, sizeof err);
+        config_set(&c, "model.pos_embedding=alibi", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "model.rope_dims = 16") &&
+                   strstr(err, "alibi"), "without rope: %s", err);
+        config_set(&c, "model.rope_dims=0", err, sizeof err);
+        EXPECT(config_validate(&c, err, sizeof err) == 0, "rope_dims 0 with alibi: %s", err);
+    });
+
     TEST_CASE("to_json round trip", {
         config_defaults(&c);
         config_set(&c, "model.n_layer=3", err, sizeof err);
@@ -94,6 +120,12 @@ int main(void) {
         EXPECT(config_same_model(&c, &d, err, sizeof err) == 0, "%s", err);
         config_set(&d, "model.n_layer=4", err, sizeof err);
         EXPECT(config_same_model(&c, &d, err, sizeof err) != 0 && strstr(err, "model.n_layer"), "%s", err);
+        config_set(&d, "model.n_layer=3", err, sizeof err);
+        config_set(&d, "model.rope_dims=8", err, sizeof err);
+        EXPECT(config_same_model(&c, &d, err, sizeof err) != 0 && strstr(err, "model.rope_dims"), "%s", err);
+        // A config saved before model.rope_dims existed loads as 0 (all dimensions rotated).
+        EXPECT(load(&d, "{\"model\": {\"pos_embedding\": \"rope\"}}", err) == 0 && d.model.rope_dims == 0,
+               "%s", err);
         free(j);
     });
     return TEST_SUMMARY();

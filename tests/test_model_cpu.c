@@ -407,21 +407,25 @@ static void test_attention(Backend *be, Rng *r) {
     }
 }
 
-// RoPE on the fused qkv buffer against the rotation written out in double: q and k heads turn
-// by pos * theta^(-2d/HS) (half-split pairs), v heads stay bitwise; backward is the transpose:
-// <rope(x), y> = <x, rope_backward(y)>, and rope_backward(rope(x)) = x.
-static void test_rope_op(Backend *be, Rng *r, int use_pos) {
-    enum { B = 2, T = 9, NH = 4, NKV = 2, HS = 8, OC = (NH + 2 * NKV) * HS, MAXT = 40, N = B * T };
+// RoPE on the fused qkv buffer, with the model's table (gpt_rope_table_host), against the
+// rotation written out in double: in q and k heads the pairs d < R/2 (R = rope_dims, 0 = HS) turn
+// by pos * theta^(-2d/R) (half-split pairs), the others and the v heads stay bitwise; backward is
+// the transpose: <rope(x), y> = <x, rope_backward(y)>, and rope_backward(rope(x)) = x.
+static void test_rope_op(Backend *be, Rng *r, int use_pos, int rope_dims) {
+    enum { B = 2, T = 9, NH = 4, NKV = 2, HS = 16, OC = (NH + 2 * NKV) * HS, MAXT = 40, N = B * T };
     const double theta = 10000.0;
+    const int R = rope_dims > 0 ? rope_dims : HS;
     float table[MAXT * HS], x[N * OC], y[N * OC], fx[N * OC], by[N * OC];
     int pos[N];
     double ref[N * OC];
-    for (int t = 0; t < MAXT; t++)
-        for (int d = 0; d < HS / 2; d++) {
-            double a = t * pow(theta, -2.0 * d / HS);
-            table[t * HS + 2 * d] = (float)cos(a);
-            table[t * HS + 2 * d + 1] = (float)sin(a);
-        }
+    GPTConfig g;
+    memset(&g, 0, sizeof g);
+    g.maxT = MAXT;
+    g.HS = HS;
+    g.pos = POS_ROPE;
+    g.rope_theta = (float)theta;
+    g.rope_dims = rope_dims;
+    gpt_rope_table_host(&g, table);
     for (int i = 0; i < N; i++) pos[i] = (7 * i + 3) % MAXT;   // arbitrary, some past T
     fill_normal(r, x, N * OC, 1.0f);
     fill_normal(r, y, N * OC, 1.0f);
@@ -429,8 +433,8 @@ static void test_rope_op(Backend *be, Rng *r, int use_pos) {
         const int p = use_pos ? pos[i] : i % T;
         for (int c = 0; c < OC; c++) ref[i * OC + c] = x[i * OC + c];
         for (int h = 0; h < NH + NKV; h++)
-            for (int d = 0; d < HS / 2; d++) {
-                const double a = p * pow(theta, -2.0 * d / HS);
+            for (int d = 0; d < R / 2; d++) {
+                const double a = p * pow(theta, -2.0 * d / R);
                 const double x1 = x[i * OC + h * HS + d], x2 = x[i * OC + h * HS + d + HS / 2];
                 ref[i * OC + h * HS + d] = x1 * cos(a) - x2 * sin(a);
                 ref[i * OC + h * HS + d + HS / 2] = x2 * cos(a) + x1 * sin(a);
@@ -448,6 +452,14 @@ static void test_rope_op(Backend *be, Rng *r, int use_pos) {
         v_same &= memcmp(fx + i * OC + (NH + NKV) * HS, x + i * OC + (NH + NKV) * HS,
                          NKV * HS * sizeof(float)) == 0;
     EXPECT(v_same, "rope must leave the value heads untouched");
+    int fixed_same = 1;   // the never-rotated pairs (x[d], x[d + HS/2]), d >= R/2, of q and k
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < NH + NKV; h++)
+            for (int d = R / 2; d < HS / 2; d++)
+                for (int e = d; e < HS; e += HS / 2)
+                    fixed_same &= fx[i * OC + h * HS + e] == x[i * OC + h * HS + e] &&
+                                  by[i * OC + h * HS + e] == y[i * OC + h * HS + e];
+    EXPECT(fixed_same, "rope_dims %d: the pairs past rope_dims/2 must stay unchanged", rope_dims);
     double lhs = 0, rhs = 0, mag = 0;
     for (int k = 0; k < N * OC; k++) {
         lhs += (double)fx[k] * y[k];
@@ -458,6 +470,31 @@ static void test_rope_op(Backend *be, Rng *r, int use_pos) {
     be->rope_backward(be, fx, table, use_pos ? pos : NULL, N, T, NH, NKV, HS);
     EXPECT(rel_err_f32(fx, x, N * OC) < OP_TOL, "rope backward(forward(x)) != x: rel err %g",
            rel_err_f32(fx, x, N * OC));
+}
+
+// rope_dims 0 and rope_dims = HS both give the table of every dimension rotated, bit for bit the
+// formula pos * theta^(-2d/HS) in double rounded once.
+static void test_rope_table_full(void) {
+    enum { HS = 16, MAXT = 40 };
+    const double theta = 500.0;
+    float all[MAXT * HS], full[MAXT * HS], ref[MAXT * HS];
+    GPTConfig g;
+    memset(&g, 0, sizeof g);
+    g.maxT = MAXT;
+    g.HS = HS;
+    g.pos = POS_ROPE;
+    g.rope_theta = (float)theta;
+    gpt_rope_table_host(&g, all);
+    g.rope_dims = HS;
+    gpt_rope_table_host(&g, full);
+    for (int t = 0; t < MAXT; t++)
+        for (int d = 0; d < HS / 2; d++) {
+            const double inv_freq = pow(theta, -2.0 * d / HS);
+            ref[t * HS + 2 * d] = (float)cos(t * inv_freq);
+            ref[t * HS + 2 * d + 1] = (float)sin(t * inv_freq);
+        }
+    EXPECT(memcmp(all, ref, sizeof ref) == 0, "rope_dims 0: the table differs from the formula");
+    EXPECT(memcmp(full, all, sizeof all) == 0, "rope_dims = HS differs from rope_dims 0");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1056,6 +1093,24 @@ static void create_rope_odd_head(void) {
     gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
 }
 
+static void create_rope_dims_odd(void) {
+    GPTConfig g = small_config(POS_ROPE);
+    g.rope_dims = 5;
+    gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
+}
+
+static void create_rope_dims_too_large(void) {
+    GPTConfig g = small_config(POS_ROPE);
+    g.rope_dims = g.HS + 2;
+    gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
+}
+
+static void create_rope_dims_learned(void) {
+    GPTConfig g = small_config(POS_LEARNED);
+    g.rope_dims = 4;
+    gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
+}
+
 static void create_docs_without_eot(void) {
     GPTConfig g = small_config(POS_ROPE);
     Config run;
@@ -1115,8 +1170,10 @@ int main(void) {
     TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r, 13));
     TEST_CASE("cpu softmax cross-entropy (threaded)", test_softmax_xent(be, &r, 301));
     TEST_CASE("cpu attention on fused qkv (GQA)", test_attention(be, &r));
-    TEST_CASE("cpu rope forward/backward (positions i % T)", test_rope_op(be, &r, 0));
-    TEST_CASE("cpu rope forward/backward (explicit positions)", test_rope_op(be, &r, 1));
+    TEST_CASE("cpu rope forward/backward (positions i % T)", test_rope_op(be, &r, 0, 0));
+    TEST_CASE("cpu rope forward/backward (explicit positions)", test_rope_op(be, &r, 1, 0));
+    TEST_CASE("cpu rope forward/backward (rope_dims 6 of 16)", test_rope_op(be, &r, 1, 6));
+    TEST_CASE("rope table: rope_dims = head size is the default table", test_rope_table_full());
     be->destroy(be);
     TEST_CASE("gpt parameter layout and init", test_layout_and_init());
     TEST_CASE("gpt loss, ignored targets, smaller batch", test_loss_and_small_batch());
@@ -1154,6 +1211,9 @@ int main(void) {
     TEST_CASE("synthetic retrieval task", test_retrieval_task());
     TEST_CASE("gpt bad input exits with code 2", {
         EXPECT(exit_code_of(create_rope_odd_head) == 2, "rope with an odd head size");
+        EXPECT(exit_code_of(create_rope_dims_odd) == 2, "odd rope_dims");
+        EXPECT(exit_code_of(create_rope_dims_too_large) == 2, "rope_dims above the head size");
+        EXPECT(exit_code_of(create_rope_dims_learned) == 2, "rope_dims without rope");
         EXPECT(exit_code_of(create_docs_without_eot) == 2, "doc_mask without data.eot_token");
         EXPECT(exit_code_of(create_too_long) == 2, "T > max_seq_len");
         EXPECT(exit_code_of(create_bad_heads) == 2, "n_kv_head not dividing n_head");

@@ -134,6 +134,7 @@ ROPE = ["model.pos_embedding=rope"]
     ("rope, GQA", ROPE),
     ("rope theta 500, MQA, naive", ROPE + ["model.rope_theta=500", "model.n_kv_head=1",
                                            "attention.impl=naive"]),
+    ("rope, 6 of 16 dimensions rotated", ROPE + ["model.rope_dims=6"]),
     ("alibi", ["model.pos_embedding=alibi"]),
     ("learned, packed documents", DOCS),
     ("rope, packed documents", ROPE + DOCS),
