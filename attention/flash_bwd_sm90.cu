@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 
     if (tid == 0) {
         mbar_init(qbar0, 1), mbar_init(qbar0 + 8, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+        mbar_init_fence();
     }
     __syncthreads();
 
@@ -71,15 +71,12 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         if (tid == 0) {
             const uint32_t bar = qbar0 + stage * 8;
             mbar_arrive_expect_tx(bar, (2 * BM + (kv ? 2 * BN : 0)) * HS * 2);
-#pragma unroll
-            for (int cb = 0; cb < HS / 64; cb++) {
-                if (kv) {
-                    tma_load_tile(smem_u32(sK + cb * BN * 64), &tm_k, cb * 64, n0, kvh, b, bar);
-                    tma_load_tile(smem_u32(sV + cb * BN * 64), &tm_v, cb * 64, n0, kvh, b, bar);
-                }
-                tma_load_tile(smem_u32(sQ + stage * BM * HS + cb * BM * 64), &tm_q, cb * 64, q.m0, q.h, b, bar);
-                tma_load_tile(smem_u32(sdO + stage * BM * HS + cb * BM * 64), &tm_do, cb * 64, q.m0, q.h, b, bar);
+            if (kv) {
+                tma_load_sw128<BN, HS>(sK, &tm_k, n0, kvh, b, bar);
+                tma_load_sw128<BN, HS>(sV, &tm_v, n0, kvh, b, bar);
             }
+            tma_load_sw128<BM, HS>(sQ + stage * BM * HS, &tm_q, q.m0, q.h, b, bar);
+            tma_load_sw128<BM, HS>(sdO + stage * BM * HS, &tm_do, q.m0, q.h, b, bar);
         }
         load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, q.h, q.m0, q.m_valid, tid);
         const RowRange first = row_range(p, b, q.m0), last = row_range(p, b, q.m0 + q.m_valid - 1);
@@ -253,11 +250,9 @@ void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_acc
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_k, Tile::BN), p.NKV, p.B);
     const TensorMapEncoder enc = tensor_map_encoder();
-    const CUtensorMap tm_q = sw128_tensor_map(enc, p.q, p.q_st, p.B, p.T_q, p.NH, HS, Tile::BM);
-    const CUtensorMap tm_k = sw128_tensor_map(enc, p.k, p.k_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
-    const CUtensorMap tm_v = sw128_tensor_map(enc, p.v, p.v_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
+    const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
     const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum, tm_q, tm_k, tm_v, tm_do);
+    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
     CUDA_CHECK(cudaGetLastError());
 }
 

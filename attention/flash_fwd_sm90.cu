@@ -14,9 +14,9 @@
 #include "attention/wgmma.cuh"
 
 template <typename T, int HS, int NWG>
-__global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_sm90_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
-                                                                                     const __grid_constant__ CUtensorMap tm_k,
-                                                                                     const __grid_constant__ CUtensorMap tm_v) {
+__global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
+    flash_fwd_sm90_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef FLASH_SM90_DEVICE
     using Tile = Sm90FwdTile<HS, NWG>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
@@ -56,16 +56,13 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1) flash_fwd_s
         const uint32_t full = full0 + st * 8;
         if (i >= STAGES) mbar_wait(empty0 + st * 8, ((i / STAGES) - 1) & 1);
         mbar_arrive_expect_tx(full, (2 * BN + (i == 0 ? BM : 0)) * HS * 2);
-#pragma unroll
-        for (int cb = 0; cb < HS / 64; cb++) {
-            if (i == 0) tma_load_tile(smem_u32(sQ + cb * BM * 64), &tm_q, cb * 64, m0, h, b, full);
-            tma_load_tile(smem_u32(sK + st * BN * HS + cb * BN * 64), &tm_k, cb * 64, n0, kvh, b, full);
-            tma_load_tile(smem_u32(sV + st * BN * HS + cb * BN * 64), &tm_v, cb * 64, n0, kvh, b, full);
-        }
+        if (i == 0) tma_load_sw128<BM, HS>(sQ, &tm_q, m0, h, b, full);
+        tma_load_sw128<BN, HS>(sK + st * BN * HS, &tm_k, n0, kvh, b, full);
+        tma_load_sw128<BN, HS>(sV + st * BN * HS, &tm_v, n0, kvh, b, full);
     };
     if (tid == 0) {
         for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, 1), mbar_init(empty0 + st * 8, NT);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+        mbar_init_fence();
         for (int i = 0; i < STAGES && i < n_tiles; i++) load_kv(i);
     }
     __syncthreads();
@@ -211,11 +208,8 @@ template <typename T, int HS, int NWG> void flash_fwd_sm90_launch(const AttnPara
     auto kernel = flash_fwd_sm90_kernel<T, HS, NWG>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
-    const TensorMapEncoder enc = tensor_map_encoder();
-    const CUtensorMap tm_q = sw128_tensor_map(enc, p.q, p.q_st, p.B, p.T_q, p.NH, HS, Tile::BM);
-    const CUtensorMap tm_k = sw128_tensor_map(enc, p.k, p.k_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
-    const CUtensorMap tm_v = sw128_tensor_map(enc, p.v, p.v_st, p.B, p.T_k, p.NKV, HS, Tile::BN);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, tm_q, tm_k, tm_v);
+    const QkvMaps m = qkv_tensor_maps(tensor_map_encoder(), p, Tile::BM, Tile::BN);
+    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, m.q, m.k, m.v);
     CUDA_CHECK(cudaGetLastError());
 }
 

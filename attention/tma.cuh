@@ -40,14 +40,32 @@ inline CUtensorMap sw128_tensor_map(TensorMapEncoder enc, const void *base, cons
     return map;
 }
 
+// The maps of p's q (boxes of q_rows rows) and k, v (kv_rows rows), as the sm90 kernels read them.
+struct QkvMaps {
+    CUtensorMap q, k, v;
+};
+inline QkvMaps qkv_tensor_maps(TensorMapEncoder enc, const AttnParams &p, int q_rows, int kv_rows) {
+    return {sw128_tensor_map(enc, p.q, p.q_st, p.B, p.T_q, p.NH, p.HS, q_rows),
+            sw128_tensor_map(enc, p.k, p.k_st, p.B, p.T_k, p.NKV, p.HS, kv_rows),
+            sw128_tensor_map(enc, p.v, p.v_st, p.B, p.T_k, p.NKV, p.HS, kv_rows)};
+}
+
 // ---- tile copies --------------------------------------------------------------------------
 
 // Rows [row, row + box_rows) x columns [col, col + 64) of head h, batch row b into the SW128
 // column block at shared address dst (1024-byte aligned); the copy's bytes complete_tx on bar.
-__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap *map, int col, int row, int h, int b,
-                                              uint32_t bar) {
+__device__ __forceinline__ void tma_load_block(uint32_t dst, const CUtensorMap *map, int col, int row, int h, int b,
+                                               uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                  ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(h), "r"(b), "r"(bar)
                  : "memory");
+}
+
+// Rows [row, row + ROWS) of head h, batch row b (all HS columns) into the SW128 tile `tile`, one
+// copy per 64-column block (the map's boxes are ROWS x 64); ROWS * HS * 2 bytes complete on bar.
+template <int ROWS, int HS, typename T>
+__device__ __forceinline__ void tma_load_sw128(T *tile, const CUtensorMap *map, int row, int h, int b, uint32_t bar) {
+#pragma unroll
+    for (int cb = 0; cb < HS / 64; cb++) tma_load_block(smem_u32(tile + cb * ROWS * 64), map, cb * 64, row, h, b, bar);
 }
