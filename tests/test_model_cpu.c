@@ -407,6 +407,18 @@ static void test_attention(Backend *be, Rng *r) {
     }
 }
 
+// The GPTConfig fields that gpt_rope_table_host reads.
+static GPTConfig rope_table_config(int maxT, int HS, double theta, int rope_dims) {
+    GPTConfig g;
+    memset(&g, 0, sizeof g);
+    g.maxT = maxT;
+    g.HS = HS;
+    g.pos = POS_ROPE;
+    g.rope_theta = (float)theta;
+    g.rope_dims = rope_dims;
+    return g;
+}
+
 // RoPE on the fused qkv buffer, with the model's table (gpt_rope_table_host), against the
 // rotation written out in double: in q and k heads the pairs d < R/2 (R = rope_dims, 0 = HS) turn
 // by pos * theta^(-2d/R) (half-split pairs), the others and the v heads stay bitwise; backward is
@@ -418,13 +430,7 @@ static void test_rope_op(Backend *be, Rng *r, int use_pos, int rope_dims) {
     float table[MAXT * HS], x[N * OC], y[N * OC], fx[N * OC], by[N * OC];
     int pos[N];
     double ref[N * OC];
-    GPTConfig g;
-    memset(&g, 0, sizeof g);
-    g.maxT = MAXT;
-    g.HS = HS;
-    g.pos = POS_ROPE;
-    g.rope_theta = (float)theta;
-    g.rope_dims = rope_dims;
+    const GPTConfig g = rope_table_config(MAXT, HS, theta, rope_dims);
     gpt_rope_table_host(&g, table);
     for (int i = 0; i < N; i++) pos[i] = (7 * i + 3) % MAXT;   // arbitrary, some past T
     fill_normal(r, x, N * OC, 1.0f);
@@ -478,15 +484,9 @@ static void test_rope_table_full(void) {
     enum { HS = 16, MAXT = 40 };
     const double theta = 500.0;
     float all[MAXT * HS], full[MAXT * HS], ref[MAXT * HS];
-    GPTConfig g;
-    memset(&g, 0, sizeof g);
-    g.maxT = MAXT;
-    g.HS = HS;
-    g.pos = POS_ROPE;
-    g.rope_theta = (float)theta;
-    gpt_rope_table_host(&g, all);
-    g.rope_dims = HS;
-    gpt_rope_table_host(&g, full);
+    const GPTConfig g_all = rope_table_config(MAXT, HS, theta, 0), g_full = rope_table_config(MAXT, HS, theta, HS);
+    gpt_rope_table_host(&g_all, all);
+    gpt_rope_table_host(&g_full, full);
     for (int t = 0; t < MAXT; t++)
         for (int d = 0; d < HS / 2; d++) {
             const double inv_freq = pow(theta, -2.0 * d / HS);
@@ -1093,23 +1093,14 @@ static void create_rope_odd_head(void) {
     gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
 }
 
-static void create_rope_dims_odd(void) {
-    GPTConfig g = small_config(POS_ROPE);
-    g.rope_dims = 5;
+static void create_with_rope_dims(PosEmbedding pos, int rope_dims) {
+    GPTConfig g = small_config(pos);
+    g.rope_dims = rope_dims;
     gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
 }
-
-static void create_rope_dims_too_large(void) {
-    GPTConfig g = small_config(POS_ROPE);
-    g.rope_dims = g.HS + 2;
-    gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
-}
-
-static void create_rope_dims_learned(void) {
-    GPTConfig g = small_config(POS_LEARNED);
-    g.rope_dims = 4;
-    gpt_create(&g, backend_cpu_create(), 1, 8, NULL);
-}
+static void create_rope_dims_odd(void) { create_with_rope_dims(POS_ROPE, 5); }
+static void create_rope_dims_too_large(void) { create_with_rope_dims(POS_ROPE, small_config(POS_ROPE).HS + 2); }
+static void create_rope_dims_learned(void) { create_with_rope_dims(POS_LEARNED, 4); }
 
 static void create_docs_without_eot(void) {
     GPTConfig g = small_config(POS_ROPE);
