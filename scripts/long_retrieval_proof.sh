@@ -57,8 +57,14 @@
 # learned at this scale.
 #   -- --set model.rope_theta=1e7 (S1_TARGET=0.1, seeds 1337-1340): no binding at 256 in any of
 #     16 attempts (1.83 each time, where theta 1e5 formed it for every seed within 4 attempts).
-# Next, unmeasured (docs/PERFORMANCE.md, session 6): partial rotary (-- --set model.rope_dims=16);
-# a spread widened gradually from the band already learned.
+# Session 7 (H200 x2, docs/PERFORMANCE.md), -- --set model.rope_dims=16 (partial rotary,
+#   S1_TARGET=0.1, seeds 1337-1340): no binding at 256 in any of 16 attempts (1.82-1.84), every
+#   later stage on the plateau (1.82-1.84 after 1000 steps at 4096; control 3.476). Like theta
+#   1e7, it cuts the pairs that turn faster than 0.05 rad/token (9 at 1e5 full, 6 at 1e7, 3 here),
+#   which the seq-256 binding seems to need.
+# Next, unmeasured: partial rotary that keeps the fast pairs (-- --set model.rope_dims=32
+# --set model.rope_theta=316: full rotary's 16 fastest frequencies, the 16 slowest stopped); a
+# spread widened gradually from the band already learned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEQ=${1:-4096}
