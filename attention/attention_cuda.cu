@@ -3,6 +3,7 @@
 // family and tile, and dispatch; every run-time choice becomes a template parameter in
 // sm80_dispatch() and sm90_dispatch() alone.
 #include "attention/flash_common.cuh"
+#include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
 
 #include <stdlib.h>
@@ -72,12 +73,13 @@ static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnK
     return 0;
 }
 
-// Flash workspace (floats, see attn_workspace_bytes): the dQ accumulator (B, NH, T_q, HS), which
-// only the non-deterministic backward uses, then D (B, NH, T_q). The accumulator comes first so
-// that it keeps the workspace's alignment: the backward adds pairs of floats with 8-byte atomics.
+// Flash workspace (floats, see attn_workspace_bytes): the dQ accumulator (B, NH, T_q rounded up
+// to 64, HS; its tiled layout: flash_mask.cuh), which only the non-deterministic backward uses,
+// then D (B, NH, T_q). The accumulator comes first so that it keeps the workspace's 16-byte
+// alignment, which the bulk reductions and vector atomics into it need.
 static float *flash_ws_dq_accum(const AttnParams &p) { return static_cast<float *>(p.workspace); }
 static float *flash_ws_dsum(const AttnParams &p) {
-    return flash_ws_dq_accum(p) + (size_t)p.B * p.NH * p.T_q * p.HS;
+    return flash_ws_dq_accum(p) + (size_t)p.B * p.NH * dq_acc_row_blocks(p.T_q) * 64 * p.HS;
 }
 
 template <typename T, int HS, bool EXTRAS>

@@ -56,19 +56,22 @@ void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cud
     if (p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, THREADS, 0, s>>>(p, dsum);
     else bwd_dsum_kernel<T, 128><<<blocks, THREADS, 0, s>>>(p, dsum);
     CUDA_CHECK(cudaGetLastError());
-    if (dq_accum) CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, (size_t)rows * p.HS * sizeof(float), s));
+    const size_t acc_floats = (size_t)p.B * p.NH * dq_acc_row_blocks(p.T_q) * 64 * p.HS;
+    if (dq_accum) CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_floats * sizeof(float), s));
 }
 
 // ---- convert ------------------------------------------------------------------------------
 
-// dQ = scale * accumulator: 8 consecutive columns per thread (two 16-byte loads, one store).
+// dQ = scale * accumulator: 8 consecutive columns per thread (two 16-byte loads, one store; the
+// accumulator's 8 x 8 sub-tiles keep them contiguous).
 template <typename T> __global__ void bwd_convert_dq_kernel(const AttnParams p, const float *acc) {
     const int64_t idx = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;  // over (B, NH, T_q, HS)
     if (idx >= (int64_t)p.B * p.NH * p.T_q * p.HS) return;
     const int c = (int)(idx % p.HS);
     int b, h, i;
     split_row(p, idx / p.HS, &b, &h, &i);
-    const float4 lo = *reinterpret_cast<const float4 *>(acc + idx), hi = *reinterpret_cast<const float4 *>(acc + idx + 4);
+    const float *a = acc + dq_acc_offset(p, b, h, i, c);
+    const float4 lo = *reinterpret_cast<const float4 *>(a), hi = *reinterpret_cast<const float4 *>(a + 4);
     uint4 out;
     out.x = ElemTraits<T>::pack(lo.x * p.scale, lo.y * p.scale);
     out.y = ElemTraits<T>::pack(lo.z * p.scale, lo.w * p.scale);
@@ -298,7 +301,6 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                     }
                 }
             }
-            float *acc = dq_accum + (((int64_t)b * p.NH + h) * p.T_q + m0) * HS;
 #pragma unroll
             for (int mt = 0; mt < DQ_MT; mt++)
 #pragma unroll
@@ -307,8 +309,8 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                     if (row < m_valid) {
 #pragma unroll
                         for (int i = 0; i < DQ_ND; i++)
-                            atomic_add_pair(acc + (int64_t)row * HS + dq_d0 + 8 * i + 2 * t, dq[mt][i][2 * r],
-                                            dq[mt][i][2 * r + 1]);
+                            atomic_add_pair(dq_accum + dq_acc_offset(p, b, h, m0 + row, dq_d0 + 8 * i + 2 * t),
+                                            dq[mt][i][2 * r], dq[mt][i][2 * r + 1]);
                     }
                 }
         }

@@ -8,10 +8,13 @@
 //                                     dP^T runs while P^T = exp(S^T - LSE) is computed)
 //   dV += P^T dO, dK += dS^T Q      (A from registers, dO and Q read MN-major)
 //   dQ += dS K                      (dS^T through shared memory, both operands MN-major; the
-//                                     two warpgroups split the 64 x 128 x HS product and add
-//                                     their halves into the fp32 accumulator with atomics)
+//                                     two warpgroups split the BM x HS result into 64 x 64
+//                                     blocks and stage theirs in shared memory)
 // Each pair issues S^T and dP^T first; the next pair's copies and this pair's bookkeeping run
-// while the tensor cores work. ALiBi, dropout and the deterministic mode stay on the sm80 kernels.
+// while the tensor cores work. A third warpgroup, the writer, gives most of its registers to the
+// two MMA warpgroups (setmaxnreg); one warp of it adds each staged dQ block into the fp32
+// accumulator with one bulk reduction, off the MMA warps' path. ALiBi, dropout and the
+// deterministic mode stay on the sm80 kernels.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
@@ -25,7 +28,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                           const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do) {
 #ifdef FLASH_SM90_DEVICE
     using Tile = Sm90BwdTile<HS>;
-    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NMMA;  // NT: the MMA threads
     constexpr int NQ = BM / 8;  // n8 column tiles (queries) of S^T and dP^T
     extern __shared__ unsigned char smem_raw[];
     T *sK = reinterpret_cast<T *>(smem_align1024(smem_raw));  // (BN, HS), at the end dK staging
@@ -33,7 +36,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     T *sQ = sV + BN * HS;                                      // 2 stages of (BM, HS)
     T *sdO = sQ + 2 * BM * HS;                                 // 2 stages of (BM, HS)
     T *sdS = sdO + 2 * BM * HS;                                // (BN, BM): dS^T, keys x queries
-    float *sLse = reinterpret_cast<float *>(sdS + BN * BM);    // 2 stages of (BM)
+    float *sdQ = reinterpret_cast<float *>(sdS + BN * BM);     // per MMA warpgroup a 64 x 64 dQ block
+    float *sLse = sdQ + 2 * 4096;                              // 2 stages of (BM)
     float *sD = sLse + 2 * BM;                                 // 2 stages of (BM)
     int2 *sRng = reinterpret_cast<int2 *>(sD + 2 * BM);        // 2 stages of (BM): visible keys
     const uint32_t qbar0 = smem_u32(sRng + 2 * BM);            // 2 mbarriers: a stage landed
@@ -51,23 +55,49 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 
     const BwdPairs pairs = bwd_pairs(p, b, kvh, n0, n_valid, BM);
 
+    // Named barriers: 1 the MMA warpgroups; per MMA warpgroup w, DQ_FULL + w (its dQ block is
+    // staged) and DQ_EMPTY + w (the writer has read it: the next may be staged), each the
+    // warpgroup + one warp.
+    constexpr int BAR_MMA = 1, DQ_FULL = 2, DQ_EMPTY = 4, NDQ = 128 + 32;
+    if (wg == 2) {  // the writer: pairs in the MMA warpgroups' order, each block as it is staged
+        setmaxnreg_dec<Tile::REGS_WRITER>();
+        if (warp != 0) return;
+        int hi = 0, mb = 0;
+        for (int it = 0; it < pairs.total; it++) {
+            const int h = kvh * pairs.G + hi, m0 = (pairs.mb_begin + mb) * BM;
+            if (++mb == pairs.n_mb) mb = 0, hi++;
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                // HS 64: query halves (row blocks m0/64 + w); HS 128: column halves.
+                const int rb = (m0 >> 6) + (BM == 128 ? w : 0), cb = BM == 128 ? 0 : w;
+                named_barrier(DQ_FULL + w, NDQ);
+                if (lane == 0) {
+                    if (rb * 64 < p.T_q) {  // rows past T_q land in the padding; a block wholly past is skipped
+                        bulk_reduce_add_f32(dq_accum + dq_acc_block(p, b, h, rb, cb), smem_u32(sdQ + w * 4096), 4096 * 4);
+                        bulk_commit();
+                    }
+                    bulk_wait_read();
+                }
+                __syncwarp();
+                if (it + 1 < pairs.total) named_barrier_arrive(DQ_EMPTY + w, NDQ);
+            }
+        }
+        if (lane == 0) bulk_wait();
+        return;
+    }
+    setmaxnreg_inc<Tile::REGS_MMA>();
+
     // The (query head, query tile) pairs are walked in order by a cursor (no division per step).
     // load_stage copies the next pair's Q and dO into `stage` (thread 0, with the copy engine,
     // landing on the stage's mbarrier; K and V come with the first pair) and its LSE and D (every
-    // thread, cp.async), and returns what the consumer needs of that pair; the visible key ranges
-    // of its rows go to shared memory only when its tile is partial (the only case that reads
-    // them). Rows past T_k or T_q read as zeros (flash_bwd.cu: their dS and P dO come out 0).
-    struct Pair {
-        int h, m0, m_valid;
-        bool partial;
-    };
+    // thread, cp.async), and returns whether its tile is partial; only then do the visible key
+    // ranges of its rows go to shared memory (the only case that reads them). Rows past T_k or
+    // T_q read as zeros (flash_bwd.cu: their dS and P dO come out 0).
     int cur_hi = 0, cur_mb = 0;  // the next pair to load: query head kvh * G + cur_hi, tile mb_begin + cur_mb
     auto load_stage = [&](int stage, bool kv) {
-        Pair q;
-        q.h = kvh * pairs.G + cur_hi;
-        q.m0 = (pairs.mb_begin + cur_mb) * BM;
+        const int h = kvh * pairs.G + cur_hi, m0 = (pairs.mb_begin + cur_mb) * BM;
         if (++cur_mb == pairs.n_mb) cur_mb = 0, cur_hi++;
-        q.m_valid = min(BM, p.T_q - q.m0);
+        const int m_valid = min(BM, p.T_q - m0);
         if (tid == 0) {
             const uint32_t bar = qbar0 + stage * 8;
             mbar_arrive_expect_tx(bar, (2 * BM + (kv ? 2 * BN : 0)) * HS * 2);
@@ -75,18 +105,18 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 tma_load_sw128<BN, HS>(sK, &tm_k, n0, kvh, b, bar);
                 tma_load_sw128<BN, HS>(sV, &tm_v, n0, kvh, b, bar);
             }
-            tma_load_sw128<BM, HS>(sQ + stage * BM * HS, &tm_q, q.m0, q.h, b, bar);
-            tma_load_sw128<BM, HS>(sdO + stage * BM * HS, &tm_do, q.m0, q.h, b, bar);
+            tma_load_sw128<BM, HS>(sQ + stage * BM * HS, &tm_q, m0, h, b, bar);
+            tma_load_sw128<BM, HS>(sdO + stage * BM * HS, &tm_do, m0, h, b, bar);
         }
-        load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, q.h, q.m0, q.m_valid, tid);
-        const RowRange first = row_range(p, b, q.m0), last = row_range(p, b, q.m0 + q.m_valid - 1);
-        q.partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
-        if (q.partial)
+        load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, h, m0, m_valid, tid);
+        const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
+        const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
+        if (partial)
             for (int r = tid; r < BM; r += NT) {
-                const RowRange rr = row_range(p, b, min(q.m0 + r, p.T_q - 1));
+                const RowRange rr = row_range(p, b, min(m0 + r, p.T_q - 1));
                 sRng[stage * BM + r] = make_int2(rr.lo, rr.hi);
             }
-        return q;
+        return partial;
     };
 
     float dk[HS / 2], dv[HS / 2];  // this warpgroup's (64 keys, HS)
@@ -98,7 +128,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     // dQ split between the warpgroups: HS 64 (BM 128) by query halves, HS 128 (BM 64) by column
     // halves; each is a 64 x 64 x BN product (column block dq_a of dS^T, dq_b of K).
     const int dq_a = BM == 128 ? wg : 0, dq_b = BM == 128 ? 0 : wg;
-    const int dq_row0 = dq_a * 64 + warp * 16 + g, dq_col0 = dq_b * 64 + 2 * t;
+    float2 *sdQ_frag = reinterpret_cast<float2 *>(sdQ + wg * 4096) + warp * 512 + lane;  // flash_mask.cuh's order
     // Descriptors of the fixed operands (the k-steps add constant byte offsets): this warpgroup's
     // K and V rows (K-major), and dQ's column blocks of dS^T and K (MN-major).
     const uint64_t krows_desc = sw128_desc(k_base + wg * 64 * 128, 16, 1024);
@@ -113,14 +143,14 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 
     // Each pair: S^T and dP^T are issued first, then the next pair's copies and this pair's
     // bookkeeping run while the tensor cores work.
-    Pair cur = {0, 0, 0, false}, next = cur;
-    if (pairs.total > 0) cur = load_stage(0, true);
+    bool partial_cur = false, partial_next = false;
+    if (pairs.total > 0) partial_cur = load_stage(0, true);
     cp_async_commit();
     for (int it = 0; it < pairs.total; it++) {
         const int stage = it & 1;
         cp_async_wait<0>();
         mbar_wait(qbar0 + stage * 8, (it >> 1) & 1);
-        __syncthreads();  // this stage (and K, V) landed; every warpgroup is done with pair it-1
+        named_barrier(BAR_MMA, NT);  // this stage (and K, V) landed; every warpgroup is done with pair it-1
 
         const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
         const uint64_t q_kdesc = sw128_desc(q_base, 16, 1024), o_kdesc = sw128_desc(o_base, 16, 1024);
@@ -136,11 +166,10 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(vrows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
                                    desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
-        if (it + 1 < pairs.total) next = load_stage(stage ^ 1, false);
+        if (it + 1 < pairs.total) partial_next = load_stage(stage ^ 1, false);
         cp_async_commit();
 
-        const int h = cur.h, m0 = cur.m0, m_valid = cur.m_valid;
-        const bool partial = cur.partial;
+        const bool partial = partial_cur;
         const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
         const int2 *cRng = sRng + stage * BM;
         const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
@@ -190,7 +219,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             }
         }
         fence_proxy_async();
-        __syncthreads();  // dS^T complete: both warpgroups' keys
+        named_barrier(BAR_MMA, NT);  // dS^T complete: both warpgroups' keys
 
         // dQ first, then dV and dK: the dQ atomics below overlap the dV/dK products.
         float dq[32];
@@ -206,25 +235,22 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         wgmma_commit();
         wgmma_wait<1>();
         wgmma_fence_regs(dq);
-        float *acc = dq_accum + (((int64_t)b * p.NH + h) * p.T_q + m0) * HS;
+        if (it > 0) named_barrier(DQ_EMPTY + wg, NDQ);
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = dq_row0 + 8 * r;
-            if (row < m_valid) {
-                float *a = acc + (int64_t)row * HS + dq_col0;
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int j = 0; j < 8; j++) atomic_add_pair(a + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-            }
-        }
+            for (int r = 0; r < 2; r++) sdQ_frag[(j * 2 + r) * 32] = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+        fence_proxy_async();
+        named_barrier_arrive(DQ_FULL + wg, NDQ);
         wgmma_wait<0>();  // dV and dK read this stage's Q and dO, and pa / sa until here
         wgmma_fence_regs(dk);
         wgmma_fence_regs(dv);
         wgmma_fence_regs(pa);
         wgmma_fence_regs(sa);
-        cur = next;
+        partial_cur = partial_next;
     }
     cp_async_wait<0>();
-    __syncthreads();  // every warpgroup is done with K and V (also when no query tile was visible)
+    named_barrier(BAR_MMA, NT);  // every warpgroup is done with K and V (also when no query tile was visible)
 
     // dK = scale * dS^T Q and dV, staged through sK and sV, then stored with 16-byte writes.
 #pragma unroll
@@ -235,7 +261,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             *reinterpret_cast<uint32_t *>(sK + off) = ElemTraits<T>::pack(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
             *reinterpret_cast<uint32_t *>(sV + off) = ElemTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
         }
-    __syncthreads();
+    named_barrier(BAR_MMA, NT);
     T *dkg = tensor_at(static_cast<T *>(p.dk), p.dk_st, b, n0, kvh);
     T *dvg = tensor_at(static_cast<T *>(p.dv), p.dv_st, b, n0, kvh);
     tile_store_sw128<BN, BN, HS, NT>(dkg, p.dk_st.row, sK, 0, n_valid, tid);

@@ -51,6 +51,25 @@ __device__ __forceinline__ P *tensor_at(P *base, const AttnStrides &st, int b, i
     return base + b * st.batch + row * st.row + h * st.head;
 }
 
+// The fp32 dQ accumulator of the non-deterministic backward (workspace layout: attention_cuda.cu).
+// Per (b, h) it holds the (T_q rounded up to 64, HS) matrix as 64 x 64 blocks, row blocks outer;
+// inside a block, 8 x 8 row-major sub-tiles in the order (row / 16, column / 8, row / 8 % 2).
+// A warp's m16n8 MMA fragment of a block (rows 16w + 8r + g, columns 8j + 2t + {0, 1}) is then
+// one run of 64 floats with lane (g, t)'s pair at 2 * lane: the sm90 backward stages a warpgroup's
+// 64 x 64 block in shared memory without bank conflicts and adds it with one bulk reduction.
+__host__ __device__ __forceinline__ int dq_acc_row_blocks(int T_q) { return (T_q + 63) / 64; }
+// Float offset of block (row block rb, column block cb) of head (b, h).
+__device__ __forceinline__ int64_t dq_acc_block(const AttnParams &p, int b, int h, int rb, int cb) {
+    return ((((int64_t)b * p.NH + h) * dq_acc_row_blocks(p.T_q) + rb) * (p.HS / 64) + cb) * 4096;
+}
+// Float offset of element (i, c) of head (b, h); c and c + 1 are adjacent when c is even, and
+// c .. c + 7 when c is a multiple of 8.
+__device__ __forceinline__ int64_t dq_acc_offset(const AttnParams &p, int b, int h, int i, int c) {
+    const int r = i & 63, cc = c & 63;
+    const int sub = (((r >> 4) * 8 + (cc >> 3)) * 2 + ((r >> 3) & 1));
+    return dq_acc_block(p, b, h, i >> 6, c >> 6) + sub * 64 + (r & 7) * 8 + (cc & 7);
+}
+
 // The query tile of a forward-style block (grid: query tiles of BM rows, query heads, batch
 // rows; causal blocks late in the sequence carry the most key tiles, so they start first), the
 // visible keys of its first and last row (tile_class classifies every key tile with them) and

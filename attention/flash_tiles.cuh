@@ -108,18 +108,20 @@ template <int HS, int NWG> struct Sm90FwdTile {
     static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 forward tile exceeds shared memory");
 };
 
-// Hopper backward (flash_bwd_sm90.cu, wgmma): two warpgroups of 64 keys share a key tile of BN
-// keys; query tiles of BM rows stream through a two-stage Q/dO pipeline. Per thread: S^T and
-// dP^T BM/2 fp32 each, dK and dV HS/2 each, dQ 32.
+// Hopper backward (flash_bwd_sm90.cu, wgmma): two MMA warpgroups of 64 keys share a key tile of
+// BN keys; query tiles of BM rows stream through a two-stage Q/dO pipeline; a third warpgroup
+// (one warp of it) adds their dQ blocks into the accumulator. Per MMA thread: S^T and dP^T BM/2
+// fp32 each, dK and dV HS/2 each, dQ 32.
 //   HS 64:  BM 128 (dQ split between the warpgroups by query halves).
 //   HS 128: BM 64  (dQ split by column halves; dK and dV already take 128 registers).
 template <int HS> struct Sm90BwdTile {
-    static constexpr int NWG = 2, NTHREADS = 128 * NWG;
+    static constexpr int NWG = 2, NMMA = 128 * NWG, NTHREADS = NMMA + 128;
+    static constexpr int REGS_MMA = 240, REGS_WRITER = 24;  // setmaxnreg: 2 x 240 + 24 = 3 x 168
     static constexpr int BN = 64 * NWG, BM = HS <= 64 ? 128 : 64;
-    // K, V, two stages of Q and dO, dS^T, two stages of LSE, D and the key ranges, the stages'
-    // two mbarriers
+    // K, V, two stages of Q and dO, dS^T, a 64 x 64 fp32 dQ block per warpgroup, two stages of
+    // LSE, D and the key ranges, and the stages' two mbarriers
     static constexpr size_t SMEM = 1024 + (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
-                                   2 * (size_t)BM * (4 + 4 + 8) + 2 * 8;
+                                   NWG * 4096 * 4 + 2 * (size_t)BM * (4 + 4 + 8) + 2 * 8;
     static_assert(HS % 64 == 0 && BM % 64 == 0, "SW128 tiles are whole 64-column blocks");
     static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 backward tile exceeds shared memory");
 };

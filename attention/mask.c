@@ -197,14 +197,14 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
 }
 
 // CPU: 0, each thread allocates its O(T + tile * (tile + HS)) scratch itself. CUDA (layouts in
-// attention_cuda.cu and naive_cuda.cu): D = rowsum(dO * O) (B, NH, T_q) and the fp32 dQ
-// accumulator (B, NH, T_q, HS); the naive kernels, which also run every fp32 problem, add fp32
-// per-query-head dK and dV (B, NH, T_k, HS) under GQA and two (B, NH, T_q, T_k) fp32 matrices
-// (scores / P, then P_drop / dP).
+// attention_cuda.cu, flash_mask.cuh and naive_cuda.cu): D = rowsum(dO * O) (B, NH, T_q) and the
+// fp32 dQ accumulator (B, NH, T_q rounded up to 64, HS); the naive kernels, which also run every
+// fp32 problem, add fp32 per-query-head dK and dV (B, NH, T_k, HS) under GQA and two
+// (B, NH, T_q, T_k) fp32 matrices (scores / P, then P_drop / dP).
 size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev) {
     if (dev == ATTN_CPU) return 0;
     size_t rows_q = (size_t)p->B * p->NH * p->T_q, rows_k = (size_t)p->B * p->NH * p->T_k;
-    size_t floats = rows_q * ((size_t)p->HS + 1);
+    size_t floats = rows_q + (size_t)p->B * p->NH * (((size_t)p->T_q + 63) / 64 * 64) * p->HS;
     if (p->impl == ATTN_IMPL_NAIVE || p->dtype == ATTN_F32) {
         if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
         floats += 2 * rows_q * (size_t)p->T_k;

@@ -69,3 +69,18 @@ __device__ __forceinline__ void tma_load_sw128(T *tile, const CUtensorMap *map, 
 #pragma unroll
     for (int cb = 0; cb < HS / 64; cb++) tma_load_block(smem_u32(tile + cb * ROWS * 64), map, cb * 64, row, h, b, bar);
 }
+
+// ---- bulk reductions ----------------------------------------------------------------------
+
+// dst[0 .. bytes/4) += src[...] (fp32, element-wise, done at L2): both 16-byte aligned, bytes a
+// multiple of 16. Asynchronous: the writers of src fence_proxy_async and meet the issuing thread
+// at a barrier first; the issuer commits, and waits (bulk_wait_read) before src is rewritten.
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's committed bulk operations have read their sources (which may now be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... and have completed (their writes are done).
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }

@@ -98,6 +98,18 @@ template <int M> __device__ __forceinline__ void wgmma_fence_regs(uint32_t (&a)[
 __device__ __forceinline__ void named_barrier(int id, int nthreads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
+// Arrives at named barrier id without waiting (its waiters bar.sync with the same nthreads).
+__device__ __forceinline__ void named_barrier_arrive(int id, int nthreads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+// Gives this warpgroup's registers back to the block's pool (dec) or takes them from it (inc),
+// down or up to N per thread; every warp of the warpgroup executes the same one.
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 // ---- mbarriers (stage hand-off without block-wide barriers) --------------------------------
 
