@@ -319,3 +319,42 @@ def test_bench_attention_times_one_layer(tmp_path, sets):
     assert m.group(1) == ("naive" if sets else "flash") and bool(m.group(3)) == bool(sets)
     assert all(float(m.group(k)) > 0 for k in (4, 5, 6, 7)), lines[0]
     assert not os.path.exists(cfg["log"]["dir"])
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/long_copy_proof.sh (issue 7's proof that long context is learned)
+
+COPY_PROOF = os.path.join(ROOT, "scripts", "long_copy_proof.sh")
+
+
+def copy_proof(tmp_path, args, **env):
+    env = {**os.environ, "RUN": str(tmp_path / "copy"), **env}
+    return subprocess.run(["bash", COPY_PROOF] + args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("args, needle", [(["1000"], "multiple of 1024"), (["262144"], "multiple of 1024"),
+                                          (["8k"], "usage"), (["8192", "x"], "usage"),
+                                          (["8192", "1024"], "WINDOW"), (["8192", "0"], "WINDOW")])
+def test_copy_proof_bad_arguments_exit_2(tmp_path, args, needle):
+    r = copy_proof(tmp_path, args)
+    assert r.returncode == 2 and needle in r.stderr, (r.returncode, r.stderr)
+    assert not (tmp_path / "copy").exists() and not (tmp_path / "copy_window").exists()
+
+
+def test_copy_proof_runs_both_stages_and_the_control(tmp_path):
+    # SEQ 16384: stage 1 at 8192, stage 2 at 16384 resumed from it; the control beside it with
+    # the default window SEQ/16. A one-layer, 32-wide model so that it runs in seconds on the CPU.
+    small = ["--device", "cpu", "--set", "precision.dtype=fp32", "--set", "model.n_layer=1", "--set",
+             "model.n_embd=32", "--set", "model.n_head=2", "--set", "model.n_kv_head=2", "--set",
+             "train.batch_size=1", "--set", "log.eval_tokens=16384"]
+    r = copy_proof(tmp_path, ["16384", "--"] + small, STEPS1="2", STEPS="1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for name, window in (("copy", -1), ("copy_window", 1024)):  # -1: no window
+        d = tmp_path / name
+        stages = [line.split("\t") for line in (d / "stages.tsv").read_text().splitlines()]
+        assert [(s[0], s[1]) for s in stages] == [("seq8192", "2"), ("seq16384", "3")], stages
+        assert all(0 < float(s[2]) < 10 for s in stages), stages
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["data"]["synthetic"] == "copy" and cfg["train"]["seq_len"] == 16384
+        assert cfg["model"]["vocab_size"] == 256 and cfg["attention"]["window"] == window
+        assert [e["step"] for e in train_events(str(d), "eval")][-1] == 3
