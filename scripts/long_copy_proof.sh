@@ -30,14 +30,9 @@
 #     chance. A lower stage-2 lr is untested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SEQ=${1:-8192}
-[ $# -gt 0 ] && shift
-WIN=
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then WIN=$1; shift; fi
-[ "${1:-}" = "--" ] && shift
-case "$SEQ" in ''|*[!0-9]*) echo "usage: $0 [SEQ [WINDOW]] [-- train_gpt options]" >&2; exit 2 ;; esac
-case "$WIN" in *[!0-9]*) echo "usage: $0 [SEQ [WINDOW]] [-- train_gpt options]" >&2; exit 2 ;; esac
-[ -n "$WIN" ] || WIN=$((SEQ / 16))
+source scripts/proof_common.sh
+proof_args 8192 16 "$@"
+set -- "${PROOF_REST[@]}"
 if [ "$SEQ" -lt 2048 ] || [ "$SEQ" -gt 131072 ] || [ $((SEQ % 1024)) -ne 0 ]; then
     echo "$0: SEQ must be a multiple of 1024 from 2048 to 131072 (got $SEQ)" >&2; exit 2
 fi
@@ -52,14 +47,6 @@ T="./train_gpt train -c configs/long_retrieval_4k.json --set data.synthetic=copy
    --set model.vocab_size=256 --set model.max_seq_len=$SEQ --set optim.schedule=constant
    --set optim.lr=$LR --set log.sample_tokens=0 --set log.every=50 --set log.eval_every=100
    --set log.eval_tokens=65536"
-t0=$(date +%s)
-mark() {   # mark DIR STAGE: print and record the stage's end (its newest evaluation)
-    local s v
-    read -r s v < <(grep '"event":"eval"' "$1/metrics.jsonl" | tail -1 |
-        sed -E 's/.*"step":([0-9]+).*"val_loss":([-+0-9.eE]+).*/\1 \2/')
-    printf '%s\t%s\t%.4f\t%s\n' "$2" "$s" "$v" $(($(date +%s) - t0)) >> "$1/stages.tsv"
-    printf '== %s: %s ends at step %s, val %.4f, %s s\n' "$1" "$2" "$s" "$v" $(($(date +%s) - t0))
-}
 stages() {   # stages DIR [train_gpt options]: stage 1, then stage 2 when SEQ > 8192
     local dir=$1; shift
     $T --set train.seq_len=$S1 --set train.batch_size=$((65536 / S1)) --set train.steps=$STEPS1 \

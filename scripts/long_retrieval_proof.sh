@@ -68,14 +68,9 @@
 # spread widened gradually from the band already learned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SEQ=${1:-4096}
-[ $# -gt 0 ] && shift
-WIN=
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then WIN=$1; shift; fi
-[ "${1:-}" = "--" ] && shift
-case "$SEQ" in ''|*[!0-9]*) echo "usage: $0 [SEQ [WINDOW]] [-- train_gpt options]" >&2; exit 2 ;; esac
-case "$WIN" in *[!0-9]*) echo "usage: $0 [SEQ [WINDOW]] [-- train_gpt options]" >&2; exit 2 ;; esac
-[ -n "$WIN" ] || WIN=$((SEQ / 8))
+source scripts/proof_common.sh
+proof_args 4096 8 "$@"
+set -- "${PROOF_REST[@]}"
 if [ "$SEQ" -lt 2048 ] || [ $((SEQ % 1024)) -ne 0 ]; then
     echo "$0: SEQ must be a multiple of 1024, at least 2048 (got $SEQ)" >&2; exit 2
 fi
@@ -97,18 +92,7 @@ B=$((8 * 4096 / SEQ)); [ "$B" -ge 1 ] || B=1
 T="./train_gpt train -c configs/long_retrieval_4k.json --set model.vocab_size=128
    --set model.max_seq_len=$SEQ --set log.sample_tokens=0 --set log.every=250
    --set optim.schedule=constant"
-# last_eval DIR: "STEP VAL" of the newest evaluation in DIR/metrics.jsonl
-last_eval() {
-    grep '"event":"eval"' "$1/metrics.jsonl" | tail -1 |
-        sed -E 's/.*"step":([0-9]+).*"val_loss":([-+0-9.eE]+).*/\1 \2/'
-}
 below() { awk -v v="$1" -v t="$2" 'BEGIN { exit !(v < t) }'; }
-t0=$(date +%s)
-mark() {   # mark DIR STAGE: print and record the stage's end
-    local s v; read -r s v < <(last_eval "$1")
-    printf '%s\t%s\t%.4f\t%s\n' "$2" "$s" "$v" $(($(date +%s) - t0)) >> "$1/stages.tsv"
-    printf '== %s: %s ends at step %s, val %.4f, %s s\n' "$1" "$2" "$s" "$v" $(($(date +%s) - t0))
-}
 rm -rf "$FULL" "$CTRL"
 try=1
 while :; do
