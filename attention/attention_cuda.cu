@@ -3,8 +3,8 @@
 // family and tile, and dispatch; every run-time choice becomes a template parameter in
 // sm80_dispatch() and sm90_dispatch() alone.
 #include "attention/flash_common.cuh"
-#include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
+#include "attention/mask.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +79,7 @@ static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnK
 // alignment, which the bulk reductions and vector atomics into it need.
 static float *flash_ws_dq_accum(const AttnParams &p) { return static_cast<float *>(p.workspace); }
 static float *flash_ws_dsum(const AttnParams &p) {
-    return flash_ws_dq_accum(p) + (size_t)p.B * p.NH * dq_acc_row_blocks(p.T_q) * 64 * p.HS;
+    return flash_ws_dq_accum(p) + attn_dq_acc_floats(&p);
 }
 
 template <typename T, int HS, bool EXTRAS>

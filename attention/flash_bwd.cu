@@ -56,8 +56,7 @@ void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cud
     if (p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, THREADS, 0, s>>>(p, dsum);
     else bwd_dsum_kernel<T, 128><<<blocks, THREADS, 0, s>>>(p, dsum);
     CUDA_CHECK(cudaGetLastError());
-    const size_t acc_floats = (size_t)p.B * p.NH * dq_acc_row_blocks(p.T_q) * 64 * p.HS;
-    if (dq_accum) CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_floats * sizeof(float), s));
+    if (dq_accum) CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, attn_dq_acc_floats(&p) * sizeof(float), s));
 }
 
 // ---- convert ------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
 size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev) {
     if (dev == ATTN_CPU) return 0;
     size_t rows_q = (size_t)p->B * p->NH * p->T_q, rows_k = (size_t)p->B * p->NH * p->T_k;
-    size_t floats = rows_q + (size_t)p->B * p->NH * (((size_t)p->T_q + 63) / 64 * 64) * p->HS;
+    size_t floats = rows_q + attn_dq_acc_floats(p);
     if (p->impl == ATTN_IMPL_NAIVE || p->dtype == ATTN_F32) {
         if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
         floats += 2 * rows_q * (size_t)p->T_k;

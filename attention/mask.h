@@ -67,3 +67,11 @@ ATTN_HD uint64_t attn_dropout_elem(const AttnParams *p, int b, int h, int i, int
 ATTN_HD int attn_dropout_keep_elem(const AttnParams *p, uint64_t e) {
     return attn_philox_keep(p->seed, p->offset, e, p->dropout_p);
 }
+
+// The fp32 dQ accumulator of the non-deterministic CUDA backward holds, per (batch row, head), the
+// T_q rows rounded up to whole 64-row blocks (its tiled layout: flash_mask.cuh).
+ATTN_HD int attn_dq_acc_row_blocks(int T_q) { return (T_q + 63) / 64; }
+// Its size in floats: (B, NH, 64 x row blocks, HS).
+ATTN_HD size_t attn_dq_acc_floats(const AttnParams *p) {
+    return (size_t)p->B * p->NH * attn_dq_acc_row_blocks(p->T_q) * 64 * p->HS;
+}
