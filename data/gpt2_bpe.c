@@ -393,11 +393,13 @@ const unsigned char *gpt2_bpe_token_bytes(const Gpt2Bpe *t, int id, int *len) {
 }
 
 #define GPT2_URL "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main"
+#define GPT2_DIR_ENV "FLASHGPT_GPT2_DIR"
 
+// GPT-2's files sit in $FLASHGPT_GPT2_DIR when that is set, else in data_cache/gpt2/ (where
+// scripts/fetch_data.sh puts them).
 static const char *default_gpt2_file(const char *name, char *buf, size_t n) {
-    snprintf(buf, n, "../shared/data/gpt2/%s", name);
-    if (access(buf, R_OK) == 0) return buf;
-    snprintf(buf, n, "data_cache/gpt2/%s", name);
+    const char *dir = getenv(GPT2_DIR_ENV);
+    snprintf(buf, n, "%s/%s", dir && *dir ? dir : "data_cache/gpt2", name);
     return buf;
 }
 
@@ -408,7 +410,8 @@ Gpt2Bpe *gpt2_bpe_load_default(const char *encoder_json, const char *vocab_bpe, 
     Gpt2Bpe *t = gpt2_bpe_load(enc, bpe, inner, sizeof inner);
     if (!t)
         set_error(err, errlen, "%s\nRun scripts/fetch_data.sh, which puts GPT-2's files into data_cache/gpt2/ (or "
-                               "pass their paths); their public source:\n"
+                               "set " GPT2_DIR_ENV " to their directory, or pass their paths); "
+                               "their public source:\n"
                                "  %s/encoder.json\n  %s/vocab.bpe", inner, GPT2_URL, GPT2_URL);
     return t;
 }

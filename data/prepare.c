@@ -42,8 +42,8 @@ static void print_usage(FILE *f) {
             "  --tokenizer      char: the sorted distinct characters of the text (nanoGPT's\n"
             "                   shakespeare_char); byte: the 256 byte values; gpt2: GPT-2's BPE\n"
             "  --val-fraction   the last fraction of the text (in characters) is val (default %.1f)\n"
-            "  --encoder        gpt2 only: encoder.json (default ../shared/data/gpt2/encoder.json when\n"
-            "                   present, else data_cache/gpt2/encoder.json)\n"
+            "  --encoder        gpt2 only: encoder.json (default $FLASHGPT_GPT2_DIR/encoder.json when\n"
+            "                   that variable is set, else data_cache/gpt2/encoder.json)\n"
             "  --vocab-bpe      gpt2 only: vocab.bpe (same defaults)\n"
             "  --doc-separator  gpt2 only: split the text into documents at STR (\\n is a newline);\n"
             "                   each document starts with <|endoftext|> and keeps its separator\n",
