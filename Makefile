@@ -9,7 +9,8 @@ CFLAGS  = -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-trun
           -I$(OPENBLAS_INC) $(CFLAGS_EXTRA)
 LDLIBS  = -lcjson -lpcre2-8 -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
 
-MODULES := common attention model optim data dist
+# One layer per folder (docs/ARCHITECTURE.md says what each may include; make check-deps checks it).
+MODULES := common attention model model/cpu model/cuda optim data dist trainer convert
 C_SRC   := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 CU_SRC  := $(foreach m,$(MODULES),$(wildcard $(m)/*.cu))
 C_OBJ    = $(C_SRC:%.c=$(BUILD)/%.o)
@@ -70,49 +71,62 @@ TOOL_BIN     := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c tests/gpu/test_*.cu)
 GPU_TEST_BIN := $(patsubst tests/gpu/%,$(BUILD)/tests/gpu/%,$(basename $(GPU_TEST_SRC)))
 
-.PHONY: all test test-gpu test-gpu-dist bench libattention clean
+# `make` prints one short line per target; V=1 prints the commands.
+ifeq ($(V),1)
+Q :=
+say :=
+else
+Q := @
+say = @printf '  %-6s %s\n' $(1) $(2);
+endif
+
+.PHONY: all test test-gpu test-gpu-dist bench libattention check-deps clean
 all: train_gpt
 
 $(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/flags
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.cu.o: %.cu $(HEADERS) $(BUILD)/flags
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libflashgpt.a: $(OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
 train_gpt: $(BUILD)/train_gpt.o $(CLI_OBJ) $(BUILD)/libflashgpt.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(call say,LINK,$@)$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+	$(call say,TEST,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
 $(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+	$(call say,TOOL,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
 $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+	$(call say,TEST,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
 $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
-	$(CC) $(CFLAGS) $@.o $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+	$(call say,TEST,$@)$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
+	$(Q)$(CC) $(CFLAGS) $@.o $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
 # The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
 # It needs only common/check.o from the rest of common (no cJSON, so it loads on machines
 # without it); -fopenmp links libgomp for the CPU reference's parallel loops.
 libattention: $(BUILD)/libattention.so
 $(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/check.o
-	$(CC) -shared -fopenmp $^ -o $@ $(LDLIBS)
+	$(call say,LINK,$@)$(CC) -shared -fopenmp $^ -o $@ $(LDLIBS)
 
-test: train_gpt $(TEST_BIN) $(TOOL_BIN)
+# Every #include against the layer rules of docs/ARCHITECTURE.md.
+check-deps:
+	@$(PYTHON) scripts/check_deps.py
+
+test: check-deps train_gpt $(TEST_BIN) $(TOOL_BIN)
 	@bash tests/run_tests.sh $(TEST_BIN)
 
 test-gpu: train_gpt $(GPU_TEST_BIN)

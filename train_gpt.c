@@ -1,22 +1,21 @@
 // train_gpt: subcommand dispatch and the training loop. It composes the modules below and
 // holds no kernel or model code of its own.
-#include "cli/cli.h"            // defines: eval, sample, bench and the helpers subcommands share
-#include "common/check.h"       // defines: fatal, exit codes, checked host I/O
-#include "common/config.h"      // defines: Config and the one table of config keys
-#include "common/fileio.h"      // defines: atomic writes, mkdir_p
-#include "common/metrics.h"     // defines: metrics.jsonl writer
-#include "common/rng.h"         // defines: serialisable RNG
-#include "common/timer.h"       // defines: now_seconds
-#include "data/dataset.h"       // defines: shards and synthetic tasks behind one batch interface
-#include "data/prepare.h"       // defines: the prepare subcommand
-#include "data/tokenizer.h"     // defines: llm.c tokenizer files (decode samples)
-#include "dist/comm.h"          // defines: collectives (single, MPI, NCCL) for data parallelism
-#include "dist/launch.h"        // defines: torchrun / mpirun / srun detection
-#include "model/backend.h"      // defines: the op set, cpu (and cuda) backends
-#include "model/checkpoint.h"   // defines: checkpoint directories, resume
-#include "model/gpt.h"          // defines: the GPT-2 model over a backend
-#include "model/interop.h"      // defines: export to Hugging Face, import from llm.c and Hugging Face
-#include "model/train_step.h"   // defines: one optimizer step (accumulation, clipping, AdamW)
+#include "cli/cli.h"               // defines: the other subcommands and what they share
+#include "common/check.h"           // defines: fatal, exit codes, checked host I/O
+#include "common/config.h"          // defines: Config and the one table of config keys
+#include "common/fileio.h"          // defines: atomic writes, mkdir_p
+#include "common/metrics.h"         // defines: metrics.jsonl writer
+#include "common/rng.h"             // defines: serialisable RNG
+#include "common/timer.h"           // defines: now_seconds
+#include "data/dataset.h"           // defines: shards and synthetic tasks behind one batch interface
+#include "data/prepare.h"           // defines: the prepare subcommand
+#include "data/tokenizer.h"         // defines: llm.c tokenizer files (decode samples)
+#include "dist/comm.h"              // defines: collectives (single, MPI, NCCL) for data parallelism
+#include "dist/launch.h"            // defines: torchrun / mpirun / srun detection
+#include "model/backend.h"          // defines: the op set, cpu (and cuda) backends
+#include "model/gpt.h"              // defines: the GPT model over a backend
+#include "trainer/checkpoint.h"     // defines: checkpoint directories, resume
+#include "trainer/train_step.h"     // defines: one optimizer step (accumulation, clipping, AdamW)
 
 #include <math.h>
 #include <stdlib.h>
@@ -301,8 +300,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "sample") == 0) return cli_sample_main(argc - 1, argv + 1);
     if (strcmp(cmd, "prepare") == 0) return prepare_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cli_bench_main(argc - 1, argv + 1);
-    if (strcmp(cmd, "export") == 0) return export_main(argc - 1, argv + 1);
-    if (strcmp(cmd, "import") == 0) return import_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "export") == 0) return cli_export_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "import") == 0) return cli_import_main(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;

@@ -11,7 +11,7 @@
 #include "common/rng.h"
 #include "common/timer.h"
 #include "dist/launch.h"
-#include "model/train_step.h"
+#include "trainer/train_step.h"
 
 typedef struct {
     int B, T, V;

@@ -14,7 +14,6 @@
 #include "model/backend.h"
 #include "model/gpt.h"
 
-#define ERR_LEN 1024
 // Dense bf16 peak of one H200 (NVIDIA's datasheet, without sparsity): the MFU denominator.
 #define PEAK_FLOPS 989e12
 
@@ -22,6 +21,8 @@
 int cli_eval_main(int argc, char **argv);
 int cli_sample_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
+int cli_export_main(int argc, char **argv);   // cli/convert.c
+int cli_import_main(int argc, char **argv);
 // `bench --attention` (cli/bench_attention.c): times one layer's attention forward and backward
 // through be for steps calls each; prints one line when print is set.
 void cli_bench_attention(const Config *c, Backend *be, long steps, int print);

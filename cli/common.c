@@ -10,7 +10,7 @@
 #include "common/check.h"
 #include "common/fileio.h"
 #include "data/gpt2_bpe.h"
-#include "model/checkpoint.h"
+#include "trainer/checkpoint.h"
 #include "model/generate.h"
 
 int cli_is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }

@@ -1,4 +1,4 @@
-#include "check.h"
+#include "common/check.h"
 #include <errno.h>
 #include <stdarg.h>
 #include <string.h>

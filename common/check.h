@@ -23,6 +23,8 @@ void warnf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // Writes a formatted message into err (errlen bytes; err may be NULL) and returns -1: the one
 // way functions that report bad input hand their message back to the caller.
 int set_error(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+// Size of the message buffers callers pass as err: room for a path and a sentence.
+#define ERR_LEN 1024
 
 void *xmalloc(size_t n);           // malloc that exits with a message on failure (never NULL)
 void *xcalloc(size_t n, size_t s);

@@ -1,6 +1,6 @@
 // The configuration table and everything it drives: defaults, JSON files, --set overrides,
 // validation, help text and serialisation.
-#include "config.h"
+#include "common/config.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
+#include "common/check.h"
 
 typedef enum { CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_STR, CFG_ENUM, CFG_SCALE } CfgType;
 

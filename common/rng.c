@@ -1,4 +1,4 @@
-#include "rng.h"
+#include "common/rng.h"
 
 #include <math.h>
 

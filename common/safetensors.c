@@ -5,7 +5,7 @@
 //             multiple of 8
 //   [rest]    tensor data; offsets are relative to the start of this section, and the tensors
 //             cover it exactly (no gaps, no overlaps, nothing after the last one)
-#include "safetensors.h"
+#include "common/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "common/check.h"
 
 // Refuse headers larger than this (the limit Hugging Face's reader uses): a larger "length" is
 // almost certainly not a safetensors file, and we would otherwise try to parse garbage.

@@ -1,4 +1,4 @@
-#include "shard.h"
+#include "data/shard.h"
 
 #include <errno.h>
 #include <fcntl.h>

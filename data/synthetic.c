@@ -1,4 +1,4 @@
-#include "synthetic.h"
+#include "data/synthetic.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -10,7 +10,6 @@
 #include "common/check.h"
 #include "common/fileio.h"
 
-#define TOK_MAGIC 20240328
 #define TOK_HEADER_INTS 256
 #define TOK_HEADER_BYTES (TOK_HEADER_INTS * sizeof(uint32_t))
 #define TOK_NO_EOT 0xFFFFFFFFu    // our convention for "no end-of-text token" (documented)
@@ -77,9 +76,9 @@ static Tokenizer *parse(const char *path, const unsigned char *buf, size_t size,
     }
     uint32_t h[TOK_HEADER_INTS];
     memcpy(h, buf, sizeof h);
-    if (h[0] != TOK_MAGIC) {
+    if (h[0] != TOKENIZER_MAGIC) {
         set_error(err, errlen, "tokenizer '%s': bad magic %u (expected %d): not an llm.c tokenizer file", path,
-               h[0], TOK_MAGIC);
+               h[0], TOKENIZER_MAGIC);
         return NULL;
     }
     if (h[1] != 1 && h[1] != 2) {
@@ -335,7 +334,7 @@ int tokenizer_save(const Tokenizer *t, const char *path, char *err, size_t errle
     for (int i = 0; i < t->n; i++) size += 1 + (size_t)t->len[i];
     unsigned char *buf = xcalloc(size, 1);
     uint32_t h[TOK_HEADER_INTS] = {0};
-    h[0] = TOK_MAGIC;
+    h[0] = TOKENIZER_MAGIC;
     h[1] = 2;
     h[2] = (uint32_t)t->n;
     h[3] = t->eot < 0 ? TOK_NO_EOT : (uint32_t)t->eot;

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define TOKENIZER_MAGIC 20240328   // header[0] of llm.c's tokenizer file
+
 typedef struct Tokenizer Tokenizer;   // opaque
 
 // Returns NULL with err naming the file and the problem.

@@ -1,6 +1,6 @@
 // backend: the small set of ops the GPT is written against. The model (model/gpt.c) calls only
-// these; model/ops_cpu.c implements them in fp32 (the reference) and the CUDA backend
-// (model/ops_cuda.cu, a later issue) in bf16/fp16/fp32 beside it.
+// these; model/cpu/ops_cpu.c implements them in fp32 (the reference) and the CUDA backend
+// (model/cuda/ops_cuda.cu, a later issue) in bf16/fp16/fp32 beside it.
 //
 // Conventions:
 // - Every pointer is backend memory; tensors are row-major, shapes are given in comments.

@@ -1,5 +1,5 @@
 // dropout: the keep decisions of the Backend's dropout op, shared by its CPU
-// (model/ops_cpu_dropout.c) and CUDA (model/ops_cuda_dropout.cu) implementations so both drop the
+// (model/cpu/ops_cpu_dropout.c) and CUDA (model/cuda/ops_cuda_dropout.cu) implementations so both drop the
 // same elements. Element e is kept iff attn_philox_keep(seed, offset, e, p): the draws are those
 // of attention/philox.h, but one Philox block decides 4 consecutive elements, so the ops draw
 // once per block instead of once per element.

@@ -1,4 +1,4 @@
-#include "generate.h"
+#include "model/generate.h"
 
 #include <math.h>
 #include <stdlib.h>

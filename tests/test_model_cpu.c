@@ -54,7 +54,7 @@ static double gelu_grad_d(double x) {
 // ---------------------------------------------------------------------------------------------
 // ops
 
-// Sizes below and above CPU_PAR_MIN elements (model/ops_cpu.h) run the serial and the threaded
+// Sizes below and above CPU_PAR_MIN elements (model/cpu/ops_cpu.h) run the serial and the threaded
 // paths of each op.
 static void test_embed(Backend *be, Rng *r, int B, int T, int C) {
     const int V = 11, maxT = T + 2;

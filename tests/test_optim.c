@@ -6,7 +6,7 @@
 
 #include "common/check.h"
 #include "model/gpt.h"
-#include "model/train_step.h"
+#include "trainer/train_step.h"
 #include "optim/optim.h"
 #include "tests/testlib.h"
 

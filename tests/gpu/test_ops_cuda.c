@@ -1,4 +1,4 @@
-// test_ops_cuda: the CUDA backend (model/ops_cuda*.cu) against the CPU backend (model/ops_cpu*.c,
+// test_ops_cuda: the CUDA backend (model/cuda/ops_cuda*.cu) against the CPU backend (model/cpu/ops_cpu*.c,
 // the fp32 reference), op by op on random inputs with odd sizes and end to end on a small GPT
 // (logits, loss, every gradient; learned, rotary and ALiBi positions, packed documents, per-layer
 // windows), in fp32, bf16 and fp16; the CUDA AdamW and gradient sum of

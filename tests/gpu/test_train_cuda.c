@@ -1,5 +1,5 @@
 // test_train_cuda: training on the CUDA backend through the same Trainer as the CPU
-// (model/train_step.c): a 50-step loss curve against the CPU backend (fp32 and bf16), fp16 with
+// (trainer/train_step.c): a 50-step loss curve against the CPU backend (fp32 and bf16), fp16 with
 // an injected overflow (the step is skipped, the loss scale halves, weights and AdamW state stay
 // bitwise), bitwise identical losses of two identical runs (attention.deterministic), and exact
 // resume through a checkpoint (save at step k, load into a fresh model, continue: the same
@@ -24,9 +24,9 @@
 #include "common/fileio.h"
 #include "common/rng.h"
 #include "model/backend.h"
-#include "model/checkpoint.h"
+#include "trainer/checkpoint.h"
 #include "model/gpt.h"
-#include "model/train_step.h"
+#include "trainer/train_step.h"
 #include "optim/optim.h"
 #include "tests/testlib.h"
 

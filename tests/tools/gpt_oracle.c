@@ -20,7 +20,7 @@
 #include "common/rng.h"
 #include "common/safetensors.h"
 #include "model/gpt.h"
-#include "model/train_step.h"
+#include "trainer/train_step.h"
 
 // Share of targets replaced by -1 ("ignore"), so the ignore path is part of every comparison.
 #define IGNORE_FRACTION 0.1f

@@ -1,7 +1,7 @@
 // interop: the parts the llm.c and Hugging Face converters share: the `import` subcommand, the
 // config of an imported model, a model held on the CPU with a host copy of its weights, dtype
 // conversion, and output directories that appear only when complete.
-#include "model/interop.h"
+#include "convert/convert.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,11 +15,9 @@
 #include "common/check.h"
 #include "common/fileio.h"
 #include "common/rng.h"
-#include "model/checkpoint.h"
-#include "optim/optim.h"
+#include "data/tokenizer.h"
+#include "trainer/checkpoint.h"
 
-#define ERR_LEN 1024
-#define TOKENIZER_MAGIC 20240328   // llm.c's tokenizer file (header of 256 int32)
 
 // ----------------------------------------------------------------------------------------------
 // the imported model's config and the host model
@@ -32,7 +30,7 @@ static int set_key(Config *c, const char *key, long long value, const char *sour
     return set_error(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
 }
 
-int interop_import_config(Config *c, const GPTConfig *g, const char *source, char *err, size_t errlen) {
+int convert_import_config(Config *c, const GPTConfig *g, const char *source, char *err, size_t errlen) {
     config_defaults(c);
     if (set_key(c, "model.n_layer", g->L, source, err, errlen) != 0 ||
         set_key(c, "model.n_head", g->NH, source, err, errlen) != 0 ||
@@ -53,7 +51,7 @@ int interop_import_config(Config *c, const GPTConfig *g, const char *source, cha
     return 0;
 }
 
-void interop_model_create(HostModel *hm, const Config *c) {
+void convert_model_create(HostModel *hm, const Config *c) {
     hm->cfg = *c;
     hm->be = backend_cpu_create();
     GPTConfig g = gpt_config_from(c);
@@ -61,20 +59,20 @@ void interop_model_create(HostModel *hm, const Config *c) {
     hm->params = xcalloc(gpt_num_params(hm->model), sizeof(float));
 }
 
-int interop_model_load(HostModel *hm, const char *ckpt_dir, char *err, size_t errlen) {
+int convert_model_load(HostModel *hm, const char *ckpt_dir, char *err, size_t errlen) {
     if (!is_dir(ckpt_dir)) return set_error(err, errlen, "--checkpoint '%s' is not a directory", ckpt_dir);
     Config c;
     if (checkpoint_read_config(ckpt_dir, &c, err, errlen) != 0) return -1;
-    interop_model_create(hm, &c);
+    convert_model_create(hm, &c);
     if (checkpoint_load(ckpt_dir, hm->model, NULL, NULL, err, errlen) != 0) {
-        interop_model_free(hm);
+        convert_model_free(hm);
         return -1;
     }
     gpt_get_params_f32(hm->model, hm->params);
     return 0;
 }
 
-float *interop_param(HostModel *hm, const char *name, const ParamTensor **t) {
+float *convert_param(HostModel *hm, const char *name, const ParamTensor **t) {
     for (int i = 0; i < gpt_num_tensors(hm->model); i++) {
         const ParamTensor *p = gpt_tensor(hm->model, i);
         if (strcmp(p->name, name) != 0) continue;
@@ -84,7 +82,7 @@ float *interop_param(HostModel *hm, const char *name, const ParamTensor **t) {
     fatal(EXIT_RUNTIME, "interop: the model has no parameter '%s' (a bug in the name mapping)", name);
 }
 
-void interop_model_free(HostModel *hm) {
+void convert_model_free(HostModel *hm) {
     gpt_free(hm->model);
     hm->be->destroy(hm->be);
     free(hm->params);
@@ -107,7 +105,7 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
-int interop_to_f32(float *dst, const void *src, StDtype dt, size_t n) {
+int convert_to_f32(float *dst, const void *src, StDtype dt, size_t n) {
     const uint16_t *h = src;
     switch (dt) {
     case ST_F32: memcpy(dst, src, n * sizeof(float)); return 0;
@@ -144,7 +142,7 @@ static void split_path(const char *path, char *parent, size_t plen, char *base, 
     }
 }
 
-int interop_check_out(const char *out, char *err, size_t errlen) {
+int convert_check_out(const char *out, char *err, size_t errlen) {
     if (!out || !*out) return set_error(err, errlen, "--out DIR is required");
     char parent[4096], base[1024];
     split_path(out, parent, sizeof parent, base, sizeof base);
@@ -158,7 +156,7 @@ int interop_check_out(const char *out, char *err, size_t errlen) {
     return 0;
 }
 
-int interop_make_tmp(const char *out, const char *what, char *tmp, size_t tmp_len, char *err,
+int convert_make_tmp(const char *out, const char *what, char *tmp, size_t tmp_len, char *err,
                      size_t errlen) {
     char parent[4096], base[1024];
     split_path(out, parent, sizeof parent, base, sizeof base);
@@ -168,7 +166,7 @@ int interop_make_tmp(const char *out, const char *what, char *tmp, size_t tmp_le
     return mkdir_p(tmp, err, errlen);
 }
 
-int interop_publish(const char *tmp, const char *out, char *err, size_t errlen) {
+int convert_publish(const char *tmp, const char *out, char *err, size_t errlen) {
     fsync_dir(tmp);
     if (rename(tmp, out) != 0) {
         int e = errno;
@@ -183,23 +181,6 @@ int interop_publish(const char *tmp, const char *out, char *err, size_t errlen) 
 
 // ----------------------------------------------------------------------------------------------
 // import
-
-static void usage_import(FILE *f) {
-    fprintf(f,
-            "usage: train_gpt import --from llmc FILE.bin --out DIR [--tokenizer FILE]\n"
-            "       train_gpt import --from hf DIR --out DIR [--tokenizer FILE]\n"
-            "Turns a model into a flashgpt checkpoint directory DIR (step 0, zero optimizer moments),\n"
-            "which eval, sample and export read directly.\n"
-            "  --from llmc FILE.bin  llm.c's model file (magic 20240326; version 3 fp32 or 5 bf16)\n"
-            "  --from hf DIR         a Hugging Face GPT2LMHeadModel directory: config.json and\n"
-            "                        model.safetensors (F32, BF16 or F16; names with or without the\n"
-            "                        'transformer.' prefix)\n"
-            "  --out DIR             the new checkpoint directory (must not exist)\n"
-            "  --tokenizer FILE      an llm.c tokenizer file to store in the checkpoint, so sample\n"
-            "                        prints text (e.g. llm.c's gpt2_tokenizer.bin)\n"
-            "To fine-tune, import to RUN_DIR/ckpt_00000000 and train with log.dir = RUN_DIR and the\n"
-            "same model.* keys: the run resumes from the imported weights.\n");
-}
 
 // The tokenizer file must be llm.c's (magic, version 1 or 2) and cover the model's vocabulary.
 static int check_tokenizer(const char *path, int V, char *err, size_t errlen) {
@@ -219,80 +200,43 @@ static int check_tokenizer(const char *path, int V, char *err, size_t errlen) {
 
 static int save_imported(HostModel *hm, const char *out, char *err, size_t errlen) {
     char tmp[4096], ckpt[4096];
-    if (interop_make_tmp(out, "import", tmp, sizeof tmp, err, errlen) != 0) return -1;
+    if (convert_make_tmp(out, "import", tmp, sizeof tmp, err, errlen) != 0) return -1;
     GPT *m = hm->model;
     gpt_set_params_f32(m, hm->params);
-    const int n = gpt_num_tensors(m);
-    OptimSpan *spans = xmalloc((size_t)n * sizeof(OptimSpan));
-    for (int i = 0; i < n; i++) {
-        const ParamTensor *p = gpt_tensor(m, i);
-        spans[i] = (OptimSpan){.offset = p->offset, .n = p->numel, .decay = p->decay};
-    }
-    AdamW opt;
-    adamw_init(&opt, gpt_num_params(m), spans, n, &hm->cfg);
-    free(spans);
-    TrainState st;
-    memset(&st, 0, sizeof st);
-    st.world_size = 1;
-    Rng rng;
-    rng_seed(&rng, (uint64_t)hm->cfg.train.seed);
-    memcpy(st.rng, rng.s, sizeof st.rng);
-    scaler_init(&st.scaler, &hm->cfg, 0);
-    int rc = checkpoint_save(tmp, m, &opt, &st, &hm->cfg, 1, ckpt, sizeof ckpt, err, errlen);
-    adamw_free(&opt);
-    if (rc == 0) rc = interop_publish(ckpt, out, err, errlen);
+    int rc = checkpoint_save_initial(tmp, m, &hm->cfg, ckpt, sizeof ckpt, err, errlen);
+    if (rc == 0) rc = convert_publish(ckpt, out, err, errlen);
     remove_tree(tmp);
     return rc;
 }
 
-int import_main(int argc, char **argv) {
-    const char *from = NULL, *src = NULL, *out = NULL, *tokenizer = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage_import(stdout);
-            return EXIT_OK;
-        }
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int is_from = strcmp(a, "--from") == 0;
-        if (!is_from && strcmp(a, "--out") != 0 && strcmp(a, "--tokenizer") != 0)
-            fatal(EXIT_USAGE, "import: unknown argument '%s' (train_gpt import --help)", a);
-        if (i + 1 >= argc || (is_from && i + 2 >= argc))
-            fatal(EXIT_USAGE, "import: %s needs %s", a, is_from ? "a kind and a path: --from llmc FILE.bin "
-                                                                   "or --from hf DIR" : "a value");
-        if (is_from) from = argv[++i], src = argv[++i];
-        else if (strcmp(a, "--out") == 0) out = argv[++i];
-        else tokenizer = argv[++i];
-    }
-    if (!from) fatal(EXIT_USAGE, "import: --from llmc FILE.bin or --from hf DIR is required");
+int convert_import(const char *from, const char *src, const char *out, const char *tokenizer,
+                   Config *c, double *n_params, char *err, size_t errlen) {
     if (strcmp(from, "llmc") != 0 && strcmp(from, "hf") != 0)
-        fatal(EXIT_USAGE, "import: --from '%s': expected llmc or hf", from);
-    char err[ERR_LEN];
-    if (interop_check_out(out, err, sizeof err) != 0) fatal(EXIT_USAGE, "import: %s", err);
+        return set_error(err, errlen, "--from '%s': expected llmc or hf", from), EXIT_USAGE;
+    if (convert_check_out(out, err, errlen) != 0) return EXIT_USAGE;
     HostModel hm;
-    int rc = strcmp(from, "llmc") == 0 ? interop_read_llmc(src, &hm, err, sizeof err)
-                                       : interop_read_hf(src, &hm, err, sizeof err);
-    if (rc != 0) fatal(EXIT_USAGE, "import: %s", err);
+    int rc = strcmp(from, "llmc") == 0 ? convert_read_llmc(src, &hm, err, errlen)
+                                       : convert_read_hf(src, &hm, err, errlen);
+    if (rc != 0) return EXIT_USAGE;
     if (tokenizer) {
         if (strlen(tokenizer) >= sizeof hm.cfg.data.tokenizer)
-            snprintf(err, sizeof err, "--tokenizer: the path is longer than %d bytes", CFG_PATH_MAX - 1);
-        if (strlen(tokenizer) >= sizeof hm.cfg.data.tokenizer ||
-            check_tokenizer(tokenizer, hm.cfg.model.vocab_size, err, sizeof err) != 0) {
-            interop_model_free(&hm);
-            fatal(EXIT_USAGE, "import: %s", err);
+            rc = set_error(err, errlen, "--tokenizer: the path is longer than %d bytes", CFG_PATH_MAX - 1);
+        else
+            rc = check_tokenizer(tokenizer, hm.cfg.model.vocab_size, err, errlen);
+        if (rc != 0) {
+            convert_model_free(&hm);
+            return EXIT_USAGE;
         }
         snprintf(hm.cfg.data.tokenizer, sizeof hm.cfg.data.tokenizer, "%s", tokenizer);
     }
-    const Config *c = &hm.cfg;
-    const double n_params = (double)gpt_num_params(hm.model);
-    if (save_imported(&hm, out, err, sizeof err) != 0) {
-        interop_model_free(&hm);
-        fatal(EXIT_RUNTIME, "import: writing '%s' failed: %s (no partial output was kept)", out, err);
+    *c = hm.cfg;
+    *n_params = (double)gpt_num_params(hm.model);
+    char why[ERR_LEN];
+    rc = EXIT_OK;
+    if (save_imported(&hm, out, why, sizeof why) != 0) {
+        set_error(err, errlen, "writing '%s' failed: %s (no partial output was kept)", out, why);
+        rc = EXIT_RUNTIME;
     }
-    printf("imported %s (%d layers, %d heads, width %d, vocab %d, max_seq_len %d, %.2fM parameters) "
-           "into %s\n", src, c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.vocab_size,
-           c->model.max_seq_len, n_params / 1e6, out);
-    interop_model_free(&hm);
-    return EXIT_OK;
+    convert_model_free(&hm);
+    return rc;
 }

@@ -1,7 +1,7 @@
 // ops_cpu_rope: the CPU backend's rotary position embedding (Backend.rope_forward and
 // rope_backward) in fp32, in place on the query and key heads of the fused qkv buffer. Both
 // directions are one rotation loop; backward turns by the opposite angle, the transpose.
-#include "model/ops_cpu.h"
+#include "model/cpu/ops_cpu.h"
 
 // Rotates the first NH + NKV heads of every row of x (N, (NH + 2*NKV) * HS) by the table's angle
 // times sin_sign (+1 forward, -1 backward).

@@ -6,7 +6,7 @@
 // order: no atomics, and bit-identical results whatever the thread count.
 #include <math.h>
 
-#include "model/ops_cpu.h"
+#include "model/cpu/ops_cpu.h"
 
 void cpu_embed_forward(Backend *be, void *out_, const int *tokens, const int *pos, const void *wte_,
                        const void *wpe_, int B, int T, int C) {

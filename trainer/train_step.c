@@ -3,7 +3,7 @@
 // AdamWCuda, whose fused step writes the compute-dtype parameters the model reads. Both take the
 // global norm from a deterministic sum of squares that turns inf/NaN on a non-finite gradient.
 // With several ranks each optimizer covers only this rank's shard (ZeRO-1, train_step.h).
-#include "model/train_step.h"
+#include "trainer/train_step.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// cuda_common: what the CUDA backend's source files (model/ops_cuda*.cu) share: the error-check
+// cuda_common: what the CUDA backend's source files (model/cuda/ops_cuda*.cu) share: the error-check
 // macros, the backend context, element-type traits with the run-time dtype switch, and the
 // launchers each file exports to the op table in ops_cuda.cu. Not a public interface: the model
 // reaches these ops only through the Backend table of backend_cuda_create.
@@ -124,7 +124,7 @@ template <typename F> void dispatch_dtype(DType dtype, F &&f) {
     fatal(EXIT_RUNTIME, "cuda backend: unknown dtype %d", (int)dtype);
 }
 
-// GELU, tanh approximation as GPT-2 and the CPU backend (model/ops_cpu_matmul.c).
+// GELU, tanh approximation as GPT-2 and the CPU backend (model/cpu/ops_cpu_matmul.c).
 #define GELU_K 0.7978845608028654f  // sqrt(2 / pi)
 #define GELU_A 0.044715f
 

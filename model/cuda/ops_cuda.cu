@@ -8,7 +8,7 @@
 // Every op is asynchronous on the context's one stream; download, download_f32 and synchronize
 // wait for it. The stream is a blocking stream, so work queued on the legacy default stream
 // (stream NULL, e.g. the CUDA AdamW of optim/optim_cuda.h) is ordered with it.
-#include "model/cuda_common.cuh"
+#include "model/cuda/cuda_common.cuh"
 
 // cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (cuBLAS docs,
 // "cublasSetWorkspace").

@@ -32,7 +32,7 @@
 
 #include "common/config.h"
 #include "dist/comm.h"
-#include "model/checkpoint.h"
+#include "trainer/checkpoint.h"
 #include "model/gpt.h"
 #include "optim/optim.h"
 

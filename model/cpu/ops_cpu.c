@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/check.h"
-#include "model/ops_cpu.h"
+#include "model/cpu/ops_cpu.h"
 
 typedef struct {
     void *attn_ws;          // attention scratch, grown on demand; contents never outlive a call

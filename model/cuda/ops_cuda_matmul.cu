@@ -13,7 +13,7 @@
 // matmul), and the bias gradient accumulates (+=) where BGRADB would overwrite.
 #include <string.h>
 
-#include "model/cuda_common.cuh"
+#include "model/cuda/cuda_common.cuh"
 
 typedef struct {
     void *d;                      // col-major (m, n), ldd = m; also C when beta != 0

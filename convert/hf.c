@@ -1,4 +1,4 @@
-// interop_hf: Hugging Face transformers' GPT-2 (GPT2LMHeadModel) <-> flashgpt checkpoints.
+// convert_hf: Hugging Face transformers' GPT-2 (GPT2LMHeadModel) <-> flashgpt checkpoints.
 //
 // A Hugging Face directory holds config.json and model.safetensors. GPT-2's linear layers are
 // Conv1D modules whose weights are stored (in, out), the transpose of our PyTorch-Linear (out, in)
@@ -12,7 +12,7 @@
 //   h.{l}.mlp.fc -> h.{l}.mlp.c_fc (T)        h.{l}.mlp.proj -> h.{l}.mlp.c_proj (T)
 // The arithmetic matches transformers' GPT-2 with activation_function gelu_new (tanh GELU, as
 // our EPI_GELU), layer_norm_epsilon 1e-5 (ops_cpu's LayerNorm), attention scaled by 1/sqrt(HS).
-#include "model/interop.h"
+#include "convert/convert.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -22,11 +22,10 @@
 
 #include "common/check.h"
 #include "common/fileio.h"
-#include "model/checkpoint.h"
+#include "trainer/checkpoint.h"
 
-#define ERR_LEN 1024
 #define HF_PREFIX "transformer."
-#define HF_LN_EPS 1e-5   // the epsilon of our LayerNorm (model/ops_cpu_layers.c)
+#define HF_LN_EPS 1e-5   // the epsilon of our LayerNorm (model/cpu/ops_cpu_layers.c)
 
 typedef struct {
     const char *ours, *hf;
@@ -64,7 +63,7 @@ static void hf_name(const char *ours, char *hf, size_t n, int *transpose) {
                 *transpose = LAYER_MAP[i].transpose;
                 return;
             }
-    fatal(EXIT_RUNTIME, "interop_hf: no Hugging Face name for parameter '%s'", ours);
+    fatal(EXIT_RUNTIME, "convert_hf: no Hugging Face name for parameter '%s'", ours);
 }
 
 // The shape Hugging Face stores for our tensor t (V rows for wte).
@@ -87,16 +86,6 @@ static void transpose(float *dst, const float *src, int rows, int cols) {
 
 // ----------------------------------------------------------------------------------------------
 // export
-
-static void usage_export(FILE *f) {
-    fprintf(f,
-            "usage: train_gpt export --checkpoint DIR --format hf --out DIR\n"
-            "Writes a Hugging Face GPT2LMHeadModel directory (model.safetensors in fp32 and\n"
-            "config.json) that transformers.GPT2LMHeadModel.from_pretrained(DIR) loads. Models with\n"
-            "learned positions and one key/value head per query head export exactly; RoPE, ALiBi,\n"
-            "grouped-query attention and sliding windows have no GPT-2 equivalent and are refused.\n"
-            "--out must not exist; it appears only when complete.\n");
-}
 
 // GPT-2 computes exactly our model only without the options it lacks.
 static int check_exportable(const Config *c, const char *dir, char *err, size_t errlen) {
@@ -196,47 +185,23 @@ static int write_hf(HostModel *hm, const char *dir, char *err, size_t errlen) {
     return rc;
 }
 
-int export_main(int argc, char **argv) {
-    const char *ckpt = NULL, *format = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage_export(stdout);
-            return EXIT_OK;
-        }
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char **dst = strcmp(a, "--checkpoint") == 0 ? &ckpt
-                           : strcmp(a, "--format") == 0   ? &format
-                           : strcmp(a, "--out") == 0      ? &out
-                                                          : NULL;
-        if (!dst) fatal(EXIT_USAGE, "export: unknown argument '%s' (train_gpt export --help)", a);
-        if (i + 1 >= argc) fatal(EXIT_USAGE, "export: %s needs a value", a);
-        *dst = argv[++i];
-    }
-    if (!ckpt || !format || !out)
-        fatal(EXIT_USAGE, "export: --checkpoint DIR, --format hf and --out DIR are required");
-    if (strcmp(format, "hf") != 0) fatal(EXIT_USAGE, "export: --format '%s': the one format is hf", format);
-    char err[ERR_LEN];
-    if (interop_check_out(out, err, sizeof err) != 0) fatal(EXIT_USAGE, "export: %s", err);
-    if (!is_dir(ckpt)) fatal(EXIT_USAGE, "export: --checkpoint '%s' is not a directory", ckpt);
-    Config c;
-    if (checkpoint_read_config(ckpt, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "export: %s", err);
-    if (check_exportable(&c, ckpt, err, sizeof err) != 0) fatal(EXIT_USAGE, "export: %s", err);
+int convert_export_hf(const char *ckpt, const char *out, Config *c, char *err, size_t errlen) {
+    if (convert_check_out(out, err, errlen) != 0) return EXIT_USAGE;
+    if (!is_dir(ckpt)) return set_error(err, errlen, "--checkpoint '%s' is not a directory", ckpt), EXIT_USAGE;
+    if (checkpoint_read_config(ckpt, c, err, errlen) != 0) return EXIT_USAGE;
+    if (check_exportable(c, ckpt, err, errlen) != 0) return EXIT_USAGE;
     HostModel hm;
-    if (interop_model_load(&hm, ckpt, err, sizeof err) != 0) fatal(EXIT_USAGE, "export: %s", err);
-    char tmp[4096];
-    if (interop_make_tmp(out, "export", tmp, sizeof tmp, err, sizeof err) != 0 ||
-        write_hf(&hm, tmp, err, sizeof err) != 0 || interop_publish(tmp, out, err, sizeof err) != 0) {
+    if (convert_model_load(&hm, ckpt, err, errlen) != 0) return EXIT_USAGE;
+    char tmp[4096], why[ERR_LEN];
+    int rc = EXIT_OK;
+    if (convert_make_tmp(out, "export", tmp, sizeof tmp, why, sizeof why) != 0 ||
+        write_hf(&hm, tmp, why, sizeof why) != 0 || convert_publish(tmp, out, why, sizeof why) != 0) {
         remove_tree(tmp);
-        interop_model_free(&hm);
-        fatal(EXIT_RUNTIME, "export: writing '%s' failed: %s (no partial output was kept)", out, err);
+        set_error(err, errlen, "writing '%s' failed: %s (no partial output was kept)", out, why);
+        rc = EXIT_RUNTIME;
     }
-    printf("exported %s to %s (Hugging Face GPT2LMHeadModel: %d layers, %d heads, width %d, vocab %d, "
-           "n_positions %d)\n", ckpt, out, c.model.n_layer, c.model.n_head, c.model.n_embd,
-           c.model.vocab_size, c.model.max_seq_len);
-    interop_model_free(&hm);
-    return EXIT_OK;
+    convert_model_free(&hm);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -414,11 +379,11 @@ static int fill_from_hf(HostModel *hm, const StFile *f, const char *path, char *
         size_t numel = s->nbytes / st_dtype_size(s->dtype);   // V rows of wte: fewer than t->numel
         float *dst = hm->params + t->offset;
         if (!tr) {
-            interop_to_f32(dst, s->data, s->dtype, numel);
+            convert_to_f32(dst, s->data, s->dtype, numel);
             continue;
         }
         if (numel > tmp_cap) tmp = xrealloc(tmp, (tmp_cap = numel) * sizeof(float));
-        interop_to_f32(tmp, s->data, s->dtype, numel);
+        convert_to_f32(tmp, s->data, s->dtype, numel);
         transpose(dst, tmp, t->shape[1], t->shape[0]);   // (in, out) -> (out, in)
     }
     free(tmp);
@@ -429,8 +394,8 @@ static int fill_from_hf(HostModel *hm, const StFile *f, const char *path, char *
     int64_t wte_shape[2] = {g->V, g->C};
     if (check_tensor(head, "lm_head.weight", 2, wte_shape, path, err, errlen) != 0) return -1;
     float *h = xmalloc(n_wte * sizeof(float));
-    interop_to_f32(h, head->data, head->dtype, n_wte);
-    int same = memcmp(h, interop_param(hm, "wte", NULL), n_wte * sizeof(float)) == 0;
+    convert_to_f32(h, head->data, head->dtype, n_wte);
+    int same = memcmp(h, convert_param(hm, "wte", NULL), n_wte * sizeof(float)) == 0;
     free(h);
     if (!same)
         return set_error(err, errlen, "%s: lm_head.weight differs from wte.weight: flashgpt ties the output "
@@ -438,7 +403,7 @@ static int fill_from_hf(HostModel *hm, const StFile *f, const char *path, char *
     return 0;
 }
 
-int interop_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen) {
+int convert_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen) {
     if (!is_dir(dir)) return set_error(err, errlen, "--from hf '%s' is not a directory", dir);
     char cfg_path[4096], st_path[4096], other[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
@@ -455,16 +420,16 @@ int interop_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen) {
                                       "save_pretrained(..., safe_serialization=True))", st_path);
     }
     Config c;
-    if (interop_import_config(&c, &g, cfg_path, err, errlen) != 0) return -1;
+    if (convert_import_config(&c, &g, cfg_path, err, errlen) != 0) return -1;
     StFile f;
     if (st_read(&f, st_path, err, errlen) != 0) return -1;
     if (check_size_tensors(&f, &g, st_path, err, errlen) != 0) {
         st_free(&f);
         return -1;
     }
-    interop_model_create(hm, &c);
+    convert_model_create(hm, &c);
     int rc = fill_from_hf(hm, &f, st_path, err, errlen);
     st_free(&f);
-    if (rc != 0) interop_model_free(hm);
+    if (rc != 0) convert_model_free(hm);
     return rc;
 }

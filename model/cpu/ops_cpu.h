@@ -1,4 +1,4 @@
-// ops_cpu: the fp32 CPU backend's ops, shared between its source files (model/ops_cpu*.c). Not a
+// ops_cpu: the fp32 CPU backend's ops, shared between its source files (model/cpu/ops_cpu*.c). Not a
 // public interface: the model reaches them only through the Backend table of backend_cpu_create.
 #pragma once
 #include "model/backend.h"

@@ -6,7 +6,7 @@
 // by one block serially; that is the price of the fixed order.
 #include <cub/device/device_radix_sort.cuh>
 
-#include "model/cuda_common.cuh"
+#include "model/cuda/cuda_common.cuh"
 
 #define EMB_THREADS 256
 

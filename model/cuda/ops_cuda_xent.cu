@@ -5,7 +5,7 @@
 // the logits; no fp32 copy of them is ever made.
 #include <math.h>
 
-#include "model/cuda_common.cuh"
+#include "model/cuda/cuda_common.cuh"
 
 #define XENT_THREADS 512
 

@@ -13,7 +13,7 @@
 #include "optim/optim.h"
 
 // The optimizer state a checkpoint holds, as host fp32 views of n elements, the same for every
-// backend (model/train_step.h hands them out). master is the fp32 copy of the weights that the
+// backend (trainer/train_step.h hands them out). master is the fp32 copy of the weights that the
 // optimizer updates when the model computes in a lower precision (CUDA): it is what
 // model.safetensors stores, and what loading fills. NULL means the model's own parameters are
 // fp32 and are the master (CPU).
@@ -50,10 +50,10 @@ int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, co
 int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
                          const Config *c, int keep, Comm *comm, char *path_out, size_t path_len,
                          char *err, size_t errlen);
-// checkpoint_save_state with the state of a host AdamW whose parameters are the model's.
-int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainState *st,
-                    const Config *c, int keep, char *path_out, size_t path_len, char *err,
-                    size_t errlen);
+// The step-0 checkpoint of a model that has not trained (an import): the model's parameters,
+// zero AdamW moments, the RNG seeded from train.seed, the scaler's initial state.
+int checkpoint_save_initial(const char *run_dir, GPT *m, const Config *c, char *path_out,
+                            size_t path_len, char *err, size_t errlen);
 // Newest complete checkpoint directory in run_dir: returns 1 and fills path, 0 when none.
 int checkpoint_find_latest(const char *run_dir, char *path, size_t path_len);
 // Reads the run config stored in a checkpoint (state.json). Returns 0 or -1 with err set.

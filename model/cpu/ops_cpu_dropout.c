@@ -3,7 +3,7 @@
 // count, and the same op on a gradient is the backward.
 #include "common/check.h"
 #include "model/dropout.h"
-#include "model/ops_cpu.h"
+#include "model/cpu/ops_cpu.h"
 
 void cpu_dropout(Backend *be, void *x_, size_t n, float p, uint64_t seed, uint64_t offset) {
     if (p <= 0.0f) return;

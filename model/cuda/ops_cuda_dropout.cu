@@ -2,7 +2,7 @@
 // One thread per Philox block of 4 consecutive elements; the keep decisions come from
 // model/dropout.h, the same as the CPU backend's, and the product is computed in fp32 and rounded
 // once to the dtype (bitwise the CPU's result in fp32).
-#include "model/cuda_common.cuh"
+#include "model/cuda/cuda_common.cuh"
 #include "model/dropout.h"
 
 #define DROPOUT_THREADS 256   // threads per block, each deciding 4 elements

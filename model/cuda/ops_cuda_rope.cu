@@ -3,7 +3,7 @@
 // dtype. One thread per rotated pair (x[d], x[d + HS/2]): it reads both elements and the
 // [cos, sin] pair of its position, rotates in fp32 and rounds once to the dtype (fp32 results
 // match the CPU backend's to a rounding: nvcc may fuse the products into FMAs). Backward turns by the opposite angle (the rotation's transpose).
-#include "model/cuda_common.cuh"
+#include "model/cuda/cuda_common.cuh"
 
 #define ROPE_THREADS 256   // threads per block, one pair each
 

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <omp.h>
 
-#include "model/ops_cpu.h"
+#include "model/cpu/ops_cpu.h"
 
 // GELU (tanh approximation, as GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 #define GELU_K 0.7978845608028654f  // sqrt(2 / pi)

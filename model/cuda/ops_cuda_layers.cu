@@ -6,7 +6,7 @@
 // Column sums never use atomics: each block writes the fp32 partial sums of its chunk of rows,
 // then colsum_finish adds the chunks in a fixed order into the gradient. The result is bitwise
 // the same on every run.
-#include "model/cuda_common.cuh"
+#include "model/cuda/cuda_common.cuh"
 
 #define ELT_THREADS 256   // element-wise kernels: one thread per element
 #define LN_WARPS 8        // LayerNorm: one warp per row, 8 rows per block

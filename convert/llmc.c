@@ -1,4 +1,4 @@
-// interop_llmc: reads llm.c's model file (train_gpt2.py's write_model) into a HostModel.
+// convert_llmc: reads llm.c's model file (train_gpt2.py's write_model) into a HostModel.
 //
 // Format: a header of 256 little-endian int32 [0] magic 20240326, [1] version (3: fp32
 // parameters, 5: bf16), [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp (the vocabulary padded for
@@ -9,7 +9,7 @@
 //   ln2.w (L, C), ln2.b (L, C), fc.w (L, 4C, C), fc.b (L, 4C), fcproj.w (L, C, 4C), fcproj.b (L, C),
 //   lnf.w (C), lnf.b (C).
 // The per-layer kinds come in the same order as model/gpt.c's per-layer tensors.
-#include "model/interop.h"
+#include "convert/convert.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -50,7 +50,7 @@ static int read_params(FILE *f, float *dst, size_t n, int bf16) {
     for (size_t done = 0; done < n && rc == 0; done += READ_CHUNK) {
         size_t k = n - done < READ_CHUNK ? n - done : READ_CHUNK;
         if (fread(buf, sizeof(uint16_t), k, f) != k) rc = -1;
-        else interop_to_f32(dst + done, buf, ST_BF16, k);
+        else convert_to_f32(dst + done, buf, ST_BF16, k);
     }
     free(buf);
     return rc;
@@ -63,25 +63,25 @@ static int read_all(FILE *f, HostModel *hm, int Vp_file, int bf16) {
     // wte: the file's Vp rows, of which the first V are real; our padding rows stay 0.
     float *wte_file = xmalloc((size_t)Vp_file * g->C * sizeof(float));   // (Vp_file, C)
     int rc = read_params(f, wte_file, (size_t)Vp_file * g->C, bf16);
-    memcpy(interop_param(hm, "wte", NULL), wte_file, (size_t)g->V * g->C * sizeof(float));
+    memcpy(convert_param(hm, "wte", NULL), wte_file, (size_t)g->V * g->C * sizeof(float));
     free(wte_file);
-    float *p = interop_param(hm, "wpe", &t);
+    float *p = convert_param(hm, "wpe", &t);
     if (rc == 0) rc = read_params(f, p, t->numel, bf16);
     char name[64];
     for (int k = 0; k < N_LAYER_KINDS && rc == 0; k++)
         for (int l = 0; l < g->L && rc == 0; l++) {
             snprintf(name, sizeof name, "h.%d.%s", l, LAYER_KINDS[k]);
-            p = interop_param(hm, name, &t);
+            p = convert_param(hm, name, &t);
             rc = read_params(f, p, t->numel, bf16);
         }
-    p = interop_param(hm, "lnf.weight", &t);
+    p = convert_param(hm, "lnf.weight", &t);
     if (rc == 0) rc = read_params(f, p, t->numel, bf16);
-    p = interop_param(hm, "lnf.bias", &t);
+    p = convert_param(hm, "lnf.bias", &t);
     if (rc == 0) rc = read_params(f, p, t->numel, bf16);
     return rc;
 }
 
-int interop_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen) {
+int convert_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) return set_error(err, errlen, "cannot open llm.c model file '%s': %s", path, strerror(errno));
     struct stat st;
@@ -117,7 +117,7 @@ int interop_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen)
     }
     // The config table's ranges come first: they also keep the size arithmetic below in range.
     Config c;
-    if (interop_import_config(&c, &g, path, err, errlen) != 0) {
+    if (convert_import_config(&c, &g, path, err, errlen) != 0) {
         fclose(f);
         return -1;
     }
@@ -133,11 +133,11 @@ int interop_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen)
                          path, (long long)st.st_size, g.maxT, g.V, Vp_file, g.L, g.NH, g.C,
                          bf16 ? "bf16" : "fp32", expect);
     }
-    interop_model_create(hm, &c);
+    convert_model_create(hm, &c);
     int rc = read_all(f, hm, Vp_file, bf16);
     fclose(f);
     if (rc != 0) {
-        interop_model_free(hm);
+        convert_model_free(hm);
         return set_error(err, errlen, "'%s': read error (the file changed while it was read?)", path);
     }
     return 0;

@@ -1,4 +1,4 @@
-#include "checkpoint.h"
+#include "trainer/checkpoint.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "common/fileio.h"
+#include "common/rng.h"
 #include "common/safetensors.h"
 #include "dist/comm.h"
 
@@ -162,11 +163,21 @@ static int list_checkpoints(const char *run_dir, long long **steps) {
     return n;
 }
 
-int checkpoint_save(const char *run_dir, GPT *m, const AdamW *opt, const TrainState *st,
-                    const Config *c, int keep, char *path_out, size_t path_len, char *err,
-                    size_t errlen) {
-    const OptimState view = {.n = opt->n, .master = NULL, .m = opt->m, .v = opt->v, .t = opt->t};
-    return checkpoint_save_state(run_dir, m, &view, st, c, keep, path_out, path_len, err, errlen);
+int checkpoint_save_initial(const char *run_dir, GPT *m, const Config *c, char *path_out,
+                            size_t path_len, char *err, size_t errlen) {
+    const size_t n = gpt_num_params(m);
+    float *zeros = xcalloc(n ? n : 1, sizeof(float));   // (n) both moments
+    const OptimState view = {.n = n, .master = NULL, .m = zeros, .v = zeros, .t = 0};
+    TrainState st;
+    memset(&st, 0, sizeof st);
+    st.world_size = 1;
+    Rng rng;
+    rng_seed(&rng, (uint64_t)c->train.seed);
+    memcpy(st.rng, rng.s, sizeof st.rng);
+    scaler_init(&st.scaler, c, 0);
+    const int rc = checkpoint_save_state(run_dir, m, &view, &st, c, 1, path_out, path_len, err, errlen);
+    free(zeros);
+    return rc;
 }
 
 int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,

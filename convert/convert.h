@@ -1,0 +1,66 @@
+// interop: models that move between flashgpt, llm.c and Hugging Face.
+//
+//   train_gpt export --checkpoint DIR --format hf --out DIR     (convert/hf.c)
+//   train_gpt import --from hf DIR --out DIR                    (convert/hf.c)
+//   train_gpt import --from llmc FILE.bin --out DIR             (convert/llmc.c)
+//
+// The entries parse their own options and return the exit code (0, 1 runtime failure, 2 bad
+// usage or bad input). An import writes a complete checkpoint directory (trainer/checkpoint.h:
+// step 0, zero AdamW moments), an export a Hugging Face GPT2LMHeadModel directory; both are
+// written under a temporary name and renamed into place only when complete, and every input is
+// validated before anything is written.
+//
+// The rest of this header is shared by the three interop files (convert/common.c holds it).
+#pragma once
+#include <stddef.h>
+
+#include "common/config.h"
+#include "common/safetensors.h"
+#include "model/gpt.h"
+
+// Exports checkpoint directory ckpt as a Hugging Face GPT2LMHeadModel directory out (which
+// must not exist); *c receives the checkpoint's config. Returns EXIT_OK, EXIT_USAGE (bad input,
+// nothing written) or EXIT_RUNTIME (a write failed, no partial output kept), with err set.
+int convert_export_hf(const char *ckpt, const char *out, Config *c, char *err, size_t errlen);
+// Imports src (from "llmc": llm.c's model file; "hf": a GPT2LMHeadModel directory) into the new
+// checkpoint directory out, with the llm.c tokenizer file `tokenizer` (may be NULL) stored in
+// its config; *c and *n_params describe the model. Returns as convert_export_hf.
+int convert_import(const char *from, const char *src, const char *out, const char *tokenizer,
+                   Config *c, double *n_params, char *err, size_t errlen);
+
+// A model held on the CPU backend with a host fp32 copy of its flat parameter vector.
+typedef struct {
+    Config cfg;
+    Backend *be;
+    GPT *model;
+    float *params;   // (gpt_num_params) host fp32, the layout of model/gpt.c; padded wte rows 0
+} HostModel;
+
+// The run config of a model imported from `source` (named in messages) with learned positions and
+// the dims V, maxT, L, NH, C of g: range-checked through the config table, defaults elsewhere,
+// batch 1 and seq_len min(1024, maxT) so `eval` and `sample` work on the checkpoint alone.
+int convert_import_config(Config *c, const GPTConfig *g, const char *source, char *err, size_t errlen);
+// Builds the model of a validated config with all parameters 0.
+void convert_model_create(HostModel *hm, const Config *c);
+// Loads a checkpoint directory (its config and weights). Returns 0 or -1 with err set.
+int convert_model_load(HostModel *hm, const char *ckpt_dir, char *err, size_t errlen);
+// Host slice of the parameter tensor `name` (e.g. "h.0.attn.qkv.weight"); its description in *t.
+float *convert_param(HostModel *hm, const char *name, const ParamTensor **t);
+void convert_model_free(HostModel *hm);
+
+// The readers behind import_main: validate the source completely, then fill hm (created here;
+// nothing to free on failure). Return 0, or -1 with err naming the file and the problem.
+int convert_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen);   // convert_llmc.c
+int convert_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen);      // convert_hf.c
+
+// Converts n elements of dtype dt (F32, BF16 or F16) to fp32. Returns 0, -1 for other dtypes.
+int convert_to_f32(float *dst, const void *src, StDtype dt, size_t n);
+
+// An output directory must not exist yet (checked before any work). Returns 0 or -1 with err set.
+int convert_check_out(const char *out, char *err, size_t errlen);
+// Creates out's parent and a fresh hidden temporary directory beside out, named after `what`,
+// out and the pid, into tmp. Returns 0 or -1 with err set.
+int convert_make_tmp(const char *out, const char *what, char *tmp, size_t tmp_len, char *err,
+                     size_t errlen);
+// Renames the complete directory tmp to out (and removes tmp on failure). Returns 0 or -1.
+int convert_publish(const char *tmp, const char *out, char *err, size_t errlen);
