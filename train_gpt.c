@@ -15,6 +15,7 @@
 #include "model/backend.h"          // defines: the op set, cpu (and cuda) backends
 #include "model/gpt.h"              // defines: the GPT model over a backend
 #include "trainer/checkpoint.h"     // defines: checkpoint directories, resume
+#include "trainer/eval.h"           // defines: the evaluation loop
 #include "trainer/train_step.h"     // defines: one optimizer step (accumulation, clipping, AdamW)
 
 #include <math.h>
@@ -95,12 +96,11 @@ static void open_run(Run *r, const char *device) {
 
     // Each rank binds the GPU of its local rank.
     r->be = cli_open_backend(device, c->precision.dtype, r->launch.local_rank);
-    const int on_gpu = strcmp(r->be->name, "cuda") == 0;
     r->comm = cli_open_comm(&r->launch, r->be, c);
     // Every rank starts from the same weights (the same seed) and sees the same checkpoints.
     GPTConfig gc = gpt_config_from(c);
     r->model = gpt_create(&gc, r->be, B, T, c);
-    if (on_gpu) probe_device(r->model, B, T);
+    if (r->be->device == DEVICE_CUDA) probe_device(r->model, B, T);
     r->trainer = trainer_create_dist(r->model, c, r->comm);
     memset(&r->state, 0, sizeof r->state);
     r->state.world_size = world;
@@ -177,9 +177,9 @@ static void run_eval(Run *r, long long step) {
     const int B = c->train.batch_size, T = c->train.seq_len;
     // Every rank evaluates its slice of each global batch of B x world sequences.
     const int world = r->launch.world;
-    long long n_batches = cli_eval_batches(r->val, B * world, T, c->log.eval_tokens);
+    long long n_batches = eval_batches(r->val, B * world, T, c->log.eval_tokens);
     double t0 = now_seconds();
-    double loss = cli_eval_loss(r->model, r->val, B, T, n_batches, r->comm);
+    double loss = eval_loss(r->model, r->val, B, T, n_batches, r->comm);
     double floor = dataset_loss_floor(r->val);
     if (floor >= 0) printf("eval step %lld | val loss %.4f (task floor %.4f) | %.1f s\n", step, loss, floor, now_seconds() - t0);
     else printf("eval step %lld | val loss %.4f | %.1f s\n", step, loss, now_seconds() - t0);
@@ -238,6 +238,7 @@ static int cmd_train(int argc, char **argv) {
 
     const double flops_per_step =
         cli_flops_per_token(c, gpt_num_params(r.model)) * (double)tokens_per_step;
+    const double peak_flops = cli_peak_flops(r.be);
     double window_time = 0, run_time = 0, peak_gib = cli_gpu_memory_gib(r.be);
     const double wall0 = now_seconds();
     long long window_steps = 0, run_steps = 0;
@@ -263,10 +264,10 @@ static int cmd_train(int argc, char **argv) {
                    1e3 * window_time / window_steps);
             const double gib = cli_gpu_memory_gib(r.be);
             if (gib > peak_gib) peak_gib = gib;
-            if (gib >= 0)
-                printf(" | MFU %.1f%% | mem %.2f GiB",
-                       100.0 * flops_per_step * window_steps / window_time / (PEAK_FLOPS * world),
-                       peak_gib);
+            if (peak_flops > 0)
+                printf(" | MFU %.1f%%",
+                       100.0 * flops_per_step * window_steps / window_time / (peak_flops * world));
+            if (gib >= 0) printf(" | mem %.2f GiB", peak_gib);
             printf(" | ETA %s\n", eta);
             fflush(stdout);
             window_time = 0, window_steps = 0;

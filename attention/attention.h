@@ -8,13 +8,13 @@
 #include <stdint.h>
 #include <stddef.h>
 
+#include "common/dtype.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum { ATTN_F32 = 0, ATTN_BF16 = 1, ATTN_F16 = 2 } AttnDtype;
 typedef enum { ATTN_IMPL_FLASH = 0, ATTN_IMPL_NAIVE = 1 } AttnImpl;
-typedef enum { ATTN_CPU = 0, ATTN_CUDA = 1 } AttnDevice;
 
 typedef struct {
     int64_t batch, row, head;  // element strides
@@ -61,10 +61,10 @@ typedef struct {
     uint64_t seed, offset;          // Philox key and counter base: backward regenerates the mask
 
     // --- execution ---
-    AttnDtype dtype;                // element type of q, k, v, out, dout, dq, dk, dv
+    DType dtype;                // element type of q, k, v, out, dout, dq, dk, dv
     AttnImpl impl;
     int deterministic;              // bitwise reproducible dq (and dk, dv)
-    void *stream;                   // cudaStream_t for ATTN_CUDA, ignored on the CPU
+    void *stream;                   // cudaStream_t for DEVICE_CUDA, ignored on the CPU
     void *workspace;                // scratch of attn_workspace_bytes() (device memory for CUDA)
     size_t workspace_bytes;
 } AttnParams;
@@ -80,11 +80,11 @@ void attn_fused_qkv_grads(AttnParams *p, void *dqkv, const void *dout, size_t el
 
 // Validates the params for `dev` (and for backward when `backward` is set). Returns 0 when they
 // are acceptable, otherwise writes a message a user can act on into err and returns -1.
-int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, size_t errlen);
+int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t errlen);
 
 // Scratch memory the chosen implementation needs for forward+backward of this problem (bytes).
 // Flash implementations need O(B*NH*T); naive needs O(B*NH*T_q*T_k).
-size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev);
+size_t attn_workspace_bytes(const AttnParams *p, Device dev);
 
 // CPU (fp32 only). impl selects the tiled flash reference or the materialised naive version.
 void attn_forward_cpu(const AttnParams *p);

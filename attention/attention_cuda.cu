@@ -33,12 +33,12 @@ static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnK
         c->family = ATTN_KERNEL_NAIVE;
         return 0;
     }
-    if (p.dtype == ATTN_F32) {
+    if (p.dtype == DTYPE_F32) {
         // no tensor-core flash kernel for fp32: the materialised version computes it exactly,
         // when the caller sized the workspace for it
         AttnParams naive = p;
         naive.impl = ATTN_IMPL_NAIVE;
-        const size_t need = attn_workspace_bytes(&naive, ATTN_CUDA);
+        const size_t need = attn_workspace_bytes(&naive, DEVICE_CUDA);
         if (p.workspace_bytes < need) {
             snprintf(err, errlen, "attention: fp32 on CUDA runs the naive (materialised) attention, "
                      "which needs a workspace of %zu bytes (got %zu): set attention.impl = naive or "
@@ -130,19 +130,19 @@ static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
 
 static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == ATTN_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
+    if (p.dtype == DTYPE_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
     else sm90_dispatch_hs<__half>(p, c, backward, s);
 }
 
 static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == ATTN_BF16) sm80_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
+    if (p.dtype == DTYPE_BF16) sm80_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
     else sm80_dispatch_hs<__half>(p, c, backward, s);
 }
 
 static void attn_run_cuda(const AttnParams *p, int backward) {
     char err[512];
-    if (attn_check(p, ATTN_CUDA, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    if (attn_check(p, DEVICE_CUDA, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     if (backward && !p->out)
         fatal(EXIT_USAGE, "attention: backward needs the forward output 'out' (for D = rowsum(dO * O))");
     if (backward && (uintptr_t)p->workspace % 16 != 0)

@@ -1,5 +1,5 @@
 // flash_bwd_sm90: the FlashAttention-2 backward main kernel on Hopper's warpgroup MMA (wgmma,
-// sm_90a); flash_bwd.cu's preprocess (D, zeroed dQ accumulator) and dQ conversion run around
+// sm_90a); flash_bwd_sm80.cu's preprocess (D, zeroed dQ accumulator) and dQ conversion run around
 // it. One block per (key tile of BN keys, KV head, batch row), two warpgroups of 64 keys each.
 // For every query tile of every query head sharing the KV head, each warpgroup computes the
 // transposed products, keys as rows, so that P^T and dS^T land in registers in the layout of
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     // landing on the stage's mbarrier; K and V come with the first pair) and its LSE and D (every
     // thread, cp.async), and returns whether its tile is partial; only then do the visible key
     // ranges of its rows go to shared memory (the only case that reads them). Rows past T_k or
-    // T_q read as zeros (flash_bwd.cu: their dS and P dO come out 0).
+    // T_q read as zeros (flash_bwd_sm80.cu: their dS and P dO come out 0).
     int cur_hi = 0, cur_mb = 0;  // the next pair to load: query head kvh * G + cur_hi, tile mb_begin + cur_mb
     auto load_stage = [&](int stage, bool kv) {
         const int h = kvh * pairs.G + cur_hi, m0 = (pairs.mb_begin + cur_mb) * BM;
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         fence_proxy_async();
         named_barrier(BAR_MMA, NT);  // dS^T complete: both warpgroups' keys
 
-        // dQ first, then dV and dK: the dQ atomics below overlap the dV/dK products.
+        // dQ first, then dV and dK: staging dQ for the writer warpgroup overlaps the dV/dK products.
         float dq[32];
         wgmma_fence();
 #pragma unroll

@@ -5,7 +5,7 @@
 // handed over by mbarriers. The loop
 // is software-pipelined as in FlashAttention-3: S of the next key tile is issued before O += P V
 // of the current one, so the softmax runs while the tensor cores work. Masking follows
-// flash_fwd.cu (partial tiles masked per element, empty tiles skipped); ALiBi and dropout stay
+// flash_fwd_sm80.cu (partial tiles masked per element, empty tiles skipped); ALiBi and dropout stay
 // on the sm80 kernels.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         for (int kk = 0; kk < BN / 16; kk++) Wgmma<T, HS, 0, 1>::rs(o, pa[kk], desc_add(v_desc, kk * 16 * 128), 1);
         wgmma_commit();
     };
-    // Online softmax of tile i's scores in s (flash_fwd.cu): s becomes P, the running max and
+    // Online softmax of tile i's scores in s (flash_fwd_sm80.cu): s becomes P, the running max and
     // sum move on, corr is the factor O still has to take. A row that has seen only masked keys
     // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
     auto softmax = [&](int i) {

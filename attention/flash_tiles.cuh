@@ -94,7 +94,7 @@ template <int HS> struct DqTile {
 //   2 warpgroups (BM 128): 291 / 305 at 8K, 197 causal at 1K (less imbalance on short causal rows).
 //   HS 128: 2 warpgroups (3 do not fit the registers: O alone takes 64 per thread).
 // Three mbarrier stages instead of the block barrier: +7-10% (350 / 390 at 8K, HS 64).
-// The softmax overlapped with O += P V (S of the next tile issued first, session 5): 384 -> 444
+// The softmax overlapped with O += P V (S of the next tile issued first): 384 -> 444
 // causal at 32K with 3 warpgroups (415 with 2; 3 spill 32 bytes and still win), 381 -> 441 full
 // at 8K, HS 128 472 -> 522 causal at 16K.
 // Every tile is 1024-byte aligned (the 128-byte swizzle), hence the extra 1 KB.
@@ -142,7 +142,7 @@ template <typename T, int HS>
 void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
-// Backward helpers (flash_bwd.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not
+// Backward helpers (flash_bwd_sm80.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not
 // NULL, zeroing of dq_accum (B, NH, T_q, HS); then dQ = scale * dq_accum in the element type.
 template <typename T>
 void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);

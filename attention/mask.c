@@ -14,23 +14,12 @@
 // Alignment the CUDA kernels' vector loads need for every base pointer and stride (bytes).
 #define ATTN_CUDA_ALIGN 16
 
-static const char *dtype_name(AttnDtype t) {
-    switch (t) {
-    case ATTN_F32: return "fp32";
-    case ATTN_BF16: return "bf16";
-    case ATTN_F16: return "fp16";
-    }
-    return "unknown";
-}
-
-static size_t dtype_bytes(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
-
 // Head sizes each device accepts. CPU: any (its per-thread tiles are (tile, HS) floats; the cap
 // only turns garbage such as an uninitialised field into a clear message). CUDA: up to 256 here;
 // which of them have a flash kernel (64, 128) is attn_select_kernel's decision in
 // attention_cuda.cu, whose message also offers the naive path.
-static int hs_supported(AttnDevice dev, int HS) {
-    return HS >= 1 && HS <= (dev == ATTN_CPU ? ATTN_CPU_MAX_HS : ATTN_CUDA_MAX_HS);
+static int hs_supported(Device dev, int HS) {
+    return HS >= 1 && HS <= (dev == DEVICE_CPU ? ATTN_CPU_MAX_HS : ATTN_CUDA_MAX_HS);
 }
 
 // Whether distinct (b, t, h, d) elements of a tensor with these strides land on distinct
@@ -64,7 +53,7 @@ typedef struct {
     int written;  // an output: its elements must not overlap
 } TensorDesc;
 
-static int check_tensor(const TensorDesc *t, const AttnParams *p, AttnDevice dev, char *err,
+static int check_tensor(const TensorDesc *t, const AttnParams *p, Device dev, char *err,
                         size_t errlen) {
     if (!t->ptr) return set_error(err, errlen, "attention: tensor '%s' is NULL", t->name);
     if (t->st.batch < 0 || t->st.row < 0 || t->st.head < 0)
@@ -77,8 +66,8 @@ static int check_tensor(const TensorDesc *t, const AttnParams *p, AttnDevice dev
                     "overlap for B=%d, T=%d, heads=%d, HS=%d",
                     t->name, (long long)t->st.batch, (long long)t->st.row, (long long)t->st.head,
                     p->B, t->T, t->H, p->HS);
-    if (dev == ATTN_CUDA) {
-        size_t eb = dtype_bytes(p->dtype);
+    if (dev == DEVICE_CUDA) {
+        size_t eb = dtype_size(p->dtype);
         int64_t all[3] = {t->st.batch, t->st.row, t->st.head};
         if ((uintptr_t)t->ptr % ATTN_CUDA_ALIGN != 0)
             return set_error(err, errlen, "attention: tensor '%s' is not %d-byte aligned", t->name,
@@ -119,10 +108,10 @@ static int check_docs(const AttnParams *p, char *err, size_t errlen) {
     return 0;
 }
 
-int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, size_t errlen) {
+int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t errlen) {
     if (!p) return set_error(err, errlen, "attention: params are NULL");
-    const char *devname = dev == ATTN_CPU ? "cpu" : "cuda";
-    if (dev != ATTN_CPU && dev != ATTN_CUDA)
+    const char *devname = dev == DEVICE_CPU ? "cpu" : "cuda";
+    if (dev != DEVICE_CPU && dev != DEVICE_CUDA)
         return set_error(err, errlen, "attention: unknown device %d", (int)dev);
     if (p->B < 1 || p->T_q < 1 || p->T_k < 1)
         return set_error(err, errlen, "attention: sizes must be positive, got B=%d, T_q=%d, T_k=%d", p->B,
@@ -136,7 +125,7 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
                     "n_kv_head must divide n_head",
                     p->NH, p->NKV);
     if (!hs_supported(dev, p->HS)) {
-        if (dev == ATTN_CPU)
+        if (dev == DEVICE_CPU)
             return set_error(err, errlen, "attention: head size %d is not supported on cpu: use 1..%d",
                         p->HS, ATTN_CPU_MAX_HS);
         return set_error(err, errlen,
@@ -148,9 +137,9 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
         return set_error(err, errlen, "attention: scale %g is not finite", p->scale);
     if (p->impl != ATTN_IMPL_FLASH && p->impl != ATTN_IMPL_NAIVE)
         return set_error(err, errlen, "attention: unknown implementation %d: use flash or naive", (int)p->impl);
-    if (p->dtype != ATTN_F32 && p->dtype != ATTN_BF16 && p->dtype != ATTN_F16)
+    if (p->dtype != DTYPE_F32 && p->dtype != DTYPE_BF16 && p->dtype != DTYPE_F16)
         return set_error(err, errlen, "attention: unknown dtype %d", (int)p->dtype);
-    if (dev == ATTN_CPU && p->dtype != ATTN_F32)
+    if (dev == DEVICE_CPU && p->dtype != DTYPE_F32)
         return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got %s: use "
                                  "precision.dtype = fp32 with --device cpu",
                     dtype_name(p->dtype));
@@ -171,7 +160,7 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
                         p->T_q, p->T_k);
         if (p->n_docs < 1)
             return set_error(err, errlen, "attention: cu_seqlens is set but n_docs is %d", p->n_docs);
-        if (dev == ATTN_CPU && check_docs(p, err, errlen) != 0) return -1;
+        if (dev == DEVICE_CPU && check_docs(p, err, errlen) != 0) return -1;
     }
     if (!p->lse) return set_error(err, errlen, "attention: lse (B, NH, T_q) fp32 buffer is NULL");
 
@@ -201,11 +190,11 @@ int attn_check(const AttnParams *p, AttnDevice dev, int backward, char *err, siz
 // fp32 dQ accumulator (B, NH, T_q rounded up to 64, HS); the naive kernels, which also run every
 // fp32 problem, add fp32 per-query-head dK and dV (B, NH, T_k, HS) under GQA and two
 // (B, NH, T_q, T_k) fp32 matrices (scores / P, then P_drop / dP).
-size_t attn_workspace_bytes(const AttnParams *p, AttnDevice dev) {
-    if (dev == ATTN_CPU) return 0;
+size_t attn_workspace_bytes(const AttnParams *p, Device dev) {
+    if (dev == DEVICE_CPU) return 0;
     size_t rows_q = (size_t)p->B * p->NH * p->T_q, rows_k = (size_t)p->B * p->NH * p->T_k;
     size_t floats = rows_q + attn_dq_acc_floats(p);
-    if (p->impl == ATTN_IMPL_NAIVE || p->dtype == ATTN_F32) {
+    if (p->impl == ATTN_IMPL_NAIVE || p->dtype == DTYPE_F32) {
         if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
         floats += 2 * rows_q * (size_t)p->T_k;
     }

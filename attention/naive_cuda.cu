@@ -35,10 +35,9 @@ static NaiveBuffers naive_buffers(const AttnParams &p) {
     return nb;
 }
 
-static cudaDataType_t cuda_type(AttnDtype t) {
-    return t == ATTN_BF16 ? CUDA_R_16BF : t == ATTN_F16 ? CUDA_R_16F : CUDA_R_32F;
+static cudaDataType_t cuda_type(DType t) {
+    return t == DTYPE_BF16 ? CUDA_R_16BF : t == DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
-static size_t elem_bytes(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
 
 #define CUBLAS_CHECK(stmt)                                                                    \
     do {                                                                                      \
@@ -164,7 +163,7 @@ template <typename T> static void naive_forward_t(const AttnParams &p, cublasHan
     const NaiveBuffers nb = naive_buffers(p);
     const int G = p.NH / p.NKV;
     const cudaDataType_t dt = cuda_type(p.dtype);
-    const size_t eb = elem_bytes(p.dtype);
+    const size_t eb = dtype_size(p.dtype);
     const int64_t tt = (int64_t)p.T_q * p.T_k;
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
@@ -195,7 +194,7 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
     const NaiveBuffers nb = naive_buffers(p);
     const int G = p.NH / p.NKV;
     const cudaDataType_t dt = cuda_type(p.dtype);
-    const size_t eb = elem_bytes(p.dtype);
+    const size_t eb = dtype_size(p.dtype);
     const int64_t tt = (int64_t)p.T_q * p.T_k;
     const int64_t ld_ds = p.T_k * (int64_t)(4 / eb);  // dS rows keep dP's byte stride
     const bool gqa = G > 1;
@@ -283,16 +282,16 @@ template <typename F> static void with_cublas(const AttnParams &p, F body) {
 
 void naive_forward_cuda(const AttnParams &p) {
     with_cublas(p, [&](cublasHandle_t h, cudaStream_t s) {
-        if (p.dtype == ATTN_BF16) naive_forward_t<__nv_bfloat16>(p, h, s);
-        else if (p.dtype == ATTN_F16) naive_forward_t<__half>(p, h, s);
+        if (p.dtype == DTYPE_BF16) naive_forward_t<__nv_bfloat16>(p, h, s);
+        else if (p.dtype == DTYPE_F16) naive_forward_t<__half>(p, h, s);
         else naive_forward_t<float>(p, h, s);
     });
 }
 
 void naive_backward_cuda(const AttnParams &p) {
     with_cublas(p, [&](cublasHandle_t h, cudaStream_t s) {
-        if (p.dtype == ATTN_BF16) naive_backward_t<__nv_bfloat16>(p, h, s);
-        else if (p.dtype == ATTN_F16) naive_backward_t<__half>(p, h, s);
+        if (p.dtype == DTYPE_BF16) naive_backward_t<__nv_bfloat16>(p, h, s);
+        else if (p.dtype == DTYPE_F16) naive_backward_t<__half>(p, h, s);
         else naive_backward_t<float>(p, h, s);
     });
 }

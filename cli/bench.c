@@ -90,10 +90,11 @@ int cli_bench_main(int argc, char **argv) {
                dtype_name(be->dtype), gpt_num_params(m) / 1e6, B, T, c.train.grad_accum);
         if (li.world > 1) printf(" x ranks %d (%s)", li.world, comm->name);
         printf(": %.1f ms/step, %.0f tokens/s", dt * 1e3, tokens / dt);
-        if (gib >= 0)
-            printf(", MFU %.1f%%, GPU memory %.2f GiB",
-                   100.0 * cli_flops_per_token(&c, gpt_num_params(m)) * tokens / dt /
-                       (PEAK_FLOPS * li.world), gib);
+        const double peak = cli_peak_flops(be);
+        if (peak > 0)
+            printf(", MFU %.1f%%",
+                   100.0 * cli_flops_per_token(&c, gpt_num_params(m)) * tokens / dt / (peak * li.world));
+        if (gib >= 0) printf(", GPU memory %.2f GiB", gib);
         printf("\n");
     }
     if (breakdown) {

@@ -1,6 +1,6 @@
-// cli: the subcommands other than `train` (eval, sample, bench) and what every subcommand
-// shares: option parsing, the choice of backend, evaluation, text decoding and prompt encoding,
-// models rebuilt from checkpoints. train_gpt.c dispatches to the entry points and runs `train`.
+// cli: the subcommands other than `train` (eval, sample, bench, export, import) and what every
+// subcommand shares: option parsing, the choice of backend, text decoding and prompt encoding,
+// models rebuilt from checkpoints, the MFU denominator. train_gpt.c dispatches to the entry points and runs `train`.
 // Everything here may exit with EXIT_USAGE and a message on bad input.
 #pragma once
 #include <stddef.h>
@@ -14,8 +14,6 @@
 #include "model/backend.h"
 #include "model/gpt.h"
 
-// Dense bf16 peak of one H200 (NVIDIA's datasheet, without sparsity): the MFU denominator.
-#define PEAK_FLOPS 989e12
 
 // ---- subcommand entry points (argv[0] is the subcommand; return the exit code) ----
 int cli_eval_main(int argc, char **argv);
@@ -39,9 +37,7 @@ Backend *cli_open_backend(const char *device, const char *dtype, int local_rank)
 // The launch's communicator with the config's dist.timeout; exits 2 when li cannot be served.
 Comm *cli_open_comm(const LaunchInfo *li, Backend *be, const Config *c);
 
-// ---- evaluation and text ----
-long long cli_eval_batches(const Dataset *d, int B, int T, long long tokens);
-double cli_eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm);
+// ---- text ----
 char *cli_decode_text(const Tokenizer *tok, const int *ids, int n);   // malloc'ed
 int cli_start_token(const Tokenizer *tok);
 char *cli_sample_text(GPT *m, const Tokenizer *tok, const int *prompt, int n_prompt, int n_new,
@@ -54,3 +50,7 @@ Backend *cli_open_checkpoint(const char *dir, Config *c, const char *device);
 GPT *cli_load_checkpoint_model(const char *dir, const Config *c, Backend *be, int B, int T);
 double cli_flops_per_token(const Config *c, size_t n_params);
 double cli_gpu_memory_gib(Backend *be);   // -1 on the CPU
+// The MFU denominator: the dense bf16/fp16 tensor-core peak (FLOP/s, no sparsity) of the
+// backend's GPU, from a table by name, else by compute capability; 0 when unknown (the CPU, a
+// GPU the table lacks), and then no MFU is printed. cli/peak_flops.c.
+double cli_peak_flops(const Backend *be);

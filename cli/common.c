@@ -94,49 +94,10 @@ Backend *cli_open_backend(const char *device, const char *dtype, int local_rank)
 // (or the single process) on the CPU. A launch this build cannot serve exits 2 with the reason.
 Comm *cli_open_comm(const LaunchInfo *li, Backend *be, const Config *cfg) {
     char err[ERR_LEN];
-    const int on_gpu = strcmp(be->name, "cuda") == 0;
-    void *stream = NULL;
-#ifdef FLASHGPT_CUDA
-    if (on_gpu) stream = backend_cuda_stream(be);
-#endif
-    Comm *c = comm_open(li, on_gpu ? COMM_DEVICE : COMM_HOST, stream,
-                        comm_timeout(cfg->dist.timeout), err, sizeof err);
+    Comm *c = comm_open(li, be->device, be->stream, comm_timeout(cfg->dist.timeout), err,
+                        sizeof err);
     if (!c) fatal(EXIT_USAGE, "%s", err);
     return c;
-}
-
-// Batches of B x T that cover at most `tokens` tokens of d without reading a window twice
-// (at least 1); synthetic data (0 tokens) is unbounded.
-long long cli_eval_batches(const Dataset *d, int B, int T, long long tokens) {
-    long long n = tokens / ((long long)B * T);
-    long long avail = (long long)dataset_num_tokens(d);
-    if (avail > 0 && n > (avail - 1) / T / B) n = (avail - 1) / T / B;
-    return n < 1 ? 1 : n;
-}
-
-// Mean loss over the non-ignored targets of n_batches batches from the start of d, over every
-// rank of comm (NULL: this process alone; each rank reads its slice of every batch).
-double cli_eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm) {
-    int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
-    float *losses = xmalloc((size_t)B * T * sizeof(float));  // (B*T)
-    double sum = 0;
-    long long count = 0;
-    dataset_rewind(d);
-    gpt_set_training(m, 0);
-    for (long long b = 0; b < n_batches; b++) {
-        dataset_next(d, in, tg);
-        gpt_forward(m, in, tg, B, T);
-        gpt_losses_f32(m, losses);
-        for (int i = 0; i < B * T; i++)
-            if (tg[i] >= 0) sum += losses[i], count++;
-    }
-    gpt_set_training(m, 1);
-    free(in);
-    free(tg);
-    free(losses);
-    double sums[2] = {sum, (double)count};
-    if (comm) comm->allreduce_host_f64(comm, sums, 2);
-    return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
 // Decodes ids into text (malloc'ed); ids print as <id> when there is no tokenizer.
@@ -258,14 +219,8 @@ double cli_flops_per_token(const Config *c, size_t n_params) {
 // GPU memory in use (GiB; the CUDA context included), or -1 on the CPU. The model, optimizer and
 // workspaces are allocated up front and kept, so after the first step this is the peak.
 double cli_gpu_memory_gib(Backend *be) {
-#ifdef FLASHGPT_CUDA
-    if (strcmp(be->name, "cuda") == 0) {
-        size_t free_b, used_b;
-        backend_cuda_memory(be, &free_b, &used_b);
-        return used_b / 1073741824.0;
-    }
-#endif
-    return -1.0;
+    size_t free_b, used_b;
+    return be->memory(be, &free_b, &used_b) ? used_b / 1073741824.0 : -1.0;
 }
 
 // Reads the run config of checkpoint `dir` into c and opens the backend in its precision.dtype.

@@ -1,5 +1,6 @@
 // cli/eval: `train_gpt eval`: the mean validation loss of a checkpoint over token shards.
 #include "cli/cli.h"
+#include "trainer/eval.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +33,8 @@ int cli_eval_main(int argc, char **argv) {
     snprintf(c.data.synthetic, sizeof c.data.synthetic, "none");
     Dataset *d = dataset_open(&c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
     if (!d) fatal(EXIT_USAGE, "%s", err);
-    long long n_batches = cli_eval_batches(d, B, T, tokens > 0 ? tokens : (long long)dataset_num_tokens(d));
-    printf("val_loss: %.6f\n", cli_eval_loss(m, d, B, T, n_batches, NULL));
+    long long n_batches = eval_batches(d, B, T, tokens > 0 ? tokens : (long long)dataset_num_tokens(d));
+    printf("val_loss: %.6f\n", eval_loss(m, d, B, T, n_batches, NULL));
     dataset_close(d);
     gpt_free(m);
     be->destroy(be);

@@ -25,14 +25,11 @@
 // Offsets and sizes travel as JSON numbers (doubles in cJSON): integers are exact up to 2^53.
 #define ST_MAX_JSON_INT 9007199254740992.0
 
-static const char *const DTYPE_NAMES[] = {"F32", "BF16", "F16", "I32", "I64", "U8"};
-static const size_t DTYPE_SIZES[] = {4, 2, 2, 4, 8, 1};
-#define N_DTYPES ((int)(sizeof DTYPE_SIZES / sizeof DTYPE_SIZES[0]))
-
-size_t st_dtype_size(StDtype dt) {
-    CHECK((int)dt >= 0 && (int)dt < N_DTYPES);
-    return DTYPE_SIZES[dt];
-}
+// The format's names of the element types (common/dtype.h).
+static const char *const ST_NAMES[DTYPE_COUNT] = {
+    [DTYPE_F32] = "F32", [DTYPE_BF16] = "BF16", [DTYPE_F16] = "F16", [DTYPE_F64] = "F64",
+    [DTYPE_I32] = "I32", [DTYPE_I64] = "I64",   [DTYPE_U8] = "U8",
+};
 
 void st_init(StFile *f) { memset(f, 0, sizeof *f); }
 
@@ -42,7 +39,7 @@ static size_t numel_of(int ndim, const int64_t *shape) {
     return n;
 }
 
-void st_add(StFile *f, const char *name, StDtype dt, int ndim, const int64_t *shape, const void *data) {
+void st_add(StFile *f, const char *name, DType dt, int ndim, const int64_t *shape, const void *data) {
     CHECK(strlen(name) < sizeof f->tensors[0].name && strcmp(name, "__metadata__") != 0);
     CHECK(ndim >= 0 && ndim <= 4);
     CHECK(st_find(f, name) == NULL);
@@ -59,7 +56,7 @@ void st_add(StFile *f, const char *name, StDtype dt, int ndim, const int64_t *sh
         CHECK(shape[d] >= 0);
         t->shape[d] = shape[d];
     }
-    t->nbytes = numel_of(ndim, shape) * st_dtype_size(dt);
+    t->nbytes = numel_of(ndim, shape) * dtype_size(dt);
     t->data = data;
 }
 
@@ -108,7 +105,7 @@ static int *data_order(const StFile *f) {
     int k = 0;
     for (size_t size = 8; size >= 1; size /= 2)
         for (int i = 0; i < f->n; i++)
-            if (st_dtype_size(f->tensors[i].dtype) == size) order[k++] = i;
+            if (dtype_size(f->tensors[i].dtype) == size) order[k++] = i;
     CHECK(k == f->n);
     return order;
 }
@@ -127,7 +124,7 @@ static char *build_header(const StFile *f, const int *order, size_t *len) {
     for (int k = 0; k < f->n; k++) {
         const StTensor *t = &f->tensors[order[k]];
         cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "dtype", DTYPE_NAMES[t->dtype]);
+        cJSON_AddStringToObject(e, "dtype", ST_NAMES[t->dtype]);
         cJSON *shape = cJSON_AddArrayToObject(e, "shape");
         for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, raw_int(t->shape[d]));
         cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
@@ -238,10 +235,10 @@ static int json_uint(const cJSON *x, double *out) {
     return 1;
 }
 
-static int parse_dtype(const char *s, StDtype *dt) {
-    for (int i = 0; i < N_DTYPES; i++)
-        if (strcmp(s, DTYPE_NAMES[i]) == 0) {
-            *dt = (StDtype)i;
+static int parse_dtype(const char *s, DType *dt) {
+    for (int i = 0; i < DTYPE_COUNT; i++)
+        if (strcmp(s, ST_NAMES[i]) == 0) {
+            *dt = (DType)i;
             return 1;
         }
     return 0;
@@ -286,7 +283,7 @@ static int parse_entry(const char *path, const cJSON *e, size_t data_size, StTen
     if (en > (double)data_size)
         return set_error(err, errlen, "%s: tensor '%s': data_offsets [%.0f, %.0f) out of range: the data section has "
                       "%zu bytes (file truncated?)", path, name, b, en, data_size);
-    const double expect = numel * (double)st_dtype_size(t->dtype);
+    const double expect = numel * (double)dtype_size(t->dtype);
     if (expect != en - b)
         return set_error(err, errlen, "%s: tensor '%s': shape and dtype %s need %.0f bytes but data_offsets span %.0f",
                       path, name, dtype->valuestring, expect, en - b);

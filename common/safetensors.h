@@ -5,11 +5,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ST_F32 = 0, ST_BF16 = 1, ST_F16 = 2, ST_I32 = 3, ST_I64 = 4, ST_U8 = 5 } StDtype;
+#include "common/dtype.h"
+
 
 typedef struct {
     char name[128];
-    StDtype dtype;
+    DType dtype;
     int ndim;
     int64_t shape[4];
     size_t nbytes;
@@ -26,7 +27,7 @@ typedef struct {
 } StFile;
 
 void st_init(StFile *f);
-void st_add(StFile *f, const char *name, StDtype dt, int ndim, const int64_t *shape, const void *data);
+void st_add(StFile *f, const char *name, DType dt, int ndim, const int64_t *shape, const void *data);
 void st_set_meta(StFile *f, const char *key, const char *value);
 // Writes to path (through a temporary file, fsync, rename). Returns 0, or -1 with err set.
 int st_write(const StFile *f, const char *path, char *err, size_t errlen);
@@ -36,4 +37,3 @@ int st_read(StFile *f, const char *path, char *err, size_t errlen);
 const StTensor *st_find(const StFile *f, const char *name);
 const char *st_meta(const StFile *f, const char *key);   // NULL when absent
 void st_free(StFile *f);
-size_t st_dtype_size(StDtype dt);

@@ -105,17 +105,17 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
-int convert_to_f32(float *dst, const void *src, StDtype dt, size_t n) {
+int convert_to_f32(float *dst, const void *src, DType dt, size_t n) {
     const uint16_t *h = src;
     switch (dt) {
-    case ST_F32: memcpy(dst, src, n * sizeof(float)); return 0;
-    case ST_BF16:
+    case DTYPE_F32: memcpy(dst, src, n * sizeof(float)); return 0;
+    case DTYPE_BF16:
         for (size_t i = 0; i < n; i++) {
             uint32_t bits = (uint32_t)h[i] << 16;   // bf16 is the top half of an fp32: exact
             memcpy(&dst[i], &bits, sizeof bits);
         }
         return 0;
-    case ST_F16:
+    case DTYPE_F16:
         for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(h[i]);
         return 0;
     default: return -1;

@@ -54,7 +54,7 @@ int convert_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen)
 int convert_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen);      // convert_hf.c
 
 // Converts n elements of dtype dt (F32, BF16 or F16) to fp32. Returns 0, -1 for other dtypes.
-int convert_to_f32(float *dst, const void *src, StDtype dt, size_t n);
+int convert_to_f32(float *dst, const void *src, DType dt, size_t n);
 
 // An output directory must not exist yet (checked before any work). Returns 0 or -1 with err set.
 int convert_check_out(const char *out, char *err, size_t errlen);

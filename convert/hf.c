@@ -167,7 +167,7 @@ static int write_hf(HostModel *hm, const char *dir, char *err, size_t errlen) {
             transpose(bufs[i], src, t->shape[0], t->shape[1]);
             src = bufs[i];
         }
-        st_add(&f, name, ST_F32, ndim, shape, src);
+        st_add(&f, name, DTYPE_F32, ndim, shape, src);
     }
     // transformers refuses a safetensors file whose metadata lacks format "pt".
     st_set_meta(&f, "format", "pt");
@@ -323,7 +323,7 @@ static int check_tensor(const StTensor *s, const char *hf, int ndim, const int64
                         const char *path, char *err, size_t errlen) {
     char want[64], have[64];
     if (!s) return set_error(err, errlen, "%s: tensor '%s' (or '" HF_PREFIX "%s') is missing", path, hf, hf);
-    if (s->dtype != ST_F32 && s->dtype != ST_BF16 && s->dtype != ST_F16)
+    if (s->dtype != DTYPE_F32 && s->dtype != DTYPE_BF16 && s->dtype != DTYPE_F16)
         return set_error(err, errlen, "%s: tensor '%s' has an integer dtype: expected F32, BF16 or F16", path,
                          s->name);
     int same = s->ndim == ndim;
@@ -376,7 +376,7 @@ static int fill_from_hf(HostModel *hm, const StFile *f, const char *path, char *
         int tr;
         hf_name(t->name, hf, sizeof hf, &tr);
         const StTensor *s = find_hf(f, hf);
-        size_t numel = s->nbytes / st_dtype_size(s->dtype);   // V rows of wte: fewer than t->numel
+        size_t numel = s->nbytes / dtype_size(s->dtype);   // V rows of wte: fewer than t->numel
         float *dst = hm->params + t->offset;
         if (!tr) {
             convert_to_f32(dst, s->data, s->dtype, numel);

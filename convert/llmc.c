@@ -50,7 +50,7 @@ static int read_params(FILE *f, float *dst, size_t n, int bf16) {
     for (size_t done = 0; done < n && rc == 0; done += READ_CHUNK) {
         size_t k = n - done < READ_CHUNK ? n - done : READ_CHUNK;
         if (fread(buf, sizeof(uint16_t), k, f) != k) rc = -1;
-        else convert_to_f32(dst + done, buf, ST_BF16, k);
+        else convert_to_f32(dst + done, buf, DTYPE_BF16, k);
     }
     free(buf);
     return rc;

@@ -15,17 +15,6 @@
 enum { SHARD_ALIGN = 64 };
 #define DEFAULT_TIMEOUT_S 300.0
 
-size_t comm_dtype_size(CommDtype t) {
-    switch (t) {
-    case COMM_F64:
-        return 8;
-    case COMM_F32:
-        return 4;
-    default:
-        return 2;
-    }
-}
-
 void comm_range_parts(size_t offset, size_t count, const size_t *counts, int world,
                       size_t *parts) {
     size_t seg = 0;
@@ -71,10 +60,10 @@ int comm_all_ok(Comm *c, int ok) {
 
 // ---- single process: every collective is the identity ----
 
-static void single_allreduce(Comm *c, void *buf, size_t count, CommDtype t) {}
-static void single_segments(Comm *c, void *buf, const size_t *counts, CommDtype t) {}
+static void single_allreduce(Comm *c, void *buf, size_t count, DType t) {}
+static void single_segments(Comm *c, void *buf, const size_t *counts, DType t) {}
 static void single_range(Comm *c, void *buf, size_t offset, size_t count, const size_t *counts,
-                         CommDtype t) {}
+                         DType t) {}
 static void single_broadcast(Comm *c, void *buf, size_t bytes, int root) {}
 static void single_nothing(Comm *c) {}
 static void single_allreduce_host(Comm *c, double *buf, size_t count) {}
@@ -160,10 +149,10 @@ static Comm *open_device(const LaunchInfo *li, void *cuda_stream, double timeout
 #endif
 }
 
-Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, double timeout_s,
+Comm *comm_open(const LaunchInfo *li, Device mem, void *cuda_stream, double timeout_s,
                 char *err, size_t errlen) {
     if (li->world == 1) return comm_single_create();
-    return mem == COMM_HOST ? open_host(li, timeout_s, err, errlen)
+    return mem == DEVICE_CPU ? open_host(li, timeout_s, err, errlen)
                             : open_device(li, cuda_stream, timeout_s, err, errlen);
 }
 

@@ -8,13 +8,8 @@
 #pragma once
 #include <stddef.h>
 
+#include "common/dtype.h"
 #include "dist/launch.h"
-
-typedef enum { COMM_F32 = 0, COMM_BF16 = 1, COMM_F16 = 2, COMM_F64 = 3 } CommDtype;
-// Where the buffers live: COMM_HOST for the CPU backend (MPI), COMM_DEVICE for CUDA (NCCL).
-typedef enum { COMM_HOST = 0, COMM_DEVICE = 1 } CommMemory;
-
-size_t comm_dtype_size(CommDtype t);
 
 enum { COMM_HOST_MAX = 16 };  // doubles per allreduce_host_f64 call
 
@@ -26,10 +21,10 @@ struct Comm {
     void *ctx;  // implementation state
 
     // buf (count) becomes the element-wise sum over ranks, in place.
-    void (*allreduce_sum)(Comm *c, void *buf, size_t count, CommDtype t);
+    void (*allreduce_sum)(Comm *c, void *buf, size_t count, DType t);
     // buf (n = sum of counts) holds each rank's full vector; afterwards rank r's segment
     // [offset_r, offset_r + counts[r]) holds the sum over ranks (the rest is undefined).
-    void (*reduce_scatter_sum)(Comm *c, void *buf, const size_t *counts, CommDtype t);
+    void (*reduce_scatter_sum)(Comm *c, void *buf, const size_t *counts, DType t);
     // Starts reduce_scatter_sum over the elements [offset, offset + count) of buf alone (the
     // same flat vector and segments counts as above), without waiting: once wait() returns,
     // the part of rank r's segment inside that range holds the sum over ranks. Data
@@ -41,9 +36,9 @@ struct Comm {
     // and the library's algorithms, never on timing (2 ranks: one addition per element, the
     // same as reduce_scatter_sum's). The range of buf stays unchanged until wait().
     void (*reduce_scatter_start)(Comm *c, void *buf, size_t offset, size_t count,
-                                 const size_t *counts, CommDtype t);
+                                 const size_t *counts, DType t);
     // In place: rank r's segment of buf (counts as above) is copied into every rank's buf.
-    void (*allgather)(Comm *c, void *buf, const size_t *counts, CommDtype t);
+    void (*allgather)(Comm *c, void *buf, const size_t *counts, DType t);
     // bytes of buf from rank `root` to every rank.
     void (*broadcast)(Comm *c, void *buf, size_t bytes, int root);
     void (*barrier)(Comm *c);
@@ -74,12 +69,12 @@ void comm_range_parts(size_t offset, size_t count, const size_t *counts, int wor
                       size_t *parts);
 
 // The communicator for this launch. World size 1 gives the single-process comm. Otherwise
-// COMM_HOST needs an MPI build launched by mpirun; COMM_DEVICE needs CUDA (NCCL, on
+// DEVICE_CPU needs an MPI build launched by mpirun; DEVICE_CUDA needs CUDA (NCCL, on
 // cuda_stream, a cudaStream_t, with device li->local_rank already current), and gets NCCL's
 // unique id through MPI when built with it and launched by mpirun, else over TCP from rank 0
 // (dist/bootstrap_tcp.h). Returns NULL with err set when this launch cannot be served.
 // timeout_s: how long any rank waits for the others (comm_timeout).
-Comm *comm_open(const LaunchInfo *li, CommMemory mem, void *cuda_stream, double timeout_s,
+Comm *comm_open(const LaunchInfo *li, Device mem, void *cuda_stream, double timeout_s,
                 char *err, size_t errlen);
 void comm_close(Comm *c);  // NULL is fine
 

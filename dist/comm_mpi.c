@@ -36,9 +36,9 @@ typedef struct {
     int n_started, cap_started;
 } MpiCtx;
 
-static MPI_Datatype mpi_type(CommDtype t) {
-    if (t == COMM_F32) return MPI_FLOAT;
-    if (t == COMM_F64) return MPI_DOUBLE;
+static MPI_Datatype mpi_type(DType t) {
+    if (t == DTYPE_F32) return MPI_FLOAT;
+    if (t == DTYPE_F64) return MPI_DOUBLE;
     fatal(EXIT_RUNTIME,
           "the MPI communicator carries fp32 and fp64 only (host buffers of the CPU "
           "backend), not 16-bit floats");
@@ -78,16 +78,16 @@ static void set_layout(Comm *c, const size_t *counts) {
     }
 }
 
-static void mpi_allreduce(Comm *c, void *buf, size_t count, CommDtype t) {
+static void mpi_allreduce(Comm *c, void *buf, size_t count, DType t) {
     MPI_Request req;
     MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req);
     wait_bounded(c, &req, "all-reduce");
 }
 
-static void mpi_reduce_scatter(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+static void mpi_reduce_scatter(Comm *c, void *buf, const size_t *counts, DType t) {
     MpiCtx *x = c->ctx;
     set_layout(c, counts);
-    const size_t es = comm_dtype_size(t), mine = counts[c->rank] * es;
+    const size_t es = dtype_size(t), mine = counts[c->rank] * es;
     if (x->tmp_bytes < mine) x->tmp = xrealloc(x->tmp, x->tmp_bytes = mine);
     MPI_Request req;
     MPI_Ireduce_scatter(buf, x->tmp, x->icounts, mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req);
@@ -105,7 +105,7 @@ static void progress_started(MpiCtx *x) {
 }
 
 static void mpi_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t count,
-                                     const size_t *counts, CommDtype t) {
+                                     const size_t *counts, DType t) {
     MpiCtx *x = c->ctx;
     if (x->n_started == x->cap_started) {
         x->cap_started = x->cap_started ? 2 * x->cap_started : 16;
@@ -113,7 +113,7 @@ static void mpi_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t c
     }
     size_t *parts = xmalloc((size_t)c->world * sizeof(size_t));  // (world)
     comm_range_parts(offset, count, counts, c->world, parts);
-    const size_t es = comm_dtype_size(t);
+    const size_t es = dtype_size(t);
     size_t mine = 0;   // where this rank's part starts in the range
     for (int r = 0; r < c->rank; r++)
         mine += parts[r];
@@ -130,7 +130,7 @@ static void mpi_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t c
     progress_started(x);
 }
 
-static void mpi_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+static void mpi_allgather(Comm *c, void *buf, const size_t *counts, DType t) {
     MpiCtx *x = c->ctx;
     set_layout(c, counts);
     MPI_Request req;
@@ -152,7 +152,7 @@ static void mpi_barrier(Comm *c) {
 }
 
 static void mpi_allreduce_host(Comm *c, double *buf, size_t count) {
-    mpi_allreduce(c, buf, count, COMM_F64);
+    mpi_allreduce(c, buf, count, DTYPE_F64);
 }
 
 // Finishes the started reductions in their order and stores each rank's parts.

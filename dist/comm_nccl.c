@@ -35,13 +35,13 @@ typedef struct {
     Comm *boot;        // the MPI comm that carried the unique id, or NULL
 } NcclCtx;
 
-static ncclDataType_t nccl_type(CommDtype t) {
+static ncclDataType_t nccl_type(DType t) {
     switch (t) {
-    case COMM_BF16:
+    case DTYPE_BF16:
         return ncclBfloat16;
-    case COMM_F16:
+    case DTYPE_F16:
         return ncclFloat16;
-    case COMM_F64:
+    case DTYPE_F64:
         return ncclFloat64;
     default:
         return ncclFloat32;
@@ -96,7 +96,7 @@ static size_t offset_of(const size_t *counts, int r) {
     return off;
 }
 
-static void nccl_allreduce(Comm *c, void *buf, size_t count, CommDtype t) {
+static void nccl_allreduce(Comm *c, void *buf, size_t count, DType t) {
     NcclCtx *x = c->ctx;
     wait_queued(c, ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, x->nccl, x->stream),
                 "all-reduce");
@@ -104,9 +104,9 @@ static void nccl_allreduce(Comm *c, void *buf, size_t count, CommDtype t) {
 
 // Equal segments use NCCL's in-place reduce-scatter; unequal ones (the last shard shorter) a
 // group of reductions, one to each segment's owner.
-static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, DType t) {
     NcclCtx *x = c->ctx;
-    const size_t es = comm_dtype_size(t);
+    const size_t es = dtype_size(t);
     char *b = buf;
     if (equal_counts(c, counts)) {
         wait_queued(c,
@@ -131,14 +131,14 @@ static void cuda_ok(const Comm *c, cudaError_t e, const char *what) {
 // The range's part in each segment is reduced to that segment's owner on the side stream, once
 // the work queued so far on the comm's stream (the backward that wrote the range) is done.
 static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t count,
-                                      const size_t *counts, CommDtype t) {
+                                      const size_t *counts, DType t) {
     NcclCtx *x = c->ctx;
     size_t *parts = xmalloc((size_t)c->world * sizeof(size_t));  // (world)
     comm_range_parts(offset, count, counts, c->world, parts);
     cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
     cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
     x->side_busy = 1;
-    const size_t es = comm_dtype_size(t);
+    const size_t es = dtype_size(t);
     char *part = (char *)buf + offset * es;
     ncclGroupStart();
     for (int r = 0; r < c->world; r++) {
@@ -149,9 +149,9 @@ static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t 
     wait_queued(c, ncclGroupEnd(), "gradient bucket reduce-scatter");
 }
 
-static void nccl_allgather(Comm *c, void *buf, const size_t *counts, CommDtype t) {
+static void nccl_allgather(Comm *c, void *buf, const size_t *counts, DType t) {
     NcclCtx *x = c->ctx;
-    const size_t es = comm_dtype_size(t);
+    const size_t es = dtype_size(t);
     char *b = buf;
     if (equal_counts(c, counts)) {
         wait_queued(c,
@@ -198,7 +198,7 @@ static void nccl_wait(Comm *c) {
 
 static void nccl_barrier(Comm *c) {
     NcclCtx *x = c->ctx;
-    nccl_allreduce(c, x->scratch, 1, COMM_F64);
+    nccl_allreduce(c, x->scratch, 1, DTYPE_F64);
     nccl_wait(c);
 }
 
@@ -209,7 +209,7 @@ static void nccl_allreduce_host(Comm *c, double *buf, size_t count) {
     memcpy(x->pinned, buf, bytes);
     cuda_ok(c, cudaMemcpyAsync(x->scratch, x->pinned, bytes, cudaMemcpyHostToDevice, x->stream),
             "cudaMemcpyAsync");
-    nccl_allreduce(c, x->scratch, count, COMM_F64);
+    nccl_allreduce(c, x->scratch, count, DTYPE_F64);
     cuda_ok(c, cudaMemcpyAsync(x->pinned, x->scratch, bytes, cudaMemcpyDeviceToHost, x->stream),
             "cudaMemcpyAsync");
     nccl_wait(c);

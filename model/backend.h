@@ -1,6 +1,6 @@
 // backend: the small set of ops the GPT is written against. The model (model/gpt.c) calls only
-// these; model/cpu/ops_cpu.c implements them in fp32 (the reference) and the CUDA backend
-// (model/cuda/ops_cuda.cu, a later issue) in bf16/fp16/fp32 beside it.
+// these; model/cpu/ implements them in fp32 (the reference) and model/cuda/ in bf16, fp16 and
+// fp32.
 //
 // Conventions:
 // - Every pointer is backend memory; tensors are row-major, shapes are given in comments.
@@ -14,21 +14,21 @@
 #include <stdint.h>
 
 #include "attention/attention.h"
+#include "common/dtype.h"
 
-typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
 typedef enum { EPI_NONE = 0, EPI_GELU = 1 } Epilogue;  // matmul epilogue (tanh-approximate GELU)
 
-size_t dtype_size(DType t);
-const char *dtype_name(DType t);
-// 2^-p for p significand bits (fp32 24, bf16 8, fp16 11): the rounding error bound tolerances
-// are derived from.
-double dtype_unit_roundoff(DType t);
 
 typedef struct Backend Backend;
 struct Backend {
-    const char *name;  // "cpu" or "cuda"
+    const char *name;          // "cpu" or "cuda"
     DType dtype;
-    void *ctx;         // backend-private state (streams, handles, workspaces)
+    Device device;
+    void *stream;              // the cudaStream_t the ops run on, for work queued beside them
+                               // (the optimizer, collectives); NULL on the CPU
+    const char *device_name;   // the GPU's name ("NVIDIA H200"), or "cpu"
+    int compute_capability;    // 10 * major + minor (90 for 9.0); 0 on the CPU
+    void *ctx;                 // backend-private state (handles, workspaces)
 
     void (*destroy)(Backend *be);
 
@@ -42,6 +42,10 @@ struct Backend {
     void (*upload_f32)(Backend *be, void *dst, const float *host, size_t n);       // fp32 -> dtype
     void (*download_f32)(Backend *be, float *host, const void *src, size_t n);     // dtype -> fp32
     void (*synchronize)(Backend *be);
+    // Device memory in bytes: free now, and in use (total - free: every allocation of this
+    // process, the CUDA context and library workspaces included). Returns 0 without device
+    // memory to report (the CPU), 1 otherwise.
+    int (*memory)(Backend *be, size_t *free_bytes, size_t *used_bytes);
 
     // ---- ops ----
     // out (B,T,C) = wte[tokens] + wpe[pos]; pos (B,T) or NULL for pos = t.
@@ -105,9 +109,4 @@ Backend *backend_cpu_create(void);
 Backend *backend_cuda_create(DType dtype, int device);
 // CUDA GPUs this process can use; 0 when there is none or no driver (never fails).
 int backend_cuda_device_count(void);
-// The backend's stream (a cudaStream_t), for work queued beside its ops (the CUDA AdamW).
-void *backend_cuda_stream(Backend *be);
-// Device memory in bytes: free now, and in use (total - free: every allocation of this process,
-// the CUDA context and library workspaces included).
-void backend_cuda_memory(Backend *be, size_t *free_bytes, size_t *used_bytes);
 #endif

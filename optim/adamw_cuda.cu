@@ -87,7 +87,7 @@ __global__ void sumsq_total_kernel(double *partial, size_t n_partial) {
 }
 
 void adamw_cuda_init(AdamWCuda *opt, size_t n, const OptimSpan *spans, int n_spans,
-                     const Config *c, OptimDtype dtype, void *stream) {
+                     const Config *c, DType dtype, void *stream) {
     memset(opt, 0, sizeof *opt);
     opt->n = n;
     opt->dtype = dtype;
@@ -163,11 +163,12 @@ void adamw_cuda_download(const AdamWCuda *opt, float *master, float *m, float *v
 }
 
 // Runs f with a value of the element type of `dtype` (the run-time dtype switch of this file).
-template <typename F> static void dispatch_optim_dtype(OptimDtype dtype, F &&f) {
+template <typename F> static void dispatch_optim_dtype(DType dtype, F &&f) {
     switch (dtype) {
-    case OPTIM_F32: f(float{}); return;
-    case OPTIM_BF16: f(__nv_bfloat16{}); return;
-    case OPTIM_F16: f(__half{}); return;
+    case DTYPE_F32: f(float{}); return;
+    case DTYPE_BF16: f(__nv_bfloat16{}); return;
+    case DTYPE_F16: f(__half{}); return;
+    default: break;
     }
     fatal(EXIT_RUNTIME, "adamw_cuda: unknown dtype %d", (int)dtype);
 }
@@ -211,4 +212,50 @@ void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, 
             (const AdamWChunk *)opt->chunks, s);
     });
     CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- the Optimizer interface (optim/optim.h) over AdamWCuda ----
+
+static AdamWCuda *cuda_adamw(Optimizer *o) { return (AdamWCuda *)o->ctx; }
+
+static void cuda_destroy(Optimizer *o) {
+    adamw_cuda_free(cuda_adamw(o));
+    free(o->ctx);
+    free(o);
+}
+
+static double cuda_grad_sumsq(Optimizer *o, const void *grads) {
+    return adamw_cuda_grad_sumsq(cuda_adamw(o), grads);
+}
+
+static void cuda_step(Optimizer *o, void *params, const void *grads, float lr, float grad_mult) {
+    AdamWCuda *a = cuda_adamw(o);
+    a->t = o->t;
+    adamw_cuda_step(a, params, grads, lr, grad_mult);
+    o->t = a->t;
+}
+
+static void cuda_get_state(Optimizer *o, float *master, float *m, float *v) {
+    adamw_cuda_download(cuda_adamw(o), master, m, v);
+}
+
+static void cuda_set_state(Optimizer *o, const float *master, const float *m, const float *v) {
+    adamw_cuda_upload(cuda_adamw(o), master, m, v);
+}
+
+Optimizer *adamw_cuda_optimizer_create(size_t n, const OptimSpan *spans, int n_spans,
+                                       const Config *c, DType dtype, void *stream) {
+    Optimizer *o = (Optimizer *)xcalloc(1, sizeof *o);
+    AdamWCuda *a = (AdamWCuda *)xcalloc(1, sizeof *a);
+    adamw_cuda_init(a, n, spans, n_spans, c, dtype, stream);
+    o->device = DEVICE_CUDA;
+    o->n = n;
+    o->has_master = 1;
+    o->ctx = a;
+    o->destroy = cuda_destroy;
+    o->grad_sumsq = cuda_grad_sumsq;
+    o->step = cuda_step;
+    o->get_state = cuda_get_state;
+    o->set_state = cuda_set_state;
+    return o;
 }

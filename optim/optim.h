@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "common/dtype.h"
 
 typedef struct {
     size_t offset, n;  // elements of the flat vector
@@ -25,6 +26,40 @@ void adamw_free(AdamW *opt);
 // One AdamW step on fp32 params/grads (host): g = grads * grad_mult (unscale and clip), then
 // decoupled decay p -= lr * wd * p for decayed spans, then the Adam update with bias correction.
 void adamw_step_cpu(AdamW *opt, float *params, const float *grads, float lr, float grad_mult);
+
+// ---- the optimizer the trainer steps ----
+// AdamW behind one interface, as Backend is for the model's ops: on the CPU the parameters are
+// fp32 host memory and are themselves the master weights (adamw_step_cpu); on a CUDA GPU the
+// fp32 master weights and moments live on the device beside the compute-dtype parameters
+// (optim/optim_cuda.h). It covers n elements of the flat parameter vector (one rank's shard).
+typedef struct Optimizer Optimizer;
+struct Optimizer {
+    Device device;
+    size_t n;
+    int has_master;    // 1: fp32 master weights kept apart from the parameters
+    long long t;       // completed (non-skipped) steps, for bias correction
+    void *ctx;         // implementation state
+    void (*destroy)(Optimizer *o);
+    // Sum of squares of grads (n, the parameters' dtype) in double, deterministic (fixed order);
+    // +inf or NaN when any gradient is non-finite. Waits for the result.
+    double (*grad_sumsq)(Optimizer *o, const void *grads);
+    // One step (t + 1): g = grads * grad_mult, decoupled decay for decayed spans, the Adam update
+    // with bias correction; writes params (n, dtype) and the master weights. Asynchronous on a GPU.
+    void (*step)(Optimizer *o, void *params, const void *grads, float lr, float grad_mult);
+    // The state as host fp32 (n each), for checkpoints; any pointer may be NULL (master is
+    // ignored without has_master). Both wait for their copies.
+    void (*get_state)(Optimizer *o, float *master, float *m, float *v);
+    void (*set_state)(Optimizer *o, const float *master, const float *m, const float *v);
+};
+
+// AdamW for parameters of dtype on device (DEVICE_CUDA: kernels on stream, a cudaStream_t;
+// DEVICE_CPU: fp32 only) over n elements cut into spans; hyperparameters from c->optim. Master
+// weights (CUDA) start at zero: set them with set_state. Exits with a message when this build
+// has no such device.
+Optimizer *optimizer_create(Device device, DType dtype, void *stream, size_t n,
+                            const OptimSpan *spans, int n_spans, const Config *c);
+// Bytes of device memory the state of n elements needs (0 on the CPU, where it is host memory).
+size_t optimizer_device_bytes(Device device, size_t n);
 
 // Learning rate at `step` (0-based) of `total`. With W = optim.warmup_steps:
 //   step < W:  lr * (step + 1) / W                              (linear warmup, reaches lr)

@@ -15,22 +15,19 @@
 #include <stddef.h>
 
 #include "common/config.h"
+#include "common/dtype.h"
 #include "optim/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-// Element type of parameters and gradients: the same values as DType (model/backend.h), which
-// optim may not include.
-typedef enum { OPTIM_F32 = 0, OPTIM_BF16 = 1, OPTIM_F16 = 2 } OptimDtype;
-
 typedef struct {
     size_t n;                 // elements of the flat vector
     float *master, *m, *v;    // (n) fp32 master weights and moments, device
     long long t;              // completed (non-skipped) steps, for bias correction
     float beta1, beta2, eps, weight_decay;
-    OptimDtype dtype;
+    DType dtype;
     void *stream;             // cudaStream_t
     void *chunks;             // (n_chunks) device work table, one entry per block
     int n_chunks;
@@ -41,7 +38,7 @@ typedef struct {
 // Allocates the state (moments zero, master weights zero until adamw_cuda_upload) for the spans
 // of a flat vector of n elements; hyperparameters from c->optim.
 void adamw_cuda_init(AdamWCuda *opt, size_t n, const OptimSpan *spans, int n_spans,
-                     const Config *c, OptimDtype dtype, void *stream);
+                     const Config *c, DType dtype, void *stream);
 void adamw_cuda_free(AdamWCuda *opt);
 // Host fp32 (n) <-> device state, for initialisation and checkpoints; any pointer may be NULL.
 // Both wait for the copies to finish.
@@ -55,6 +52,10 @@ double adamw_cuda_grad_sumsq(AdamWCuda *opt, const void *grads);
 // One step: g = grads * grad_mult, decoupled decay for decayed spans, Adam update with bias
 // correction of step t + 1; writes master (fp32) and params (n, dtype). Asynchronous.
 void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, float grad_mult);
+
+// The same AdamW behind the Optimizer interface (optimizer_create picks it for DEVICE_CUDA).
+Optimizer *adamw_cuda_optimizer_create(size_t n, const OptimSpan *spans, int n_spans,
+                                       const Config *c, DType dtype, void *stream);
 
 #ifdef __cplusplus
 }

@@ -136,7 +136,7 @@ static AttnParams params_make(const Inputs *in, const Outputs *o, AttnImpl impl)
     p.dropout_p = s->dropout;
     p.seed = 1234;
     p.offset = 77;
-    p.dtype = ATTN_F32;
+    p.dtype = DTYPE_F32;
     p.impl = impl;
     return p;
 }
@@ -148,7 +148,7 @@ static void run_contiguous(const Inputs *in, Outputs *o, AttnImpl impl) {
     poison(o->dk, n_kv(s)); poison(o->dv, n_kv(s));
     AttnParams p = params_make(in, o, impl);
     char err[256];
-    int ok = attn_check(&p, ATTN_CPU, 1, err, sizeof err) == 0;
+    int ok = attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0;
     EXPECT(ok, "attn_check rejected a valid problem: %s", err);
     if (!ok) return;
     attn_forward_cpu(&p);
@@ -439,7 +439,7 @@ static void test_visible_rules(void) {
         Outputs o = outputs_make(&s);
         AttnParams p = params_make(&in, &o, ATTN_IMPL_FLASH);
         char err[256];
-        EXPECT(attn_check(&p, ATTN_CPU, 1, err, sizeof err) == 0, "valid random problem rejected: %s", err);
+        EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "valid random problem rejected: %s", err);
         for (int b = 0; b < s.B; b++)
             for (int i = 0; i < s.T_q; i++)
                 for (int j = 0; j < s.T_k; j++) mismatches += attn_visible(&p, b, i, j) != explicit_visible(&in, b, i, j);
@@ -534,7 +534,7 @@ static void check_strided(Shape s, AttnImpl impl) {
     p.dout = dout;
     p.do_st = (AttnStrides){(int64_t)T * do_row, do_row, s.HS};
     char err[256];
-    int ok = attn_check(&p, ATTN_CPU, 1, err, sizeof err) == 0;
+    int ok = attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0;
     EXPECT(ok, "%s: strided layout rejected: %s", name, err);
     if (ok) {
         attn_forward_cpu(&p);
@@ -601,7 +601,7 @@ static void test_deterministic(void) {
 // ---------------------------------------------------------------------------------------------
 // attn_check's bad-input paths: each rejected with a message naming the problem.
 
-static void expect_rejected(const AttnParams *p, AttnDevice dev, int backward, const char *needle,
+static void expect_rejected(const AttnParams *p, Device dev, int backward, const char *needle,
                             const char *what) {
     char err[256] = "";
     int rc = attn_check(p, dev, backward, err, sizeof err);
@@ -615,87 +615,87 @@ static void test_check_bad_inputs(void) {
     Outputs o = outputs_make(&s);
     const AttnParams good = params_make(&in, &o, ATTN_IMPL_FLASH);
     char err[256];
-    EXPECT(attn_check(&good, ATTN_CPU, 0, err, sizeof err) == 0, "valid forward rejected: %s", err);
-    EXPECT(attn_check(&good, ATTN_CPU, 1, err, sizeof err) == 0, "valid backward rejected: %s", err);
+    EXPECT(attn_check(&good, DEVICE_CPU, 0, err, sizeof err) == 0, "valid forward rejected: %s", err);
+    EXPECT(attn_check(&good, DEVICE_CPU, 1, err, sizeof err) == 0, "valid backward rejected: %s", err);
     AttnParams p;
 
     p = good; p.HS = 0;
-    expect_rejected(&p, ATTN_CPU, 0, "head size 0", "HS 0");
+    expect_rejected(&p, DEVICE_CPU, 0, "head size 0", "HS 0");
     // CUDA paths (only the params are inspected; no device memory is touched).
     AttnParams cuda = good;
     cuda.cu_seqlens = NULL;
-    cuda.dtype = ATTN_BF16;
-    cuda.workspace_bytes = attn_workspace_bytes(&cuda, ATTN_CUDA);
+    cuda.dtype = DTYPE_BF16;
+    cuda.workspace_bytes = attn_workspace_bytes(&cuda, DEVICE_CUDA);
     cuda.workspace = aligned_alloc(16, (cuda.workspace_bytes + 15) / 16 * 16);  // C11: a multiple of 16
-    EXPECT(attn_check(&cuda, ATTN_CUDA, 1, err, sizeof err) == 0, "valid cuda problem rejected: %s", err);
+    EXPECT(attn_check(&cuda, DEVICE_CUDA, 1, err, sizeof err) == 0, "valid cuda problem rejected: %s", err);
     p = cuda; p.HS = 512;
-    expect_rejected(&p, ATTN_CUDA, 0, "head size 512 is not supported on cuda", "HS 512 on cuda");
+    expect_rejected(&p, DEVICE_CUDA, 0, "head size 512 is not supported on cuda", "HS 512 on cuda");
     // fp32 on cuda runs the naive kernels, so the flash params must size their workspace.
-    p = cuda; p.dtype = ATTN_F32;
-    EXPECT(attn_workspace_bytes(&p, ATTN_CUDA) > attn_workspace_bytes(&cuda, ATTN_CUDA),
+    p = cuda; p.dtype = DTYPE_F32;
+    EXPECT(attn_workspace_bytes(&p, DEVICE_CUDA) > attn_workspace_bytes(&cuda, DEVICE_CUDA),
            "fp32 cuda workspace must cover the naive kernels");
     p = cuda; p.workspace_bytes = 16;
-    expect_rejected(&p, ATTN_CUDA, 1, "needs a workspace", "cuda workspace too small");
+    expect_rejected(&p, DEVICE_CUDA, 1, "needs a workspace", "cuda workspace too small");
     p = cuda; p.q_st.row += 1;
-    expect_rejected(&p, ATTN_CUDA, 0, "not a multiple of 16 bytes", "misaligned cuda stride");
+    expect_rejected(&p, DEVICE_CUDA, 0, "not a multiple of 16 bytes", "misaligned cuda stride");
     p = cuda; p.k = (const char *)p.k + 2;
-    expect_rejected(&p, ATTN_CUDA, 0, "aligned", "misaligned cuda pointer");
+    expect_rejected(&p, DEVICE_CUDA, 0, "aligned", "misaligned cuda pointer");
 
     p = good; p.NH = 6; p.NKV = 4;
-    expect_rejected(&p, ATTN_CPU, 0, "n_kv_head must divide n_head", "NKV not dividing NH");
+    expect_rejected(&p, DEVICE_CPU, 0, "n_kv_head must divide n_head", "NKV not dividing NH");
     p = good; p.NKV = 0;
-    expect_rejected(&p, ATTN_CPU, 0, "NKV=0", "NKV 0");
+    expect_rejected(&p, DEVICE_CPU, 0, "NKV=0", "NKV 0");
     p = good; p.B = 0;
-    expect_rejected(&p, ATTN_CPU, 0, "B=0", "B 0");
+    expect_rejected(&p, DEVICE_CPU, 0, "B=0", "B 0");
     p = good; p.cu_seqlens = NULL; p.T_q = 20;
-    expect_rejected(&p, ATTN_CPU, 0, "T_q <= T_k", "causal T_q > T_k");
+    expect_rejected(&p, DEVICE_CPU, 0, "T_q <= T_k", "causal T_q > T_k");
     p = good; p.dropout_p = 1.0f;
-    expect_rejected(&p, ATTN_CPU, 0, "dropout", "dropout 1");
+    expect_rejected(&p, DEVICE_CPU, 0, "dropout", "dropout 1");
     p = good; p.dropout_p = NAN;
-    expect_rejected(&p, ATTN_CPU, 0, "dropout", "dropout NaN");
-    p = good; p.dtype = ATTN_BF16;
-    expect_rejected(&p, ATTN_CPU, 0, "fp32 only", "bf16 on cpu");
+    expect_rejected(&p, DEVICE_CPU, 0, "dropout", "dropout NaN");
+    p = good; p.dtype = DTYPE_BF16;
+    expect_rejected(&p, DEVICE_CPU, 0, "fp32 only", "bf16 on cpu");
     p = good; p.window_left = -2;
-    expect_rejected(&p, ATTN_CPU, 0, "window", "window -2");
+    expect_rejected(&p, DEVICE_CPU, 0, "window", "window -2");
     p = good; p.scale = INFINITY;
-    expect_rejected(&p, ATTN_CPU, 0, "scale", "scale inf");
+    expect_rejected(&p, DEVICE_CPU, 0, "scale", "scale inf");
     p = good; p.impl = (AttnImpl)7;
-    expect_rejected(&p, ATTN_CPU, 0, "implementation", "impl 7");
+    expect_rejected(&p, DEVICE_CPU, 0, "implementation", "impl 7");
     p = good; p.causal = 0; p.T_q = 8;
-    expect_rejected(&p, ATTN_CPU, 0, "T_q == T_k", "documents with T_q != T_k");
+    expect_rejected(&p, DEVICE_CPU, 0, "T_q == T_k", "documents with T_q != T_k");
     p = good; p.n_docs = 0;
-    expect_rejected(&p, ATTN_CPU, 0, "n_docs", "documents with n_docs 0");
+    expect_rejected(&p, DEVICE_CPU, 0, "n_docs", "documents with n_docs 0");
 
     int cu_short[3] = {0, 16, 31};  // ends before B*T = 32
     p = good; p.cu_seqlens = cu_short; p.n_docs = 2;
-    expect_rejected(&p, ATTN_CPU, 0, "B*T", "cu_seqlens not ending at B*T");
+    expect_rejected(&p, DEVICE_CPU, 0, "B*T", "cu_seqlens not ending at B*T");
     int cu_cross[3] = {0, 10, 32};  // the document 10..32 crosses row start 16
     p = good; p.cu_seqlens = cu_cross; p.n_docs = 2;
-    expect_rejected(&p, ATTN_CPU, 0, "crosses the start of batch row 1", "document crossing a row");
+    expect_rejected(&p, DEVICE_CPU, 0, "crosses the start of batch row 1", "document crossing a row");
     int cu_down[5] = {0, 16, 12, 20, 32};
     p = good; p.cu_seqlens = cu_down; p.n_docs = 4;
-    expect_rejected(&p, ATTN_CPU, 0, "decreases", "decreasing cu_seqlens");
+    expect_rejected(&p, DEVICE_CPU, 0, "decreases", "decreasing cu_seqlens");
     int cu_start[3] = {1, 16, 32};
     p = good; p.cu_seqlens = cu_start; p.n_docs = 2;
-    expect_rejected(&p, ATTN_CPU, 0, "cu_seqlens[0]", "cu_seqlens not starting at 0");
+    expect_rejected(&p, DEVICE_CPU, 0, "cu_seqlens[0]", "cu_seqlens not starting at 0");
     int cu_ok[5] = {0, 5, 16, 16, 32};  // an empty document is harmless
     p = good; p.cu_seqlens = cu_ok; p.n_docs = 4;
-    EXPECT(attn_check(&p, ATTN_CPU, 1, err, sizeof err) == 0, "valid documents rejected: %s", err);
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "valid documents rejected: %s", err);
 
     p = good; p.dq = NULL;
-    expect_rejected(&p, ATTN_CPU, 1, "'dq' is NULL", "backward without dq");
-    EXPECT(attn_check(&p, ATTN_CPU, 0, err, sizeof err) == 0, "forward must not need dq: %s", err);
+    expect_rejected(&p, DEVICE_CPU, 1, "'dq' is NULL", "backward without dq");
+    EXPECT(attn_check(&p, DEVICE_CPU, 0, err, sizeof err) == 0, "forward must not need dq: %s", err);
     p = good; p.lse = NULL;
-    expect_rejected(&p, ATTN_CPU, 0, "lse", "no lse");
+    expect_rejected(&p, DEVICE_CPU, 0, "lse", "no lse");
     p = good; p.o_st.head = s.HS / 2;
-    expect_rejected(&p, ATTN_CPU, 0, "overlap", "overlapping output heads");
+    expect_rejected(&p, DEVICE_CPU, 0, "overlap", "overlapping output heads");
     p = good; p.dk_st.row = 0;
-    expect_rejected(&p, ATTN_CPU, 1, "overlap", "overlapping dk rows");
+    expect_rejected(&p, DEVICE_CPU, 1, "overlap", "overlapping dk rows");
     p = good; p.k_st.row = 0;  // a broadcast input is fine: it is only read
-    EXPECT(attn_check(&p, ATTN_CPU, 0, err, sizeof err) == 0, "broadcast input rejected: %s", err);
+    EXPECT(attn_check(&p, DEVICE_CPU, 0, err, sizeof err) == 0, "broadcast input rejected: %s", err);
     p = good; p.v_st.batch = -1;
-    expect_rejected(&p, ATTN_CPU, 0, "negative stride", "negative stride");
-    EXPECT(attn_check(NULL, ATTN_CPU, 0, err, sizeof err) == -1, "NULL params accepted");
+    expect_rejected(&p, DEVICE_CPU, 0, "negative stride", "negative stride");
+    EXPECT(attn_check(NULL, DEVICE_CPU, 0, err, sizeof err) == -1, "NULL params accepted");
 
     free(cuda.workspace);
 

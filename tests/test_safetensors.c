@@ -55,14 +55,14 @@ static void test_round_trip(const char *dir) {
     const int64_t sa[2] = {2, 3}, sh[1] = {3}, si[2] = {2, 2}, sl[1] = {2}, su[1] = {5}, sz[2] = {0, 7};
     StFile w;
     st_init(&w);
-    st_add(&w, "u8", ST_U8, 1, su, u8);  // added first, must still land after the wider types
-    st_add(&w, "a.weight", ST_F32, 2, sa, a);
-    st_add(&w, "half", ST_F16, 1, sh, h);
-    st_add(&w, "bf", ST_BF16, 1, sh, h);
-    st_add(&w, "i32", ST_I32, 2, si, i32);
-    st_add(&w, "i64", ST_I64, 1, sl, i64);
-    st_add(&w, "scalar", ST_F32, 0, NULL, &scalar);
-    st_add(&w, "empty", ST_F32, 2, sz, NULL);
+    st_add(&w, "u8", DTYPE_U8, 1, su, u8);  // added first, must still land after the wider types
+    st_add(&w, "a.weight", DTYPE_F32, 2, sa, a);
+    st_add(&w, "half", DTYPE_F16, 1, sh, h);
+    st_add(&w, "bf", DTYPE_BF16, 1, sh, h);
+    st_add(&w, "i32", DTYPE_I32, 2, si, i32);
+    st_add(&w, "i64", DTYPE_I64, 1, sl, i64);
+    st_add(&w, "scalar", DTYPE_F32, 0, NULL, &scalar);
+    st_add(&w, "empty", DTYPE_F32, 2, sz, NULL);
     st_set_meta(&w, "format", "pt");
     st_set_meta(&w, "quote", "a \"quoted\"\nline");
     st_set_meta(&w, "format", "flashgpt");  // replaces the earlier value
@@ -74,23 +74,23 @@ static void test_round_trip(const char *dir) {
     EXPECT(st_read(&r, path, err, sizeof err) == 0, "read: %s", err);
     EXPECT(r.n == 8, "tensor count %d", r.n);
     const StTensor *ta = st_find(&r, "a.weight");
-    EXPECT(ta && ta->dtype == ST_F32 && ta->ndim == 2 && ta->shape[0] == 2 && ta->shape[1] == 3 &&
+    EXPECT(ta && ta->dtype == DTYPE_F32 && ta->ndim == 2 && ta->shape[0] == 2 && ta->shape[1] == 3 &&
                ta->nbytes == sizeof a && memcmp(ta->data, a, sizeof a) == 0,
            "a.weight differs");
     const StTensor *th = st_find(&r, "half"), *tb = st_find(&r, "bf");
-    EXPECT(th && th->dtype == ST_F16 && memcmp(th->data, h, sizeof h) == 0, "half differs");
-    EXPECT(tb && tb->dtype == ST_BF16 && memcmp(tb->data, h, sizeof h) == 0, "bf differs");
+    EXPECT(th && th->dtype == DTYPE_F16 && memcmp(th->data, h, sizeof h) == 0, "half differs");
+    EXPECT(tb && tb->dtype == DTYPE_BF16 && memcmp(tb->data, h, sizeof h) == 0, "bf differs");
     const StTensor *ti = st_find(&r, "i32"), *tl = st_find(&r, "i64"), *tu = st_find(&r, "u8");
-    EXPECT(ti && ti->dtype == ST_I32 && memcmp(ti->data, i32, sizeof i32) == 0, "i32 differs");
-    EXPECT(tl && tl->dtype == ST_I64 && memcmp(tl->data, i64, sizeof i64) == 0, "i64 differs");
-    EXPECT(tu && tu->dtype == ST_U8 && memcmp(tu->data, u8, sizeof u8) == 0, "u8 differs");
+    EXPECT(ti && ti->dtype == DTYPE_I32 && memcmp(ti->data, i32, sizeof i32) == 0, "i32 differs");
+    EXPECT(tl && tl->dtype == DTYPE_I64 && memcmp(tl->data, i64, sizeof i64) == 0, "i64 differs");
+    EXPECT(tu && tu->dtype == DTYPE_U8 && memcmp(tu->data, u8, sizeof u8) == 0, "u8 differs");
     const StTensor *ts = st_find(&r, "scalar"), *te = st_find(&r, "empty");
     EXPECT(ts && ts->ndim == 0 && ts->nbytes == 4 && *(const float *)ts->data == 42.0f, "scalar differs");
     EXPECT(te && te->ndim == 2 && te->shape[1] == 7 && te->nbytes == 0, "empty tensor differs");
     // Wider types first keeps every tensor aligned to its element size.
     for (int i = 0; i < r.n; i++) {
         uintptr_t at = (uintptr_t)r.tensors[i].data - (uintptr_t)r.file_data;
-        EXPECT(at % st_dtype_size(r.tensors[i].dtype) == 0, "%s misaligned at %zu", r.tensors[i].name,
+        EXPECT(at % dtype_size(r.tensors[i].dtype) == 0, "%s misaligned at %zu", r.tensors[i].name,
                (size_t)at);
     }
     EXPECT(st_find(&r, "missing") == NULL, "st_find invented a tensor");

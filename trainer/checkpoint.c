@@ -32,7 +32,7 @@ static int write_model(const char *dir, GPT *m, const float *weights, const Conf
     for (int i = 0; i < gpt_num_tensors(m); i++) {
         const ParamTensor *t = gpt_tensor(m, i);
         int64_t shape[2] = {t->shape[0], t->shape[1]};
-        st_add(&f, t->name, ST_F32, t->ndim, shape, weights + t->offset);
+        st_add(&f, t->name, DTYPE_F32, t->ndim, shape, weights + t->offset);
     }
     char *cfg = config_to_json(c);
     st_set_meta(&f, "format", "flashgpt");
@@ -54,8 +54,8 @@ static int write_optimizer(const char *dir, const OptimState *opt, int rank, cha
     StFile f;
     st_init(&f);
     int64_t n = (int64_t)count;
-    st_add(&f, "m", ST_F32, 1, &n, opt->m);
-    st_add(&f, "v", ST_F32, 1, &n, opt->v);
+    st_add(&f, "m", DTYPE_F32, 1, &n, opt->m);
+    st_add(&f, "v", DTYPE_F32, 1, &n, opt->v);
     char t[32], off[32], total[32];
     snprintf(t, sizeof t, "%lld", opt->t);
     snprintf(off, sizeof off, "%zu", opt->shard_offset);
@@ -354,7 +354,7 @@ static int load_model(const char *dir, GPT *m, float *master, char *err, size_t 
         const ParamTensor *t = gpt_tensor(m, i);
         const StTensor *s = st_find(&f, t->name);
         if (!s) rc = set_error(err, errlen, "%s: tensor '%s' is missing", path, t->name);
-        else if (s->dtype != ST_F32 || s->nbytes != t->numel * sizeof(float))
+        else if (s->dtype != DTYPE_F32 || s->nbytes != t->numel * sizeof(float))
             rc = set_error(err, errlen, "%s: tensor '%s' has the wrong dtype or size (expected F32 with "
                                      "%zu elements)", path, t->name, t->numel);
         else memcpy(host + t->offset, s->data, s->nbytes);
@@ -382,7 +382,7 @@ static long long load_optimizer_file(const char *dir, int rank, int world, size_
     const StTensor *m = st_find(&f, "m"), *v = st_find(&f, "v");
     const char *t = st_meta(&f, "t"), *file_off = st_meta(&f, "offset");
     long long rc = (long long)(b - a);
-    if (!m || !v || !t || m->dtype != ST_F32 || v->dtype != ST_F32 ||
+    if (!m || !v || !t || m->dtype != DTYPE_F32 || v->dtype != DTYPE_F32 ||
         m->nbytes != len * sizeof(float) || v->nbytes != len * sizeof(float) ||
         (file_off ? strtoull(file_off, NULL, 10) : 0) != off) {
         rc = set_error(err, errlen,

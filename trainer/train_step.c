@@ -1,8 +1,8 @@
-// train_step: one optimizer step over grad_accum micro-batches. The cpu backend updates its fp32
-// host parameters with adamw_step_cpu; the cuda backend keeps fp32 master weights and moments in
-// AdamWCuda, whose fused step writes the compute-dtype parameters the model reads. Both take the
-// global norm from a deterministic sum of squares that turns inf/NaN on a non-finite gradient.
-// With several ranks each optimizer covers only this rank's shard (ZeRO-1, train_step.h).
+// train_step: one optimizer step over grad_accum micro-batches. The optimizer (optim/optim.h's
+// interface, made for the backend's device) updates the parameters the model reads and keeps
+// whatever master copy it needs; its deterministic sum of squares gives the global norm and
+// turns inf/NaN on a non-finite gradient. With several ranks it covers only this rank's shard
+// (ZeRO-1, train_step.h).
 #include "trainer/train_step.h"
 
 #include <math.h>
@@ -11,14 +11,10 @@
 
 #include "common/check.h"
 #include "common/timer.h"
-#ifdef FLASHGPT_CUDA
-#include "optim/optim_cuda.h"
-#endif
 
 struct Trainer {
     GPT *m;
     Config c;
-    int on_gpu;             // cuda backend: AdamWCuda; otherwise the host AdamW
     Comm *comm;             // NULL: one process
     int rank, world;
     size_t n;               // elements of the flat parameter vector
@@ -29,12 +25,9 @@ struct Trainer {
     // the whole backward.
     size_t bucket_n;        // elements per bucket (a bucket closes once it holds this many)
     size_t bucket_lo, bucket_hi;   // the open bucket [lo, hi) of the flat vector; lo == hi: none
-    AdamW opt;              // cpu, over the shard
-#ifdef FLASHGPT_CUDA
-    AdamWCuda gopt;         // cuda, over the shard
-#endif
+    Optimizer *opt;         // over the shard
     OptimState view;        // checkpoint views (trainer_optim_state)
-    float *host_state;      // cuda: (n + 2 * shard_n) host master (all), m, v behind the views
+    float *host_state;      // (n + 2 * shard_n) host master (all), m, v behind the views
     LossScaler scaler;
     int timing;             // trainer_set_timing
     int B, T;
@@ -55,10 +48,6 @@ static void phase_end(Trainer *t, StepStats *st, StepPhase p, double *t0) {
     *t0 = now;
 }
 
-static CommDtype comm_dtype(DType d) {
-    return d == DTYPE_BF16 ? COMM_BF16 : d == DTYPE_F16 ? COMM_F16 : COMM_F32;
-}
-
 // Bucket size in elements from dist.bucket_mb (MiB of gradients; 0 = no buckets: one
 // reduce-scatter after backward), or FLASHGPT_BUCKET_MB when set. The default, 25 MiB, is large
 // enough that each collective's fixed latency is small against its transfer, small enough that
@@ -76,7 +65,7 @@ static void bucket_flush(Trainer *t) {
     if (t->bucket_lo == t->bucket_hi) return;
     Backend *be = gpt_backend(t->m);
     t->comm->reduce_scatter_start(t->comm, gpt_grads(t->m), t->bucket_lo,
-                                  t->bucket_hi - t->bucket_lo, t->counts, comm_dtype(be->dtype));
+                                  t->bucket_hi - t->bucket_lo, t->counts, be->dtype);
     t->bucket_lo = t->bucket_hi = 0;
 }
 
@@ -90,31 +79,24 @@ static void bucket_add(void *ctx, size_t offset, size_t count) {
     if (t->bucket_hi - t->bucket_lo >= t->bucket_n) bucket_flush(t);
 }
 
-#ifdef FLASHGPT_CUDA
-// The optimizer state (fp32 master weights and two moments, 12 bytes per parameter of the
-// shard) is the last large allocation of a run: check it fits, so a full GPU is a message, not
-// a crash.
-static void gpu_optimizer_create(Trainer *t, const OptimSpan *spans, int n_spans) {
+// The optimizer state is the last large allocation of a run: check it fits, so a full GPU is a
+// message, not a crash. The model's current parameters become the master weights.
+static void optimizer_open(Trainer *t, const OptimSpan *spans, int n_spans) {
     Backend *be = gpt_backend(t->m);
-    const size_t n = t->shard_n;
+    const size_t n = t->shard_n, need = optimizer_device_bytes(be->device, n);
     size_t free_b, used_b;
-    backend_cuda_memory(be, &free_b, &used_b);
-    const size_t need = 3 * n * sizeof(float) + ((size_t)64 << 20);  // + 64 MiB for the tables
-    if (free_b < need)
-        fatal(EXIT_USAGE, "cuda: the optimizer state (fp32 master weights and AdamW moments of "
+    if (need && be->memory(be, &free_b, &used_b) && free_b < need)
+        fatal(EXIT_USAGE, "%s: the optimizer state (fp32 master weights and AdamW moments of "
                           "%zu parameters) needs %.0f MiB, but only %.0f MiB of GPU memory are "
                           "free after the model and its activations (%.0f MiB): lower "
                           "train.batch_size or set train.recompute = attn_gelu or block",
-              n, need / 1048576.0, free_b / 1048576.0, used_b / 1048576.0);
-    adamw_cuda_init(&t->gopt, n, spans, n_spans, &t->c, (OptimDtype)be->dtype,
-                    backend_cuda_stream(be));
-    // The model's current parameters become the master weights.
+              be->name, n, need / 1048576.0, free_b / 1048576.0, used_b / 1048576.0);
+    t->opt = optimizer_create(be->device, be->dtype, be->stream, n, spans, n_spans, &t->c);
     float *host = xmalloc(t->n * sizeof(float));  // (n)
     gpt_get_params_f32(t->m, host);
-    adamw_cuda_upload(&t->gopt, host + t->shard_off, NULL, NULL);
+    t->opt->set_state(t->opt, host + t->shard_off, NULL, NULL);
     free(host);
 }
-#endif
 
 // The optimizer spans inside this rank's shard, relative to its start: one per parameter tensor
 // that overlaps it (the model decides which ones decay). Returns the count (malloc'ed *out).
@@ -138,10 +120,6 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     Trainer *t = xcalloc(1, sizeof *t);
     t->m = m;
     t->c = *c;
-    t->on_gpu = strcmp(be->name, "cuda") == 0;
-    if (!t->on_gpu && be->dtype != DTYPE_F32)
-        fatal(EXIT_USAGE, "training on the %s backend needs fp32, got %s", be->name,
-              dtype_name(be->dtype));
     t->comm = comm && comm->world > 1 ? comm : NULL;
     t->rank = t->comm ? comm->rank : 0;
     t->world = t->comm ? comm->world : 1;
@@ -155,10 +133,7 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     t->targets = xmalloc((size_t)t->B * t->T * sizeof(int));
     OptimSpan *spans;
     const int n_spans = shard_spans(t, &spans);
-#ifdef FLASHGPT_CUDA
-    if (t->on_gpu) gpu_optimizer_create(t, spans, n_spans);
-#endif
-    if (!t->on_gpu) adamw_init(&t->opt, t->shard_n, spans, n_spans, c);
+    optimizer_open(t, spans, n_spans);
     free(spans);
     // fp16 gradients underflow without a loss scale; bf16 (fp32's exponent range) and fp32 need
     // none, but the scaler still detects non-finite steps.
@@ -170,10 +145,7 @@ Trainer *trainer_create(GPT *m, const Config *c) { return trainer_create_dist(m,
 
 void trainer_free(Trainer *t) {
     if (!t) return;
-#ifdef FLASHGPT_CUDA
-    if (t->on_gpu) adamw_cuda_free(&t->gopt);
-#endif
-    if (!t->on_gpu) adamw_free(&t->opt);
+    t->opt->destroy(t->opt);
     free(t->host_state);
     free(t->counts);
     free(t->inputs);
@@ -181,64 +153,54 @@ void trainer_free(Trainer *t) {
     free(t);
 }
 
-AdamW *trainer_optimizer(Trainer *t) { return t->on_gpu ? NULL : &t->opt; }
+const Optimizer *trainer_optimizer(const Trainer *t) { return t->opt; }
 LossScaler *trainer_scaler(Trainer *t) { return &t->scaler; }
 
 void trainer_set_weights_f32(Trainer *t, const float *host) {
     gpt_set_params_f32(t->m, host);
-#ifdef FLASHGPT_CUDA
-    if (t->on_gpu) adamw_cuda_upload(&t->gopt, host + t->shard_off, NULL, NULL);
-#endif
+    t->opt->set_state(t->opt, host + t->shard_off, NULL, NULL);
 }
 
-#ifdef FLASHGPT_CUDA
-// The full fp32 master weights into host (n): this rank's shard from AdamWCuda, the others'
+// The full fp32 master weights into host (n): this rank's shard from the optimizer, the others'
 // gathered through a temporary device vector (every rank takes part).
 static void download_master(Trainer *t, float *host) {
     if (!t->comm) {
-        adamw_cuda_download(&t->gopt, host, NULL, NULL);
+        t->opt->get_state(t->opt, host, NULL, NULL);
         return;
     }
     Backend *be = gpt_backend(t->m);
-    float *all = be->alloc(be, t->n * sizeof(float));  // (n) device
-    be->copy(be, all + t->shard_off, t->gopt.master, t->shard_n * sizeof(float));
-    t->comm->allgather(t->comm, all, t->counts, COMM_F32);
+    float *shard = xmalloc((t->shard_n ? t->shard_n : 1) * sizeof(float));  // (shard_n) host
+    t->opt->get_state(t->opt, shard, NULL, NULL);
+    float *all = be->alloc(be, t->n * sizeof(float));  // (n) backend memory
+    be->upload(be, all + t->shard_off, shard, t->shard_n * sizeof(float));
+    t->comm->allgather(t->comm, all, t->counts, DTYPE_F32);
     t->comm->wait(t->comm);
     be->download(be, host, all, t->n * sizeof(float));
     be->release(be, all);
+    free(shard);
 }
-#endif
 
+// The views of trainer_optim_state are host buffers the trainer owns: the master weights (all
+// n, with has_master) and the moments of the shard. The optimizer copies its state into them
+// and back, so checkpoints look the same whatever the device.
 OptimState *trainer_optim_state(Trainer *t) {
-    const size_t shard_n = t->comm ? t->shard_n : 0;
-    if (!t->on_gpu) {
-        t->view = (OptimState){.n = t->n, .master = NULL, .m = t->opt.m, .v = t->opt.v,
-                               .t = t->opt.t, .shard_offset = t->shard_off, .shard_n = shard_n};
-        return &t->view;
-    }
-#ifdef FLASHGPT_CUDA
-    if (!t->host_state) t->host_state = xmalloc((t->n + 2 * t->shard_n) * sizeof(float));
+    if (!t->host_state) t->host_state = xmalloc((t->n + 2 * t->shard_n + 1) * sizeof(float));
     float *master = t->host_state, *mom = master + t->n, *vel = mom + t->shard_n;
-    adamw_cuda_download(&t->gopt, NULL, mom, vel);
-    download_master(t, master);
-    t->view = (OptimState){.n = t->n, .master = master, .m = mom, .v = vel, .t = t->gopt.t,
-                           .shard_offset = t->shard_off, .shard_n = shard_n};
-#endif
+    t->opt->get_state(t->opt, NULL, mom, vel);
+    if (t->opt->has_master) download_master(t, master);
+    t->view = (OptimState){.n = t->n, .master = t->opt->has_master ? master : NULL, .m = mom,
+                           .v = vel, .t = t->opt->t, .shard_offset = t->shard_off,
+                           .shard_n = t->comm ? t->shard_n : 0};
     return &t->view;
 }
 
 void trainer_optim_state_commit(Trainer *t) {
-    if (!t->on_gpu) {
-        t->opt.t = t->view.t;   // the moments were written in place
-        return;
-    }
-#ifdef FLASHGPT_CUDA
-    adamw_cuda_upload(&t->gopt, t->view.master + t->shard_off, t->view.m, t->view.v);
-    t->gopt.t = t->view.t;
-    // The same round-to-nearest-even as the AdamW kernel's write: the parameters are bitwise
+    const float *master = t->view.master ? t->view.master + t->shard_off : NULL;
+    t->opt->set_state(t->opt, master, t->view.m, t->view.v);
+    t->opt->t = t->view.t;
+    // The same round-to-nearest-even as the optimizer's write: the parameters are bitwise
     // those the saving run computed with.
-    gpt_set_params_f32(t->m, t->view.master);
-#endif
+    if (t->view.master) gpt_set_params_f32(t->m, t->view.master);
 }
 
 StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) {
@@ -277,16 +239,11 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     const size_t es = dtype_size(be->dtype), off = t->shard_off * es;
     if (t->comm) {
         if (!bucketed)
-            t->comm->reduce_scatter_sum(t->comm, grads, t->counts, comm_dtype(be->dtype));
+            t->comm->reduce_scatter_sum(t->comm, grads, t->counts, be->dtype);
         t->comm->wait(t->comm);   // the buckets' reductions end here
     }
     phase_end(t, &st, PHASE_REDUCE, &t0);
-#ifdef FLASHGPT_CUDA
-    const double sumsq = t->on_gpu ? adamw_cuda_grad_sumsq(&t->gopt, grads + off)
-                                   : sumsq_cpu((const float *)(grads + off), t->shard_n);
-#else
-    const double sumsq = sumsq_cpu((const float *)(grads + off), t->shard_n);
-#endif
+    const double sumsq = t->opt->grad_sumsq(t->opt, grads + off);
     // Summed over the ranks, so every rank sees the same loss and norm and takes the same
     // clipping and skip decisions.
     double sums[2] = {loss_sum, sumsq};
@@ -298,14 +255,10 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     phase_end(t, &st, PHASE_NORM, &t0);
     if (st.skipped) return st;
     const float mult = grad_multiplier(norm, t->c.optim.grad_clip, st.loss_scale);
-#ifdef FLASHGPT_CUDA
-    if (t->on_gpu) adamw_cuda_step(&t->gopt, params + off, grads + off, st.lr, mult);
-#endif
-    if (!t->on_gpu)
-        adamw_step_cpu(&t->opt, (float *)(params + off), (const float *)(grads + off), st.lr, mult);
+    t->opt->step(t->opt, params + off, grads + off, st.lr, mult);
     phase_end(t, &st, PHASE_UPDATE, &t0);
     if (t->comm) {
-        t->comm->allgather(t->comm, params, t->counts, comm_dtype(be->dtype));
+        t->comm->allgather(t->comm, params, t->counts, be->dtype);
         t->comm->wait(t->comm);
     }
     phase_end(t, &st, PHASE_GATHER, &t0);

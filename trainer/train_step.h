@@ -2,10 +2,11 @@
 // global gradient norm (with the non-finite check), clipping, the loss scaler, the learning-rate
 // schedule and AdamW. Shared by the training loop and the oracle tests so both run the same code.
 //
-// On the cpu backend the fp32 parameters are AdamW's (optim/optim.h, host). On the cuda backend
-// the model computes in its dtype (bf16, fp16 or fp32) and AdamWCuda (optim/optim_cuda.h) keeps
-// the fp32 master weights and moments on the GPU, writing both master and compute-dtype
-// parameters; fp16 scales the loss dynamically (precision.*), every dtype skips non-finite steps.
+// The optimizer (optim/optim.h) is made for the backend's device: on the cpu backend the fp32
+// parameters are themselves the master weights; on the cuda backend the model computes in its
+// dtype (bf16, fp16 or fp32) and the optimizer keeps fp32 master weights and moments on the GPU,
+// writing both master and compute-dtype parameters; fp16 scales the loss dynamically
+// (precision.*), every dtype skips non-finite steps.
 //
 // Data parallel (a Comm of world size W > 1, dist/comm.h): every rank runs its own micro-batches
 // (its slice of each global batch); after the last micro-step the gradients are reduce-scattered
@@ -81,15 +82,14 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
 void trainer_set_timing(Trainer *t, int on);
 // Sets the weights from host fp32 (gpt_num_params): the model's parameters and the master copy.
 void trainer_set_weights_f32(Trainer *t, const float *host);
-// The host AdamW of the cpu backend (tests read its moments); NULL on cuda.
-AdamW *trainer_optimizer(Trainer *t);
+// The optimizer (tests read its step count and state).
+const Optimizer *trainer_optimizer(const Trainer *t);
 LossScaler *trainer_scaler(Trainer *t);
-// The optimizer state as host views for checkpoints, filled with the current state (on CUDA
-// downloaded into host buffers the trainer owns; on the CPU the AdamW moments themselves): the
-// moments of this rank's shard, and on CUDA the full fp32 master weights (with several ranks
-// gathered from every shard, so this is a collective call: every rank makes it). Valid
-// until the next call of a trainer function. After writing into the views (checkpoint_load),
-// trainer_optim_state_commit makes them the optimizer's state, and on CUDA rounds the master
-// weights into the compute-dtype parameters.
+// The optimizer state as host views for checkpoints, filled with the current state (copied
+// into host buffers the trainer owns): the moments of this rank's shard, and where the optimizer
+// keeps them the full fp32 master weights (with several ranks gathered from every shard, so this
+// is a collective call: every rank makes it). Valid until the next call of a trainer function.
+// After writing into the views (checkpoint_load), trainer_optim_state_commit makes them the
+// optimizer's state and rounds the master weights into the compute-dtype parameters.
 OptimState *trainer_optim_state(Trainer *t);
 void trainer_optim_state_commit(Trainer *t);

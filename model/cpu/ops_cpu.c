@@ -43,9 +43,9 @@ static void cpu_download_f32(Backend *be, float *host, const void *src, size_t n
 // Fills the execution fields the model leaves to the backend and validates the problem once.
 static void cpu_attention_prepare(Backend *be, AttnParams *p, int backward) {
     CpuCtx *ctx = be->ctx;
-    p->dtype = ATTN_F32;
+    p->dtype = DTYPE_F32;
     p->stream = NULL;
-    size_t need = attn_workspace_bytes(p, ATTN_CPU);
+    size_t need = attn_workspace_bytes(p, DEVICE_CPU);
     if (need > ctx->attn_ws_bytes) {
         free(ctx->attn_ws);
         ctx->attn_ws = cpu_alloc(be, need);
@@ -54,7 +54,7 @@ static void cpu_attention_prepare(Backend *be, AttnParams *p, int backward) {
     p->workspace = ctx->attn_ws;
     p->workspace_bytes = ctx->attn_ws_bytes;
     char err[256];
-    if (attn_check(p, ATTN_CPU, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "attention: %s", err);
+    if (attn_check(p, DEVICE_CPU, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "attention: %s", err);
 }
 
 static void cpu_attention_forward(Backend *be, AttnParams *p) {
@@ -65,6 +65,11 @@ static void cpu_attention_forward(Backend *be, AttnParams *p) {
 static void cpu_attention_backward(Backend *be, AttnParams *p) {
     cpu_attention_prepare(be, p, 1);
     attn_backward_cpu(p);
+}
+
+static int cpu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
+    *free_bytes = *used_bytes = 0;
+    return 0;
 }
 
 static void cpu_destroy(Backend *be) {
@@ -81,6 +86,8 @@ Backend *backend_cpu_create(void) {
     Backend *be = xcalloc(1, sizeof *be);
     be->name = "cpu";
     be->dtype = DTYPE_F32;
+    be->device = DEVICE_CPU;
+    be->device_name = "cpu";
     be->ctx = xcalloc(1, sizeof(CpuCtx));
     be->destroy = cpu_destroy;
     be->alloc = cpu_alloc;
@@ -92,6 +99,7 @@ Backend *backend_cpu_create(void) {
     be->upload_f32 = cpu_upload_f32;
     be->download_f32 = cpu_download_f32;
     be->synchronize = cpu_synchronize;
+    be->memory = cpu_memory;
     be->embed_forward = cpu_embed_forward;
     be->embed_backward = cpu_embed_backward;
     be->layernorm_forward = cpu_layernorm_forward;

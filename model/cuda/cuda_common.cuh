@@ -113,7 +113,7 @@ void dispatch_vec(size_t row_len, std::initializer_list<const void *> ptrs, F &&
     else f(std::integral_constant<int, 1>{});
 }
 
-// The one place where the run-time dtype becomes a template parameter:
+// Where the CUDA backend's run-time dtype becomes a template parameter:
 //   dispatch_dtype(be->dtype, [&](auto tag) { using T = decltype(tag); launch<T>(...); });
 template <typename F> void dispatch_dtype(DType dtype, F &&f) {
     switch (dtype) {

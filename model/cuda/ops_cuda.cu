@@ -107,12 +107,12 @@ static void cu_download_f32(Backend *be, float *host, const void *src, size_t n)
 // Fills the execution fields the model leaves to the backend and validates the problem once.
 static void cu_attention_prepare(Backend *be, AttnParams *p, int backward) {
     CudaCtx *ctx = cuda_ctx(be);
-    p->dtype = (AttnDtype)be->dtype;  // DType and AttnDtype share their values
+    p->dtype = be->dtype;
     p->stream = (void *)ctx->stream;
     // fp32 has no flash kernel: the attention module runs the naive one, sized as such.
     AttnParams sizing = *p;
-    if (p->dtype == ATTN_F32) sizing.impl = ATTN_IMPL_NAIVE;
-    size_t need = attn_workspace_bytes(&sizing, ATTN_CUDA);
+    if (p->dtype == DTYPE_F32) sizing.impl = ATTN_IMPL_NAIVE;
+    size_t need = attn_workspace_bytes(&sizing, DEVICE_CUDA);
     if (need > ctx->attn_ws_bytes) {
         CUDA_CHECK(cudaFree(ctx->attn_ws));  // waits for the kernels still using it
         ctx->attn_ws = NULL;
@@ -122,7 +122,7 @@ static void cu_attention_prepare(Backend *be, AttnParams *p, int backward) {
     p->workspace = ctx->attn_ws;
     p->workspace_bytes = ctx->attn_ws_bytes;
     char err[256];
-    if (attn_check(p, ATTN_CUDA, backward, err, sizeof err) != 0)
+    if (attn_check(p, DEVICE_CUDA, backward, err, sizeof err) != 0)
         fatal(EXIT_USAGE, "attention: %s", err);
 }
 
@@ -182,13 +182,12 @@ int backend_cuda_device_count(void) {
     return count;
 }
 
-void *backend_cuda_stream(Backend *be) { return (void *)cuda_ctx(be)->stream; }
-
-void backend_cuda_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
+static int cu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     *free_bytes = free_b;
     *used_bytes = total_b - free_b;
+    return 1;
 }
 
 Backend *backend_cuda_create(DType dtype, int device) {
@@ -202,6 +201,10 @@ Backend *backend_cuda_create(DType dtype, int device) {
     Backend *be = (Backend *)xcalloc(1, sizeof *be);
     be->name = "cuda";
     be->dtype = dtype;
+    be->device = DEVICE_CUDA;
+    be->stream = (void *)ctx->stream;
+    be->device_name = ctx->prop.name;
+    be->compute_capability = 10 * ctx->prop.major + ctx->prop.minor;
     be->ctx = ctx;
     be->destroy = cu_destroy;
     be->alloc = cu_alloc;
@@ -213,6 +216,7 @@ Backend *backend_cuda_create(DType dtype, int device) {
     be->upload_f32 = cu_upload_f32;
     be->download_f32 = cu_download_f32;
     be->synchronize = cu_synchronize;
+    be->memory = cu_memory;
     be->embed_forward = cuda_embed_forward;
     be->embed_backward = cuda_embed_backward;
     be->layernorm_forward = cuda_layernorm_forward;

@@ -67,31 +67,31 @@ static float f16_to_f32(uint16_t h) {
     memcpy(&f, &x, 4);
     return f;
 }
-static float round_to(AttnDtype t, float f) {
-    if (t == ATTN_BF16) return bf16_to_f32(f32_to_bf16(f));
-    if (t == ATTN_F16) return f16_to_f32(f32_to_f16(f));
+static float round_to(DType t, float f) {
+    if (t == DTYPE_BF16) return bf16_to_f32(f32_to_bf16(f));
+    if (t == DTYPE_F16) return f16_to_f32(f32_to_f16(f));
     return f;
 }
-static size_t esize(AttnDtype t) { return t == ATTN_F32 ? 4 : 2; }
+static size_t esize(DType t) { return t == DTYPE_F32 ? 4 : 2; }
 
 // Host fp32 <-> device element type, n elements.
-static void upload(void *dst, const float *src, size_t n, AttnDtype t) {
+static void upload(void *dst, const float *src, size_t n, DType t) {
     size_t eb = esize(t);
     void *tmp = malloc(n * eb);
     for (size_t i = 0; i < n; i++) {
-        if (t == ATTN_F32) ((float *)tmp)[i] = src[i];
-        else ((uint16_t *)tmp)[i] = t == ATTN_BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+        if (t == DTYPE_F32) ((float *)tmp)[i] = src[i];
+        else ((uint16_t *)tmp)[i] = t == DTYPE_BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
     }
     CUDA_OK(cudaMemcpy(dst, tmp, n * eb, cudaMemcpyHostToDevice));
     free(tmp);
 }
-static void download(float *dst, const void *src, size_t n, AttnDtype t) {
+static void download(float *dst, const void *src, size_t n, DType t) {
     size_t eb = esize(t);
     void *tmp = malloc(n * eb);
     CUDA_OK(cudaMemcpy(tmp, src, n * eb, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) {
-        if (t == ATTN_F32) dst[i] = ((float *)tmp)[i];
-        else dst[i] = t == ATTN_BF16 ? bf16_to_f32(((uint16_t *)tmp)[i]) : f16_to_f32(((uint16_t *)tmp)[i]);
+        if (t == DTYPE_F32) dst[i] = ((float *)tmp)[i];
+        else dst[i] = t == DTYPE_BF16 ? bf16_to_f32(((uint16_t *)tmp)[i]) : f16_to_f32(((uint16_t *)tmp)[i]);
     }
     free(tmp);
 }
@@ -100,7 +100,7 @@ static void download(float *dst, const void *src, size_t n, AttnDtype t) {
 
 typedef struct {
     const char *name;
-    AttnDtype dtype;
+    DType dtype;
     AttnImpl impl;
     int B, T_q, T_k, NH, NKV, HS;
     int causal, wl, wr;
@@ -117,7 +117,7 @@ typedef struct {
     AttnStrides st;
 } Buf;
 
-static Buf buf_alloc(size_t n, AttnStrides st, AttnDtype t) {
+static Buf buf_alloc(size_t n, AttnStrides st, DType t) {
     Buf b = {calloc(n, sizeof(float)), NULL, n, st};
     CUDA_OK(cudaMalloc(&b.d, n * esize(t)));
     return b;
@@ -131,7 +131,7 @@ static void buf_free(Buf *b) {
     if (b->d) CUDA_OK(cudaFree(b->d));
 }
 // Raw device bytes of the gradients (the one fused buffer, or dq, dk, dv back to back).
-static void *grads_bytes(const Buf *all, const Buf *dq, const Buf *dk, const Buf *dv, AttnDtype t, size_t *n) {
+static void *grads_bytes(const Buf *all, const Buf *dq, const Buf *dk, const Buf *dv, DType t, size_t *n) {
     const Buf *parts[3] = {all ? all : dq, all ? NULL : dk, all ? NULL : dv};
     size_t total = 0;
     for (int i = 0; i < 3; i++) total += parts[i] ? parts[i]->n * esize(t) : 0;
@@ -155,12 +155,12 @@ typedef struct {
     double *out, *lse, *dq, *dk, *dv;
 } Ref;
 
-// lowp: the element type to round intermediates to (ATTN_F32 = no rounding, the float64 reference)
+// lowp: the element type to round intermediates to (DTYPE_F32 = no rounding, the float64 reference)
 
-static double rnd(AttnDtype lowp, double x) { return lowp == ATTN_F32 ? x : round_to(lowp, (float)x); }
+static double rnd(DType lowp, double x) { return lowp == DTYPE_F32 ? x : round_to(lowp, (float)x); }
 
 static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const Buf *v, const Buf *dout,
-                          const float *slopes_h, AttnDtype lowp, Ref *r) {
+                          const float *slopes_h, DType lowp, Ref *r) {
     const int G = p->NH / p->NKV, HS = p->HS, Tq = p->T_q, Tk = p->T_k;
     const double ks = p->dropout_p > 0 ? 1.0 / (1.0 - p->dropout_p) : 1.0;
     size_t nkv = (size_t)p->B * Tk * p->NKV * HS;
@@ -241,7 +241,7 @@ static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const
                 }
             }
         }
-    if (lowp != ATTN_F32)
+    if (lowp != DTYPE_F32)
         for (size_t i = 0; i < nkv; i++) {
             r->dk[i] = rnd(lowp, r->dk[i]);
             r->dv[i] = rnd(lowp, r->dv[i]);
@@ -307,7 +307,7 @@ static int lse_ok(const float *lse, const double *ref, size_t n, double *worst) 
 
 static void run_case(const Case *c, Rng *rng) {
     const int B = c->B, Tq = c->T_q, Tk = c->T_k, NH = c->NH, NKV = c->NKV, HS = c->HS;
-    const AttnDtype dt = c->dtype;
+    const DType dt = c->dtype;
     Buf q, k, v, dq, dk, dv;
     Buf qkv_all = {0}, dqkv_all = {0};
     if (c->fused) {  // (B, T, (NH + 2 NKV) * HS) as the model's QKV projection writes it
@@ -374,7 +374,7 @@ static void run_case(const Case *c, Rng *rng) {
 
     // CPU reference (fp32) on the host copies
     AttnParams pc = p;
-    pc.dtype = ATTN_F32; pc.impl = ATTN_IMPL_FLASH; pc.deterministic = 0;
+    pc.dtype = DTYPE_F32; pc.impl = ATTN_IMPL_FLASH; pc.deterministic = 0;
     pc.q = q.h; pc.k = k.h; pc.v = v.h; pc.dout = dout.h;
     Buf out_c = buf_host(out.n, out.st);
     Buf dq_c = buf_host(dq.n, dq.st), dk_c = buf_host(dk.n, dk.st), dv_c = buf_host(dv.n, dv.st);
@@ -386,7 +386,7 @@ static void run_case(const Case *c, Rng *rng) {
     pc.alibi_slopes = c->alibi ? slopes_h : NULL;
     pc.cu_seqlens = c->docs ? cu_h : NULL;
     char err[512];
-    int cpu_ok = attn_check(&pc, ATTN_CPU, 1, err, sizeof err) == 0;
+    int cpu_ok = attn_check(&pc, DEVICE_CPU, 1, err, sizeof err) == 0;
     EXPECT(cpu_ok, "%s: CPU reference rejects the case: %s", c->name, err);
     if (cpu_ok) {
         attn_forward_cpu(&pc);
@@ -401,7 +401,7 @@ static void run_case(const Case *c, Rng *rng) {
         rs[i]->out = malloc(nq * sizeof(double)); rs[i]->dq = malloc(nq * sizeof(double));
         rs[i]->dk = malloc(nk * sizeof(double)); rs[i]->dv = malloc(nk * sizeof(double));
         rs[i]->lse = malloc(nl * sizeof(double));
-        ref_attention(&pc, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, i ? dt : ATTN_F32, rs[i]);
+        ref_attention(&pc, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, i ? dt : DTYPE_F32, rs[i]);
     }
 
     // GPU, with every output poisoned (0xFF bytes: NaN in every element type) first
@@ -410,7 +410,7 @@ static void run_case(const Case *c, Rng *rng) {
     float *lse_d;
     CUDA_OK(cudaMalloc((void **)&lse_d, nl * sizeof(float)));
     p.lse = lse_d;
-    p.workspace_bytes = attn_workspace_bytes(&p, ATTN_CUDA);
+    p.workspace_bytes = attn_workspace_bytes(&p, DEVICE_CUDA);
     CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes ? p.workspace_bytes : 16));
     CUDA_OK(cudaMemset(out.d, 0xFF, out.n * esize(dt)));
     CUDA_OK(cudaMemset(lse_d, 0xFF, nl * sizeof(float)));
@@ -520,7 +520,7 @@ int main(int argc, char **argv) {
     }
     Rng rng;
     rng_seed(&rng, 42);
-    const AttnDtype BF = ATTN_BF16, FP = ATTN_F16;
+    const DType BF = DTYPE_BF16, FP = DTYPE_F16;
     const AttnImpl FL = ATTN_IMPL_FLASH, NV = ATTN_IMPL_NAIVE;
     // name, dtype, impl, B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, fused, dropout, det
     const Case quick_cases[] = {
@@ -558,7 +558,7 @@ int main(int argc, char **argv) {
         {"bf16 hs128 deterministic T=300", BF, FL, 1, 300, 300, 2, 2, 128, 0, 40, 40, 1, 0, 0, 0.1f, 1},
         {"naive bf16 hs64 causal T=300 GQA", BF, NV, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0},
         {"naive fp16 hs128 T=97 drop+alibi", FP, NV, 1, 97, 97, 2, 2, 128, 0, -1, -1, 1, 0, 0, 0.2f, 0},
-        {"naive fp32 hs64 causal T=100", ATTN_F32, NV, 1, 100, 100, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"naive fp32 hs64 causal T=100", DTYPE_F32, NV, 1, 100, 100, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
         {"naive bf16 hs64 window+docs", BF, NV, 2, 120, 120, 2, 2, 64, 1, 20, 0, 0, 1, 0, 0, 0},
     };
     const Case *list = quick ? quick_cases : cases;

@@ -645,7 +645,7 @@ static void test_adamw(Ctx *t) {
     float *rounded_start = copy_of(master, n);
     AdamWCuda og;
     AdamW oc;
-    adamw_cuda_init(&og, n, spans, 3, &c, (OptimDtype)t->dt, NULL);
+    adamw_cuda_init(&og, n, spans, 3, &c, (DType)t->dt, NULL);
     adamw_init(&oc, n, spans, 3, &c);
     adamw_cuda_upload(&og, master, NULL, NULL);
     const float lrs[] = {1e-3f, 6e-4f, 3e-4f}, mults[] = {1.0f, 0.5f, 1.0f / 1024.0f};

@@ -91,7 +91,7 @@ static void load_weights(const GPT *m, float *host, const char *path) {
     for (int i = 0; i < gpt_num_tensors(m); i++) {
         const ParamTensor *t = gpt_tensor(m, i);
         const StTensor *s = st_find(&f, t->name);
-        if (!s || s->dtype != ST_F32 || s->nbytes != t->numel * sizeof(float))
+        if (!s || s->dtype != DTYPE_F32 || s->nbytes != t->numel * sizeof(float))
             fatal(EXIT_USAGE, "%s: needs an F32 tensor '%s' of %zu elements", path, t->name, t->numel);
         memcpy(host + t->offset, s->data, s->nbytes);
     }
@@ -102,7 +102,7 @@ static void add_named(StFile *f, char (*names)[128], int *k, const char *prefix,
                       const float *data) {
     snprintf(names[*k], 128, "%s%s", prefix, t->name);
     int64_t shape[2] = {t->shape[0], t->shape[1]};
-    st_add(f, names[(*k)++], ST_F32, t->ndim, shape, data + t->offset);
+    st_add(f, names[(*k)++], DTYPE_F32, t->ndim, shape, data + t->offset);
 }
 
 int main(int argc, char **argv) {
@@ -183,16 +183,16 @@ int main(int argc, char **argv) {
         if (t->decay) strcat(strcat(decayed, *decayed ? "," : ""), t->name);
     }
     const int64_t sh_bt[2] = {B, T}, sh_logits[3] = {B, T, g.V}, sh_mb[3] = {n_batches, B, T}, sh_s[1] = {steps};
-    st_add(&f, "tokens", ST_I32, 2, sh_bt, inputs);
-    st_add(&f, "targets", ST_I32, 2, sh_bt, targets);
-    st_add(&f, "logits", ST_F32, 3, sh_logits, logits);
-    st_add(&f, "loss", ST_F32, 0, NULL, &loss);
+    st_add(&f, "tokens", DTYPE_I32, 2, sh_bt, inputs);
+    st_add(&f, "targets", DTYPE_I32, 2, sh_bt, targets);
+    st_add(&f, "logits", DTYPE_F32, 3, sh_logits, logits);
+    st_add(&f, "loss", DTYPE_F32, 0, NULL, &loss);
     if (steps > 0) {
-        st_add(&f, "train.inputs", ST_I32, 3, sh_mb, inputs);
-        st_add(&f, "train.targets", ST_I32, 3, sh_mb, targets);
-        st_add(&f, "train.loss", ST_F32, 1, sh_s, losses);
-        st_add(&f, "train.lr", ST_F32, 1, sh_s, lrs);
-        st_add(&f, "train.grad_norm", ST_F32, 1, sh_s, norms);
+        st_add(&f, "train.inputs", DTYPE_I32, 3, sh_mb, inputs);
+        st_add(&f, "train.targets", DTYPE_I32, 3, sh_mb, targets);
+        st_add(&f, "train.loss", DTYPE_F32, 1, sh_s, losses);
+        st_add(&f, "train.lr", DTYPE_F32, 1, sh_s, lrs);
+        st_add(&f, "train.grad_norm", DTYPE_F32, 1, sh_s, norms);
     }
     char *cfg_json = config_to_json(&c);
     st_set_meta(&f, "config", cfg_json);

@@ -1,10 +1,10 @@
-// flash_bwd: the FlashAttention-2 backward for sm80+. Three launches:
+// flash_bwd_sm80: the FlashAttention-2 backward for sm80+. Three launches:
 //   preprocess  D = rowsum(dO * O) (B, NH, T_q) fp32, and zeroing of the fp32 dQ accumulator;
 //   main        one block per (key tile, KV head, batch row): recomputes P from the saved LSE for
 //               every query tile of every query head sharing the KV head, accumulates dK and dV in
 //               registers (so GQA sums without a reduction pass) and adds dS K into dQ with atomics;
 //   convert     dQ = scale * accumulator, in the element type, through the caller's strides.
-// Deterministic mode runs the main kernel without dQ and computes dQ in flash_bwd_dq.cu instead.
+// Deterministic mode runs the main kernel without dQ and computes dQ in flash_bwd_dq_sm80.cu instead.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"

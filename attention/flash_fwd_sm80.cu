@@ -1,4 +1,4 @@
-// flash_fwd: the FlashAttention-2 forward kernel for sm80+ (mma.sync m16n8k16, bf16/fp16 inputs,
+// flash_fwd_sm80: the FlashAttention-2 forward kernel for sm80+ (mma.sync m16n8k16, bf16/fp16 inputs,
 // fp32 accumulation). One block per (query tile, head, batch row); each warp owns 16 query rows,
 // loops over the visible key tiles with an online softmax, writes O once and the fp32 LSE.
 #include "attention/flash_common.cuh"

@@ -1,4 +1,4 @@
-// flash_bwd_dq: dQ for the deterministic backward. One block per (query tile, head, batch row),
+// flash_bwd_dq_sm80: dQ for the deterministic backward. One block per (query tile, head, batch row),
 // each warp owning 16 query rows as in the forward; it walks the visible key tiles in a fixed
 // order and accumulates dQ = scale * sum_j dS K in registers, so no atomics reorder the sums and
 // two runs give the same bits. Costs one more recomputation of S and dP than the atomic path.

@@ -1,0 +1,14 @@
+// eval: the mean validation loss of a model over a dataset, the same loop for the training run's
+// periodic evaluation and for `train_gpt eval`.
+#pragma once
+#include "data/dataset.h"
+#include "dist/comm.h"
+#include "model/gpt.h"
+
+// Batches of B x T that cover at most `tokens` tokens of d without reading a window twice (at
+// least 1); synthetic data (0 tokens) is unbounded.
+long long eval_batches(const Dataset *d, int B, int T, long long tokens);
+// Mean loss over the non-ignored targets of n_batches batches from the start of d, over every
+// rank of comm (NULL: this process alone; each rank reads its slice of every batch). Leaves the
+// model in training mode.
+double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm);
