@@ -18,7 +18,8 @@ static const char *ALL_VARS[] = {
     "RANK",         "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
     "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID",        "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+    "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "FLASHGPT_JOB_TOKEN", "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID", "SLURM_STEP_ID"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof ALL_VARS / sizeof ALL_VARS[0]; i++)
@@ -78,6 +79,48 @@ static void test_launch(void) {
     clear_env();
     setenv("MASTER_PORT", "65535", 1);
     EXPECT(detect(&li, err) != 0 && strstr(err, "MASTER_PORT"), "no room for port + 1: %s", err);
+    clear_env();
+}
+
+// The job token: the launcher's own job id, the same on every rank of one job; FLASHGPT_JOB_TOKEN
+// wins; none for torchrun's placeholder run id or without a launcher.
+static void test_job_token(void) {
+    LaunchInfo li;
+    char err[256];
+    clear_env();
+    setenv("SLURM_JOB_ID", "77", 1);
+    EXPECT(detect(&li, err) == 0 && li.job_token[0] == '\0' && !li.job_token_source,
+           "one process: no token even inside an allocation");
+    setenv("RANK", "1", 1), setenv("WORLD_SIZE", "2", 1), setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    EXPECT(detect(&li, err) == 0 && li.job_token[0] == '\0' && !li.job_token_source,
+           "torchrun's default run id 'none' is no token, and Slurm's job id is not torchrun's");
+    setenv("TORCHELASTIC_RUN_ID", "c0ffee-17", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "c0ffee-17") == 0 &&
+               strcmp(li.job_token_source, "TORCHELASTIC_RUN_ID") == 0,
+           "torchrun: TORCHELASTIC_RUN_ID: '%s'", li.job_token);
+    setenv("FLASHGPT_JOB_TOKEN", "s3cret", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "s3cret") == 0 &&
+               strcmp(li.job_token_source, "FLASHGPT_JOB_TOKEN") == 0,
+           "FLASHGPT_JOB_TOKEN wins");
+    char big[LAUNCH_TOKEN_MAX + 1];
+    memset(big, 'k', LAUNCH_TOKEN_MAX), big[LAUNCH_TOKEN_MAX] = '\0';
+    setenv("FLASHGPT_JOB_TOKEN", big, 1);
+    EXPECT(detect(&li, err) != 0 && strstr(err, "FLASHGPT_JOB_TOKEN is longer"),
+           "a token too long is an error, not cut: %s", err);
+    clear_env();
+    setenv("SLURM_PROCID", "0", 1), setenv("SLURM_NTASKS", "4", 1);
+    setenv("SLURM_JOB_ID", "4242", 1), setenv("SLURM_STEP_ID", "3", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "4242.3") == 0,
+           "srun: SLURM_JOB_ID.SLURM_STEP_ID: '%s'", li.job_token);
+    clear_env();
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1), setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    setenv("OMPI_MCA_ess_base_jobid", "1211105281", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "1211105281") == 0 &&
+               strcmp(li.job_token_source, "OMPI_MCA_ess_base_jobid") == 0,
+           "Open MPI 4: its job id: '%s'", li.job_token);
+    setenv("PMIX_NAMESPACE", "prterun-vm-4242@1", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "prterun-vm-4242@1") == 0,
+           "Open MPI 5: PMIX_NAMESPACE: '%s'", li.job_token);
     clear_env();
 }
 
@@ -143,6 +186,12 @@ static int free_port(void) {
     return port;
 }
 
+static int bcast(int port, int rank, int world, void *buf, double timeout, char *err) {
+    const TcpBootstrap b = {.addr = "127.0.0.1", .port = port, .rank = rank, .world = world,
+                            .token = "t", .timeout_s = timeout};
+    return tcp_broadcast(&b, buf, ID_BYTES, err, 512);
+}
+
 // Forks ranks first..world-1 (skipping `absent`), each fetching the bytes and exiting 0 when it
 // got `expect`; returns their pids in pids.
 static int spawn_ranks(int port, int world, int absent, const unsigned char *expect, double timeout,
@@ -154,8 +203,7 @@ static int spawn_ranks(int port, int world, int absent, const unsigned char *exp
         if (p == 0) {
             unsigned char got[ID_BYTES] = {0};
             char err[512];
-            int rc =
-                tcp_broadcast("127.0.0.1", port, r, world, got, ID_BYTES, timeout, err, sizeof err);
+            int rc = bcast(port, r, world, got, timeout, err);
             _exit(rc == 0 && memcmp(got, expect, ID_BYTES) == 0 ? 0 : 1);
         }
         pids[n++] = p;
@@ -183,22 +231,21 @@ static void test_tcp_bootstrap(void) {
     // Every rank arrives (some before rank 0 listens: they retry).
     int port = free_port();
     int n = spawn_ranks(port, 4, -1, id, 20, pids);
-    EXPECT(tcp_broadcast("127.0.0.1", port, 0, 4, id, ID_BYTES, 20, err, sizeof err) == 0,
+    EXPECT(bcast(port, 0, 4, id, 20, err) == 0,
            "rank 0 serves 3 ranks: %s", err);
     EXPECT(children_ok(pids, n), "every rank received rank 0's bytes");
 
     // Rank 2 of 3 never starts: rank 0 says so after the timeout; rank 1 still got the id.
     port = free_port();
     n = spawn_ranks(port, 3, 2, id, 20, pids);
-    EXPECT(tcp_broadcast("127.0.0.1", port, 0, 3, id, ID_BYTES, 1.0, err, sizeof err) != 0 &&
+    EXPECT(bcast(port, 0, 3, id, 1.0, err) != 0 &&
                strstr(err, "rank(s) 2 of 3 did not connect"),
            "a missing rank is named: %s", err);
     EXPECT(children_ok(pids, n), "the rank that arrived received the bytes");
 
     // Rank 0 never starts: the others give up after the timeout and name rank 0.
     unsigned char got[ID_BYTES];
-    EXPECT(tcp_broadcast("127.0.0.1", free_port(), 1, 2, got, ID_BYTES, 0.5, err, sizeof err) !=
-                   0 &&
+    EXPECT(bcast(free_port(), 1, 2, got, 0.5, err) != 0 &&
                strstr(err, "rank 1: rank 0 did not answer"),
            "a missing rank 0 is named: %s", err);
 }
@@ -215,6 +262,7 @@ static void test_timeout(void) {
 int main(void) {
     TEST_CASE("rank timeout: dist.timeout, overridden by FLASHGPT_DIST_TIMEOUT", test_timeout());
     TEST_CASE("launch detection: torchrun, mpirun, srun, none, bad variables", test_launch());
+    TEST_CASE("job token: the launcher's job id, FLASHGPT_JOB_TOKEN wins", test_job_token());
     TEST_CASE("comm_shard tiles the flat vector in aligned shards", test_shard());
     TEST_CASE("comm_range_parts splits a range at the shard boundaries", test_range_parts());
     TEST_CASE("single-process communicator", test_single_comm());
