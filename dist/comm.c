@@ -116,12 +116,14 @@ static Comm *open_host(const LaunchInfo *li, double timeout_s, char *err, size_t
 
 // Rank 0 alone says it (every rank would say the same): its port is open to any host that can
 // reach MASTER_ADDR, and without a token the first to send a rank's hello takes that rank.
-static void warn_no_token(const LaunchInfo *li) {
-    if (li->rank != 0 || li->job_token[0] || tcp_addr_is_loopback(li->master_addr)) return;
-    warnf("rank 0 of %d: the TCP bootstrap on port %d of %s has no job token (%s gives no job "
-          "id): any process that reaches the port first can take a rank's place; set "
-          "FLASHGPT_JOB_TOKEN to the same secret on every rank",
-          li->world, li->master_port + 1, li->master_addr, launch_kind_name(li->kind));
+int comm_tcp_token_warning(const LaunchInfo *li, char *msg, size_t len) {
+    if (li->rank != 0 || li->job_token[0] || tcp_addr_is_loopback(li->master_addr)) return 0;
+    snprintf(msg, len,
+             "rank 0 of %d: the TCP bootstrap on port %d of %s has no job token (%s gives no "
+             "job id): any process that reaches the port first can take a rank's place; set "
+             "FLASHGPT_JOB_TOKEN to the same secret on every rank",
+             li->world, li->master_port + 1, li->master_addr, launch_kind_name(li->kind));
+    return 1;
 }
 
 int comm_tcp_bootstrap(const LaunchInfo *li, void *buf, size_t len, double timeout_s, char *err,
@@ -132,7 +134,8 @@ int comm_tcp_bootstrap(const LaunchInfo *li, void *buf, size_t len, double timeo
                          "MASTER_PORT (rank 0's host and a free port; port + 1 is used "
                          "too) when MPI does not carry it",
                          li->world, launch_kind_name(li->kind));
-    warn_no_token(li);
+    char warning[512];
+    if (comm_tcp_token_warning(li, warning, sizeof warning)) warnf("%s", warning);
     const TcpBootstrap b = {.addr = li->master_addr,
                             .port = li->master_port + 1,
                             .rank = li->rank,

@@ -1,15 +1,9 @@
-// dist: launch detection from each launcher's variables, the rank timeout, shard and range
-// arithmetic, the single-process communicator, and the TCP bootstrap between forked processes (all ranks
-// arrive; one rank missing; rank 0 missing), which is how NCCL's unique id travels without MPI.
+// dist: launch detection from each launcher's variables and the job token, the rank timeout,
+// shard and range arithmetic, the single-process communicator. The TCP bootstrap, which is how
+// NCCL's unique id travels without MPI, has its own tests (test_bootstrap.c).
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "dist/bootstrap_tcp.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
 #include "tests/testlib.h"
@@ -170,86 +164,6 @@ static void test_single_comm(void) {
     comm_close(c);
 }
 
-enum { ID_BYTES = 128 };
-
-// A port the kernel reports free right now (bound to port 0, then released), so neither another
-// run of the suite nor an ephemeral port in use can collide with the test's listener.
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
-static int bcast(int port, int rank, int world, void *buf, double timeout, char *err) {
-    const TcpBootstrap b = {.addr = "127.0.0.1", .port = port, .rank = rank, .world = world,
-                            .token = "t", .timeout_s = timeout};
-    return tcp_broadcast(&b, buf, ID_BYTES, err, 512);
-}
-
-// Forks ranks first..world-1 (skipping `absent`), each fetching the bytes and exiting 0 when it
-// got `expect`; returns their pids in pids.
-static int spawn_ranks(int port, int world, int absent, const unsigned char *expect, double timeout,
-                       pid_t *pids) {
-    int n = 0;
-    for (int r = 1; r < world; r++) {
-        if (r == absent) continue;
-        pid_t p = fork();
-        if (p == 0) {
-            unsigned char got[ID_BYTES] = {0};
-            char err[512];
-            int rc = bcast(port, r, world, got, timeout, err);
-            _exit(rc == 0 && memcmp(got, expect, ID_BYTES) == 0 ? 0 : 1);
-        }
-        pids[n++] = p;
-    }
-    return n;
-}
-
-static int children_ok(const pid_t *pids, int n) {
-    int ok = 1;
-    for (int i = 0; i < n; i++) {
-        int status;
-        waitpid(pids[i], &status, 0);
-        ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    }
-    return ok;
-}
-
-static void test_tcp_bootstrap(void) {
-    unsigned char id[ID_BYTES];
-    for (int i = 0; i < ID_BYTES; i++)
-        id[i] = (unsigned char)(i * 37 + 11);
-    char err[512] = "";
-    pid_t pids[4];
-
-    // Every rank arrives (some before rank 0 listens: they retry).
-    int port = free_port();
-    int n = spawn_ranks(port, 4, -1, id, 20, pids);
-    EXPECT(bcast(port, 0, 4, id, 20, err) == 0,
-           "rank 0 serves 3 ranks: %s", err);
-    EXPECT(children_ok(pids, n), "every rank received rank 0's bytes");
-
-    // Rank 2 of 3 never starts: rank 0 says so after the timeout; rank 1 still got the id.
-    port = free_port();
-    n = spawn_ranks(port, 3, 2, id, 20, pids);
-    EXPECT(bcast(port, 0, 3, id, 1.0, err) != 0 &&
-               strstr(err, "rank(s) 2 of 3 did not connect"),
-           "a missing rank is named: %s", err);
-    EXPECT(children_ok(pids, n), "the rank that arrived received the bytes");
-
-    // Rank 0 never starts: the others give up after the timeout and name rank 0.
-    unsigned char got[ID_BYTES];
-    EXPECT(bcast(free_port(), 1, 2, got, 0.5, err) != 0 &&
-               strstr(err, "rank 1: rank 0 did not answer"),
-           "a missing rank 0 is named: %s", err);
-}
-
 // dist.timeout is the default; FLASHGPT_DIST_TIMEOUT, when set, wins.
 static void test_timeout(void) {
     unsetenv("FLASHGPT_DIST_TIMEOUT");
@@ -266,6 +180,5 @@ int main(void) {
     TEST_CASE("comm_shard tiles the flat vector in aligned shards", test_shard());
     TEST_CASE("comm_range_parts splits a range at the shard boundaries", test_range_parts());
     TEST_CASE("single-process communicator", test_single_comm());
-    TEST_CASE("TCP bootstrap: all arrive, one missing, rank 0 missing", test_tcp_bootstrap());
     return TEST_SUMMARY();
 }
