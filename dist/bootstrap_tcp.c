@@ -38,7 +38,7 @@ enum {
     MAC_BYTES = 32,                     // HMAC-SHA256
     CHALLENGE_BYTES = 4 + NONCE_BYTES,  // magic, nonce
     HELLO_BYTES = 8 + MAC_BYTES,        // magic, rank, proof
-    MAX_PENDING = 64,                   // connections rank 0 serves at once; more wait in the backlog
+    MAX_PENDING = 64,                   // connections served at once; more wait in the backlog
     PEER_NAME = 64,                     // "address:port" of a connection, for the log
 };
 
@@ -53,9 +53,11 @@ static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+// Milliseconds until the deadline for poll(), capped: dist.timeout may be up to 1e9 s, whose
+// milliseconds do not fit an int.
 static int ms_left(double deadline) {
     const double s = deadline - now_seconds();
-    return s <= 0 ? 0 : (int)(s * 1e3) + 1;
+    return s <= 0 ? 0 : s > 1e6 ? 1000000000 : (int)(s * 1e3) + 1;
 }
 
 // HMAC-SHA256(token, nonce || rank as 4 big-endian bytes) into mac. 0, or -1 when libcrypto fails.
@@ -305,12 +307,13 @@ static int check_hello(Server *s, Peer *p, char *err, size_t errlen) {
         refuse(s, p, "not a flashgpt hello (wrong magic word)");
         return 0;
     }
-    if (hello_mac(s->b->token, p->challenge + 4, rank, mac) != 0) return crypto_error(0, err, errlen);
+    if (hello_mac(s->b->token, p->challenge + 4, rank, mac) != 0)
+        return crypto_error(0, err, errlen);
     // The proof is checked before the rank is looked at, so that nothing about the ranks
     // given so far is told to a peer without the token.
     if (CRYPTO_memcmp(mac, p->hello + 8, MAC_BYTES) != 0)
-        refuse(s, p, "wrong proof of the job token (a process of another job, or "
-                     "FLASHGPT_JOB_TOKEN differs from rank 0's)");
+        refuse(s, p, "wrong proof of the job token for rank %u (a process of another job, or "
+                     "FLASHGPT_JOB_TOKEN differs from rank 0's)", rank);
     else if (rank == 0 || rank >= (uint32_t)s->b->world)
         refuse(s, p, "rank %u is not in 1..%d (WORLD_SIZE differs between ranks)", rank,
                s->b->world - 1);
@@ -419,9 +422,9 @@ static int serve(const TcpBootstrap *b, const void *buf, size_t len, char *err, 
     int rc = 0;
     while (rc == 0 && s->served < b->world && now_seconds() < deadline)
         rc = serve_round(s, deadline, err, errlen);
-    for (int i = 0; i < MAX_PENDING; i++)
-        if (s->peers[i].stage != PEER_FREE)
-            refuse(s, &s->peers[i], "the bootstrap ended before %s did", STAGE_WHAT[s->peers[i].stage]);
+    for (Peer *p = s->peers; p < s->peers + MAX_PENDING; p++)
+        if (p->stage != PEER_FREE)
+            refuse(s, p, "the bootstrap ended before %s did", STAGE_WHAT[p->stage]);
     close(s->fd);
     if (rc == 0 && s->served < b->world) rc = missing_error(s, err, errlen);
     free(s->holder);

@@ -23,7 +23,7 @@ typedef struct {
     const char *addr;   // MASTER_ADDR: rank 0's host
     int port;           // MASTER_PORT + 1
     int rank, world;
-    const char *token;  // the job's secret (LaunchInfo's job_token), the same on every rank; "" for none
+    const char *token;  // the job's secret (LaunchInfo's job_token), alike on all ranks; "": none
     double timeout_s;   // the whole exchange
     FILE *log;          // rank 0 reports each refused connection here; NULL: nowhere
 } TcpBootstrap;

@@ -111,24 +111,23 @@ static int refused(const Rank *r) {
 
 // ---- rank 0's log ----
 
-static int log_count(FILE *log, const char *needle) {
+// Lines of the log that hold both a and b (NULL: any line).
+static int log_lines(FILE *log, const char *a, const char *b) {
     char line[1024];
     int n = 0;
     rewind(log);
     while (fgets(line, sizeof line, log))
-        n += needle == NULL || strstr(line, needle) != NULL;
+        n += (!a || strstr(line, a)) && (!b || strstr(line, b));
     return n;
 }
 
-// The log line for a connection from local port `port` (rank 0 names the peer's address).
+static int log_count(FILE *log, const char *needle) { return log_lines(log, needle, NULL); }
+
+// The log lines for a connection from local port `port` (rank 0 names the peer's address).
 static int log_names(FILE *log, int port, const char *why) {
-    char line[1024], who[64];
+    char who[64];
     snprintf(who, sizeof who, "from 127.0.0.1:%d: ", port);
-    int n = 0;
-    rewind(log);
-    while (fgets(line, sizeof line, log))
-        n += strstr(line, who) && strstr(line, why);
-    return n;
+    return log_lines(log, who, why);
 }
 
 // ---- strays: raw connections that are not ranks ----
@@ -152,7 +151,8 @@ static Stray stray_open(int port) {
     }
     struct sockaddr_in me;
     socklen_t len = sizeof me;
-    if (s.fd >= 0 && getsockname(s.fd, (struct sockaddr *)&me, &len) == 0) s.port = ntohs(me.sin_port);
+    if (s.fd >= 0 && getsockname(s.fd, (struct sockaddr *)&me, &len) == 0)
+        s.port = ntohs(me.sin_port);
     return s;
 }
 
@@ -396,7 +396,8 @@ static void test_random_order(void) {
 
 // The launch-level wrapper: port MASTER_PORT + 1 and the launch's job token.
 static void test_launch_wrapper(void) {
-    LaunchInfo li0 = {.kind = LAUNCH_TORCHRUN, .rank = 0, .world = 2, .master_port = free_port() - 1};
+    LaunchInfo li0 = {.kind = LAUNCH_TORCHRUN, .rank = 0, .world = 2};
+    li0.master_port = free_port() - 1;  // the bootstrap takes MASTER_PORT + 1
     snprintf(li0.master_addr, sizeof li0.master_addr, "127.0.0.1");
     snprintf(li0.job_token, sizeof li0.job_token, TOKEN);
     Rank r1;
