@@ -56,6 +56,8 @@ DIST_LIBS += -L$(CUDA_HOME)/lib64 -lnccl
 else
 C_SRC     := $(filter-out dist/comm_nccl.c,$(C_SRC))
 endif
+# The TCP bootstrap's hello proof (HMAC-SHA256, dist/bootstrap_tcp.c): OpenSSL's libcrypto.
+DIST_LIBS += -lcrypto
 LDLIBS    += $(DIST_LIBS)
 
 # Objects depend on the flags they were built with: switching between a CUDA and a NO_CUDA=1

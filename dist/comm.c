@@ -8,9 +8,7 @@
 
 #include "common/check.h"
 #include "common/config.h"
-#ifdef FLASHGPT_NCCL
 #include "dist/bootstrap_tcp.h"
-#endif
 
 enum { SHARD_ALIGN = 64 };
 #define DEFAULT_TIMEOUT_S 300.0
@@ -105,6 +103,38 @@ static Comm *open_host(const LaunchInfo *li, double timeout_s, char *err, size_t
     return NULL;
 }
 
+// Rank 0 alone says it (every rank would say the same): its port is open to any host that can
+// reach MASTER_ADDR, and without a token the first to send a rank's hello takes that rank.
+int comm_tcp_token_warning(const LaunchInfo *li, char *msg, size_t len) {
+    if (li->rank != 0 || li->job_token[0] || tcp_addr_is_loopback(li->master_addr)) return 0;
+    snprintf(msg, len,
+             "rank 0 of %d: the TCP bootstrap on port %d of %s has no job token (%s gives no "
+             "job id): any process that reaches the port first can take a rank's place; set "
+             "FLASHGPT_JOB_TOKEN to the same secret on every rank",
+             li->world, li->master_port + 1, li->master_addr, launch_kind_name(li->kind));
+    return 1;
+}
+
+int comm_tcp_bootstrap(const LaunchInfo *li, void *buf, size_t len, double timeout_s, char *err,
+                       size_t errlen) {
+    if (!li->master_addr[0] || !li->master_port)
+        return set_error(err, errlen,
+                         "%d ranks launched by %s: NCCL's bootstrap needs MASTER_ADDR and "
+                         "MASTER_PORT (rank 0's host and a free port; port + 1 is used "
+                         "too) when MPI does not carry it",
+                         li->world, launch_kind_name(li->kind));
+    char warning[512];
+    if (comm_tcp_token_warning(li, warning, sizeof warning)) warnf("%s", warning);
+    const TcpBootstrap b = {.addr = li->master_addr,
+                            .port = li->master_port + 1,
+                            .rank = li->rank,
+                            .world = li->world,
+                            .token = li->job_token,
+                            .timeout_s = timeout_s,
+                            .log = stderr};
+    return tcp_broadcast(&b, buf, len, err, errlen);
+}
+
 #ifdef FLASHGPT_NCCL
 enum { NCCL_ID_BYTES = 128 };  // sizeof(ncclUniqueId), fixed by NCCL's ABI
 
@@ -121,14 +151,7 @@ static int share_nccl_id(const LaunchInfo *li, unsigned char *id, double timeout
         return 0;
     }
 #endif
-    if (!li->master_addr[0] || !li->master_port)
-        return set_error(err, errlen,
-                         "%d ranks launched by %s: NCCL's bootstrap needs MASTER_ADDR and "
-                         "MASTER_PORT (rank 0's host and a free port; port + 1 is used "
-                         "too) when MPI does not carry it",
-                         li->world, launch_kind_name(li->kind));
-    return tcp_broadcast(li->master_addr, li->master_port + 1, li->rank, li->world, id,
-                         NCCL_ID_BYTES, timeout_s, err, errlen);
+    return comm_tcp_bootstrap(li, id, NCCL_ID_BYTES, timeout_s, err, errlen);
 }
 #endif
 

@@ -85,6 +85,17 @@ double comm_timeout(double configured);
 // set) or exit(EXIT_RUNTIME).
 void comm_fail_timeout(const Comm *c, const char *what) __attribute__((noreturn));
 
+// Rank 0's buf (len bytes) into every rank's buf over TCP (dist/bootstrap_tcp.h): rank 0 at
+// li's MASTER_ADDR, port MASTER_PORT + 1, every hello proving li's job token; refused
+// connections are reported on stderr, and so is comm_tcp_token_warning's warning. Returns 0, or
+// -1 with err set (MASTER_ADDR or MASTER_PORT unset, a rank missing, rank 0 unreachable or
+// refusing).
+int comm_tcp_bootstrap(const LaunchInfo *li, void *buf, size_t len, double timeout_s, char *err,
+                       size_t errlen);
+// 1 with a warning naming FLASHGPT_JOB_TOKEN in msg (len bytes) when li is rank 0 and no job
+// token guards a port that other hosts can reach (MASTER_ADDR not a loopback address); else 0.
+int comm_tcp_token_warning(const LaunchInfo *li, char *msg, size_t len);
+
 Comm *comm_single_create(void);
 #ifdef FLASHGPT_MPI
 // Initialises MPI (once per process) and wraps MPI_COMM_WORLD; the world must match li's.

@@ -35,6 +35,17 @@ static int env_int(const char *name, int lo, int hi, int *out, char *err, size_t
     return 1;
 }
 
+// The value of environment variable `name` into dst (cap bytes); -1 with err set when it does
+// not fit (cut short, it would name another host or another secret).
+static int copy_value(char *dst, size_t cap, const char *name, const char *value, char *err,
+                      size_t errlen) {
+    if (strlen(value) >= cap)
+        return set_error(err, errlen, "environment variable %s is longer than %zu bytes", name,
+                         cap - 1);
+    snprintf(dst, cap, "%s", value);
+    return 0;
+}
+
 const char *launch_kind_name(LaunchKind k) {
     switch (k) {
     case LAUNCH_TORCHRUN:
@@ -79,6 +90,20 @@ static int port_of(const char *job) {
     return 20000 + (int)(h % 20000u) * 2;  // even, below 60000: the bootstrap takes port + 1
 }
 
+// The name Open MPI gives this job, the same on every rank (5: PMIX_NAMESPACE, 4: its jobid), or
+// NULL; *var (may be NULL) names the variable it came from.
+static const char *mpirun_job_id(const char **var) {
+    static const char *const VARS[] = {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+    for (size_t i = 0; i < sizeof VARS / sizeof VARS[0]; i++) {
+        const char *v = getenv(VARS[i]);
+        if (v && *v) {
+            if (var) *var = VARS[i];
+            return v;
+        }
+    }
+    return NULL;
+}
+
 // mpirun on one host (every rank local) needs no MASTER_ADDR: rank 0 is 127.0.0.1, and the port
 // comes from the job's identity (Open MPI 5's PMIX_NAMESPACE, 4's jobid), so concurrent jobs
 // on one host do not meet. Only a build without MPI uses them (MPI carries NCCL's id otherwise).
@@ -90,10 +115,50 @@ static void mpirun_one_host_defaults(LaunchInfo *li) {
         return;
     if (!li->master_addr[0]) snprintf(li->master_addr, sizeof li->master_addr, "127.0.0.1");
     if (!li->master_port) {
-        const char *job = getenv("PMIX_NAMESPACE");
-        if (!job) job = getenv("OMPI_MCA_ess_base_jobid");
+        const char *job = mpirun_job_id(NULL);
         li->master_port = job ? port_of(job) : 29500;
     }
+}
+
+// The launcher's id of this job into out (cap bytes); the variable(s) it came from, or NULL.
+// Each launcher's own id only: a torchrun inside a Slurm allocation may run its hosts' agents
+// from different srun steps, so SLURM_STEP_ID would differ between its ranks.
+static const char *launcher_job_id(LaunchKind kind, char *out, size_t cap) {
+    const char *v = NULL, *var = NULL;
+    switch (kind) {
+    case LAUNCH_TORCHRUN:
+        v = getenv("TORCHELASTIC_RUN_ID");
+        // torchrun's default --rdzv-id: every job has it, so it tells none apart.
+        if (!v || !*v || strcmp(v, "none") == 0) return NULL;
+        snprintf(out, cap, "%s", v);
+        return "TORCHELASTIC_RUN_ID";
+    case LAUNCH_SLURM: {
+        v = getenv("SLURM_JOB_ID");
+        if (!v || !*v) return NULL;
+        const char *step = getenv("SLURM_STEP_ID");
+        snprintf(out, cap, "%s.%s", v, step ? step : "");
+        return "SLURM_JOB_ID.SLURM_STEP_ID";
+    }
+    case LAUNCH_MPIRUN:
+        v = mpirun_job_id(&var);
+        if (!v) return NULL;
+        snprintf(out, cap, "%s", v);
+        return var;
+    default:
+        return NULL;
+    }
+}
+
+// The job token (launch.h): FLASHGPT_JOB_TOKEN wins over the launcher's id.
+static int read_job_token(LaunchInfo *li, char *err, size_t errlen) {
+    const char *mine = getenv("FLASHGPT_JOB_TOKEN");
+    if (mine && *mine) {
+        li->job_token_source = "FLASHGPT_JOB_TOKEN";
+        return copy_value(li->job_token, sizeof li->job_token, "FLASHGPT_JOB_TOKEN", mine, err,
+                          errlen);
+    }
+    li->job_token_source = launcher_job_id(li->kind, li->job_token, sizeof li->job_token);
+    return 0;
 }
 
 int launch_detect(LaunchInfo *li, char *err, size_t errlen) {
@@ -106,15 +171,11 @@ int launch_detect(LaunchInfo *li, char *err, size_t errlen) {
         if (rc > 0) break;
     }
     const char *addr = getenv("MASTER_ADDR");
-    if (addr) {
-        if (strlen(addr) >= sizeof li->master_addr)
-            return set_error(err, errlen,
-                             "environment variable MASTER_ADDR is longer than %zu bytes",
-                             sizeof li->master_addr - 1);
-        snprintf(li->master_addr, sizeof li->master_addr, "%s", addr);
-    }
+    if (addr && copy_value(li->master_addr, sizeof li->master_addr, "MASTER_ADDR", addr, err,
+                           errlen) != 0)
+        return -1;
     // The TCP bootstrap listens on MASTER_PORT + 1, so the port must leave room for it.
     if (env_int("MASTER_PORT", 1, 65534, &li->master_port, err, errlen) < 0) return -1;
     if (li->kind == LAUNCH_MPIRUN) mpirun_one_host_defaults(li);
-    return 0;
+    return read_job_token(li, err, errlen);
 }

@@ -19,5 +19,14 @@ if [ ! -f "$cuda_home/include/nccl.h" ] && [ -f "$D/include/nccl.h" ]; then
         echo "device_env.sh: no libnccl.so.2 found: building without NCCL" >&2
     fi
 fi
+# libcrypto (the TCP bootstrap's HMAC): the machine's own libcrypto.so.3 when it has one, since
+# a second copy on LD_LIBRARY_PATH would be loaded beside the machine's libssl (Python's ssl
+# module) whatever their versions; else the one .deps carries.
+crypto=$(ldconfig -p | awk '$1 == "libcrypto.so.3" && /x86-64/ {print $NF; exit}')
+if [ ! -f "$crypto" ]; then
+    crypto=$D/crypto/libcrypto.so.3
+    ln -sf "$crypto" "$D/lib/libcrypto.so.3"
+fi
+ln -sf "$crypto" "$D/lib/libcrypto.so"
 # The tests' Python: the one on PATH (on the GPU machines it holds PyTorch, numpy and pytest).
 PYTHON=$(command -v python3) && export PYTHON

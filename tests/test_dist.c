@@ -1,15 +1,9 @@
-// dist: launch detection from each launcher's variables, the rank timeout, shard and range
-// arithmetic, the single-process communicator, and the TCP bootstrap between forked processes (all ranks
-// arrive; one rank missing; rank 0 missing), which is how NCCL's unique id travels without MPI.
+// dist: launch detection from each launcher's variables and the job token, the rank timeout,
+// shard and range arithmetic, the single-process communicator. The TCP bootstrap, which is how
+// NCCL's unique id travels without MPI, has its own tests (test_bootstrap.c).
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "dist/bootstrap_tcp.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
 #include "tests/testlib.h"
@@ -18,7 +12,8 @@ static const char *ALL_VARS[] = {
     "RANK",         "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
     "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID",        "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+    "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "FLASHGPT_JOB_TOKEN", "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID", "SLURM_STEP_ID"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof ALL_VARS / sizeof ALL_VARS[0]; i++)
@@ -81,6 +76,48 @@ static void test_launch(void) {
     clear_env();
 }
 
+// The job token: the launcher's own job id, the same on every rank of one job; FLASHGPT_JOB_TOKEN
+// wins; none for torchrun's placeholder run id or without a launcher.
+static void test_job_token(void) {
+    LaunchInfo li;
+    char err[256];
+    clear_env();
+    setenv("SLURM_JOB_ID", "77", 1);
+    EXPECT(detect(&li, err) == 0 && li.job_token[0] == '\0' && !li.job_token_source,
+           "one process: no token even inside an allocation");
+    setenv("RANK", "1", 1), setenv("WORLD_SIZE", "2", 1), setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    EXPECT(detect(&li, err) == 0 && li.job_token[0] == '\0' && !li.job_token_source,
+           "torchrun's default run id 'none' is no token, and Slurm's job id is not torchrun's");
+    setenv("TORCHELASTIC_RUN_ID", "c0ffee-17", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "c0ffee-17") == 0 &&
+               strcmp(li.job_token_source, "TORCHELASTIC_RUN_ID") == 0,
+           "torchrun: TORCHELASTIC_RUN_ID: '%s'", li.job_token);
+    setenv("FLASHGPT_JOB_TOKEN", "s3cret", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "s3cret") == 0 &&
+               strcmp(li.job_token_source, "FLASHGPT_JOB_TOKEN") == 0,
+           "FLASHGPT_JOB_TOKEN wins");
+    char big[LAUNCH_TOKEN_MAX + 1];
+    memset(big, 'k', LAUNCH_TOKEN_MAX), big[LAUNCH_TOKEN_MAX] = '\0';
+    setenv("FLASHGPT_JOB_TOKEN", big, 1);
+    EXPECT(detect(&li, err) != 0 && strstr(err, "FLASHGPT_JOB_TOKEN is longer"),
+           "a token too long is an error, not cut: %s", err);
+    clear_env();
+    setenv("SLURM_PROCID", "0", 1), setenv("SLURM_NTASKS", "4", 1);
+    setenv("SLURM_JOB_ID", "4242", 1), setenv("SLURM_STEP_ID", "3", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "4242.3") == 0,
+           "srun: SLURM_JOB_ID.SLURM_STEP_ID: '%s'", li.job_token);
+    clear_env();
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1), setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    setenv("OMPI_MCA_ess_base_jobid", "1211105281", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "1211105281") == 0 &&
+               strcmp(li.job_token_source, "OMPI_MCA_ess_base_jobid") == 0,
+           "Open MPI 4: its job id: '%s'", li.job_token);
+    setenv("PMIX_NAMESPACE", "prterun-vm-4242@1", 1);
+    EXPECT(detect(&li, err) == 0 && strcmp(li.job_token, "prterun-vm-4242@1") == 0,
+           "Open MPI 5: PMIX_NAMESPACE: '%s'", li.job_token);
+    clear_env();
+}
+
 static void test_shard(void) {
     const size_t ns[] = {0, 1, 63, 64, 65, 1000, 124475904, 124475905};
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
@@ -127,82 +164,6 @@ static void test_single_comm(void) {
     comm_close(c);
 }
 
-enum { ID_BYTES = 128 };
-
-// A port the kernel reports free right now (bound to port 0, then released), so neither another
-// run of the suite nor an ephemeral port in use can collide with the test's listener.
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
-// Forks ranks first..world-1 (skipping `absent`), each fetching the bytes and exiting 0 when it
-// got `expect`; returns their pids in pids.
-static int spawn_ranks(int port, int world, int absent, const unsigned char *expect, double timeout,
-                       pid_t *pids) {
-    int n = 0;
-    for (int r = 1; r < world; r++) {
-        if (r == absent) continue;
-        pid_t p = fork();
-        if (p == 0) {
-            unsigned char got[ID_BYTES] = {0};
-            char err[512];
-            int rc =
-                tcp_broadcast("127.0.0.1", port, r, world, got, ID_BYTES, timeout, err, sizeof err);
-            _exit(rc == 0 && memcmp(got, expect, ID_BYTES) == 0 ? 0 : 1);
-        }
-        pids[n++] = p;
-    }
-    return n;
-}
-
-static int children_ok(const pid_t *pids, int n) {
-    int ok = 1;
-    for (int i = 0; i < n; i++) {
-        int status;
-        waitpid(pids[i], &status, 0);
-        ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    }
-    return ok;
-}
-
-static void test_tcp_bootstrap(void) {
-    unsigned char id[ID_BYTES];
-    for (int i = 0; i < ID_BYTES; i++)
-        id[i] = (unsigned char)(i * 37 + 11);
-    char err[512] = "";
-    pid_t pids[4];
-
-    // Every rank arrives (some before rank 0 listens: they retry).
-    int port = free_port();
-    int n = spawn_ranks(port, 4, -1, id, 20, pids);
-    EXPECT(tcp_broadcast("127.0.0.1", port, 0, 4, id, ID_BYTES, 20, err, sizeof err) == 0,
-           "rank 0 serves 3 ranks: %s", err);
-    EXPECT(children_ok(pids, n), "every rank received rank 0's bytes");
-
-    // Rank 2 of 3 never starts: rank 0 says so after the timeout; rank 1 still got the id.
-    port = free_port();
-    n = spawn_ranks(port, 3, 2, id, 20, pids);
-    EXPECT(tcp_broadcast("127.0.0.1", port, 0, 3, id, ID_BYTES, 1.0, err, sizeof err) != 0 &&
-               strstr(err, "rank(s) 2 of 3 did not connect"),
-           "a missing rank is named: %s", err);
-    EXPECT(children_ok(pids, n), "the rank that arrived received the bytes");
-
-    // Rank 0 never starts: the others give up after the timeout and name rank 0.
-    unsigned char got[ID_BYTES];
-    EXPECT(tcp_broadcast("127.0.0.1", free_port(), 1, 2, got, ID_BYTES, 0.5, err, sizeof err) !=
-                   0 &&
-               strstr(err, "rank 1: rank 0 did not answer"),
-           "a missing rank 0 is named: %s", err);
-}
-
 // dist.timeout is the default; FLASHGPT_DIST_TIMEOUT, when set, wins.
 static void test_timeout(void) {
     unsetenv("FLASHGPT_DIST_TIMEOUT");
@@ -215,9 +176,9 @@ static void test_timeout(void) {
 int main(void) {
     TEST_CASE("rank timeout: dist.timeout, overridden by FLASHGPT_DIST_TIMEOUT", test_timeout());
     TEST_CASE("launch detection: torchrun, mpirun, srun, none, bad variables", test_launch());
+    TEST_CASE("job token: the launcher's job id, FLASHGPT_JOB_TOKEN wins", test_job_token());
     TEST_CASE("comm_shard tiles the flat vector in aligned shards", test_shard());
     TEST_CASE("comm_range_parts splits a range at the shard boundaries", test_range_parts());
     TEST_CASE("single-process communicator", test_single_comm());
-    TEST_CASE("TCP bootstrap: all arrive, one missing, rank 0 missing", test_tcp_bootstrap());
     return TEST_SUMMARY();
 }
