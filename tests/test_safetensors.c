@@ -183,7 +183,7 @@ static void test_corrupt(const char *dir) {
     fclose(fp);
     expect_reject(p, "header length", "absurd header length");
 
-    write_raw(p, "{\"x\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", d, sizeof d);
+    write_raw(p, "{\"x\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}", d, sizeof d);
     expect_reject(p, "unknown dtype 'C64'", "unknown dtype");
 
     write_raw(p, "{\"x\":{\"shape\":[2],\"data_offsets\":[0,8]}}", d, sizeof d);
