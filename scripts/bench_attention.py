@@ -8,18 +8,36 @@ and cuDNN backends, and our ratio to flash. FLOPs by the FlashAttention conventi
 4*B*H*N*N*D (halved when causal), backward 2.5x forward. Then the memory/time table of one
 GPT-2-small attention layer (B=8, 12 heads, head dim 64, causal), naive against flash.
 
-usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--no-memory] [--json OUT.json]
+A/B mode (--ab OTHER.so): two builds of the library, loaded side by side in this process, timed
+on the same inputs in interleaved rounds: round r times every shape with library A (--lib), then
+every shape with library B (--ab); each time is the median of --reps CUDA-event timings after two
+warm-up calls. After --rounds rounds it prints, per shape, the median over rounds of A's and B's
+TFLOP/s, the ratio B/A (the median of the per-round ratios: each ratio pairs A and B measured
+in the same round, so a slow drift of the GPU's clock cancels) and the lowest and highest
+per-round ratio (the spread). PyTorch's backends and the memory table are not timed in this mode.
+Both libraries must take this script's AttnParams layout (attention/attention.h of this checkout).
+To measure a change, build the commit before it in a worktree and pass that build as A, the
+changed one as B (B/A > 1: the change made it faster):
+
+    git worktree add ../base HEAD~1 && make -C ../base libattention && make libattention
+    python3 scripts/bench_attention.py --lib ../base/build/libattention.so \\
+        --ab build/libattention.so --seqs 8192,32768
+
+Arguments (and that both files exist) are checked before PyTorch is imported or a GPU is needed.
+
+usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--seqs N,N,...]
+           [--no-memory] [--json OUT.json] [--reps 10] [--ab OTHER.so [--rounds 5]]
 """
 import argparse
 import ctypes as C
 import json
 import math
+import os
 import statistics
 import sys
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+# PyTorch is imported by load_torch() once the arguments are checked.
+torch = F = SDPBackend = sdpa_kernel = None
 
 ATTN_BF16, ATTN_F16 = 1, 2
 ATTN_IMPL_FLASH, ATTN_IMPL_NAIVE = 0, 1
@@ -54,7 +72,9 @@ class Ours:
     """Our kernels on (B, T, H, D) tensors; workspace allocated through PyTorch (counted in its peak)."""
 
     def __init__(self, lib_path):
-        self.lib = C.CDLL(lib_path)
+        # RTLD_LOCAL: a second build loaded beside this one (--ab) keeps its own symbols.
+        self.path = lib_path
+        self.lib = C.CDLL(os.path.abspath(lib_path), mode=os.RTLD_LOCAL)
         self.lib.attn_workspace_bytes.restype = C.c_size_t
         self.lib.attn_workspace_bytes.argtypes = [C.POINTER(AttnParams), C.c_int]
         self.lib.attn_forward_cuda.argtypes = [C.POINTER(AttnParams)]
@@ -216,6 +236,63 @@ def bench_memory(ours, dtype, seqs):
     return rows
 
 
+def bench_ab(libs, dtype, seqs, reps, rounds):
+    """Interleaved A/B of two builds: each round times every shape with libs[0], then with libs[1].
+
+    Shapes as in bench_speed (D 64 and 128, causal and full, B*N = 16K tokens, H*D = 2048). Every
+    (round, library, shape) gets fresh inputs from the same seed, its own workspace, two warm-up
+    calls and the median of `reps` timings, forward first (the backward needs its out and lse).
+    Returns one dict per shape: per pass, each library's median and per-round TFLOP/s and the
+    median, lowest and highest of the per-round ratios B/A."""
+    shapes = [(D, causal, N) for D in (64, 128) for causal in (True, False) for N in seqs]
+    res = {sh: {"fwd": ([], []), "bwd": ([], [])} for sh in shapes}
+    for r in range(rounds):
+        for li, lib in enumerate(libs):
+            for (D, causal, N) in shapes:
+                H, B = 2048 // D, max(1, 16384 // N)
+                torch.manual_seed(0)
+                q, k, v, dout = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(4))
+                out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+                lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
+                p = lib.params(q, k, v, out, lse, causal)
+                ws = lib.workspace(p)
+                fwd_flops = 4 * B * H * N * N * D / (2 if causal else 1)
+                ms_f = time_ms(lambda: lib.forward(p), reps)
+                ms_b = time_ms(lambda: lib.backward(p, dout, dq, dk, dv), reps)
+                res[(D, causal, N)]["fwd"][li].append(fwd_flops / (ms_f * 1e-3) / 1e12)
+                res[(D, causal, N)]["bwd"][li].append(2.5 * fwd_flops / (ms_b * 1e-3) / 1e12)
+                del q, k, v, dout, out, dq, dk, dv, lse, ws
+                torch.cuda.empty_cache()
+        print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    rows = []
+    for (D, causal, N) in shapes:
+        row = {"D": D, "causal": causal, "N": N, "B": max(1, 16384 // N), "H": 2048 // D}
+        for pas in ("fwd", "bwd"):
+            a, b = res[(D, causal, N)][pas]
+            per_round = [y / x for x, y in zip(a, b)]
+            row[pas] = {"tflops_a": statistics.median(a), "tflops_b": statistics.median(b),
+                        "b_over_a": statistics.median(per_round),
+                        "b_over_a_min": min(per_round), "b_over_a_max": max(per_round),
+                        "rounds_a": a, "rounds_b": b}
+        rows.append(row)
+    return rows
+
+
+def print_ab(rows, lib_a, lib_b, rounds, reps):
+    print(f"\nA: {lib_a}\nB: {lib_b}")
+    print(f"bf16, B*N = 16K tokens, H*D = 2048; TFLOP/s, median of {rounds} interleaved rounds "
+          f"(each the median of {reps} timings); B/A and spread: median and range of the per-round B/A")
+    print("| D | mask | B x N | fwd A | fwd B | B/A | spread | bwd A | bwd B | B/A | spread |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        cells = []
+        for pas in ("fwd", "bwd"):
+            x = r[pas]
+            cells.append(f"{x['tflops_a']:.0f} | {x['tflops_b']:.0f} | {x['b_over_a']:.3f} | "
+                         f"{x['b_over_a_min']:.3f}-{x['b_over_a_max']:.3f}")
+        print(f"| {r['D']} | {'causal' if r['causal'] else 'full'} | {r['B']} x {r['N']} | {cells[0]} | {cells[1]} |")
+
+
 def seq_list(text):
     """argparse type of --seqs: positive integers separated by commas."""
     try:
@@ -227,22 +304,80 @@ def seq_list(text):
     return seqs
 
 
+def positive_int(text):
+    """argparse type of --reps and --rounds."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return n
+
+
+def load_torch():
+    """Import PyTorch (after the arguments are checked, so that they fail first without it)."""
+    global torch, F, SDPBackend, sdpa_kernel
+    try:
+        import torch as _torch
+        import torch.nn.functional as _F
+        from torch.nn.attention import SDPBackend as _B, sdpa_kernel as _k
+    except ImportError as e:
+        sys.exit(f"bench_attention.py: needs PyTorch 2.5 or later with CUDA ({e})")
+    torch, F, SDPBackend, sdpa_kernel = _torch, _F, _B, _k
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lib", default="build/libattention.so")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", default="build/libattention.so", help="our library (A in --ab mode)")
     ap.add_argument("--quick", action="store_true", help="fewer sequence lengths")
     ap.add_argument("--seqs", type=seq_list, help="comma-separated sequence lengths for the speed table (overrides --quick)")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPT-2-small memory/time table")
     ap.add_argument("--json", help="write the raw numbers here")
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=positive_int, default=10, help="timings per measurement (median)")
+    ap.add_argument("--ab", metavar="OTHER.so", help="A/B mode: time --lib (A) against this other build "
+                    "of libattention.so (B) in interleaved rounds")
+    ap.add_argument("--rounds", type=positive_int, help="rounds of the A/B mode (default 5)")
     args = ap.parse_args()
-    ours = Ours(args.lib)
+    for opt, path in (("--lib", args.lib), ("--ab", args.ab)):
+        if path is not None and not os.path.isfile(path):
+            ap.error(f"{opt}: no such file: '{path}' (make libattention builds build/libattention.so)")
+    if args.rounds is not None and not args.ab:
+        ap.error("--rounds applies to the A/B mode only (--ab OTHER.so)")
+    rounds = args.rounds or 5
+    load_torch()
+    libs = []
+    for opt, path in (("--lib", args.lib), ("--ab", args.ab)):
+        if path is None:
+            continue
+        try:
+            libs.append(Ours(path))
+        except (OSError, AttributeError) as e:
+            ap.error(f"{opt}: cannot load '{path}' as flashgpt's attention library: {e}")
+    if args.ab and os.path.samefile(args.lib, args.ab):
+        print("note: --lib and --ab are the same file: one library timed against itself (an A/A run)")
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention.py: no CUDA GPU visible to PyTorch")
+    ours = libs[0]
     dtype = torch.bfloat16
     print(f"GPU: {torch.cuda.get_device_name()}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}")
-    ok = check_correctness(ours, dtype)
+    ok = True
+    for lib in libs:
+        if len(libs) > 1:
+            print(f"{'A' if lib is libs[0] else 'B'}: {lib.path}")
+        ok &= check_correctness(lib, dtype)
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
     if args.seqs:
         seqs = args.seqs
+    if args.ab:
+        rows = bench_ab(libs, dtype, seqs, args.reps, rounds)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"lib_a": args.lib, "lib_b": args.ab, "rounds": rounds, "reps": args.reps,
+                           "ab": rows, "correct": ok}, f, indent=1)
+        print_ab(rows, args.lib, args.ab, rounds, args.reps)
+        print(f"\ncorrectness: {'ok' if ok else 'FAIL'}")
+        return 0 if ok else 1
     speed = bench_speed(ours, dtype, seqs, args.reps)
     mem = [] if args.no_memory else bench_memory(ours, dtype, [2048, 8192] if args.quick else [2048, 8192, 32768])
     if args.json:

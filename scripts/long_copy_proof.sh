@@ -19,7 +19,8 @@
 # tokens (half of them scored); each stage's last step, val loss and wall seconds are appended
 # to RUN/stages.tsv; both runs are plotted with scripts/plot_metrics.py into RUN.png.
 #
-# Measured (H200, 2026-11-30, session 7, docs/PERFORMANCE.md):
+# What it showed (H200s, 2026-11-30, code of a6c8e3c; docs/PERFORMANCE.md, "Long context is
+# learned: the copy proof"):
 #   seq 8192 (distance 4096): all 4 seeds reach val 0.000 by step 500; the window-512 control
 #     stays at chance.
 #   seq 32768 (distance 16384): from scratch the loss did not leave chance in 1000 steps (the

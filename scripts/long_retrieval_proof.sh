@@ -31,38 +31,33 @@
 #     1024 -> 4096 at lr 3e-4 sent the val loss to 2.2 and it was still 2.1 after 500 steps,
 #     while 2048 -> 4096 went to 1.6-2.0 and came back down.
 #   stage 3, SEQ (8 x 4096 tokens per step), lr LR2, STAGE3_STEPS steps.
-# 8 KV heads (configs/long_retrieval_4k.json; was 2): weak evidence, with 8 the plateau ended for 2
-# of 4 seeds, with 2 for 0 of 2 (6750 steps each). The restarts are what make stage 1 reliable.
+# 8 KV heads (configs/long_retrieval_4k.json): weak evidence, with 8 the plateau ended for 2 of 4
+# seeds, with 2 for 0 of 2 (6750 steps each). The restarts are what make stage 1 reliable.
 # The control is a copy of the full-attention run taken before stage 3 and continued with the
 # window: the same weights, only the reach differs. Vocabulary 128: 32 keys, 32 values; chance is
 # ln 32 = 3.47, and knowing only which values occur (and which were already asked) gives ~1.9.
 #
-# NOT ROBUST YET. Measured with these defaults (H200, 2026-11-30, session 5, seeds 1337-1340 at
-# once on one GPU; docs/PERFORMANCE.md): stage 1 formed the binding for all 4 seeds (1, 2, 1
-# and 4 attempts), but each length change sent the val loss back to 0.8-2.0 and it recovered only
-# part way within the caps (1024: 0.29-0.51, 2048: 0.46-0.65), so after 1000 steps at 4096 the
-# seeds stood at 0.44, 0.87 and 1.05, still falling, and the fourth ran out of time at 1024: 0 of
-# 4 below 0.2. The control stayed at chance (3.497).
-# Session 6 (H200 x2, docs/PERFORMANCE.md), neither variant is better than the defaults:
-#   S1_TARGET=0.1 MID_MAX=2500 STAGE3_STEPS=3000 (seeds 1337, 1338): stage 1 ended at 0.07 and
-#     0.17, 1024 at 0.24 and 0.29, 2048 at 0.37 and 0.69, and 3000 steps at 4096 at 0.55 and
-#     0.61; the first eval after each doubling was again 0.9-2.0.
+# NOT ROBUST. What it showed (H200, 2026-11-30, the defaults, seeds 1337-1340 at once on one GPU;
+# docs/PERFORMANCE.md, "Long context: the retrieval experiment"): stage 1 formed the binding for
+# all 4 seeds (1, 2, 1 and 4 attempts), but each length change sent the val loss back to 0.8-2.0
+# and it recovered only part way within the caps (1024: 0.29-0.51, 2048: 0.46-0.65), so after
+# 1000 steps at 4096 the seeds stood at 0.44, 0.87 and 1.05, still falling, and the fourth ran
+# out of time at 1024: 0 of 4 below 0.2. The control stayed at chance (3.497).
+# None of these variants did better (the list "Tried and dropped" in docs/PERFORMANCE.md):
+#   S1_TARGET=0.1 MID_MAX=2500 STAGE3_STEPS=3000 (longer stages): 0.55 and 0.61 after 3000 steps
+#     at 4096; the first eval after each doubling was again 0.9-2.0.
 #   MID_TASK=retrieval_spread MID_SEQS="1024 2048 4096" (answers at every distance up to L in
-#     the middle stages; seeds 1337-1340): the binding formed at 256 (0.07-0.17) was gone at the
-#     first eval (1.95-1.98) and never came back (1.85-1.95 at every middle stage, 1.80-1.89 after
-#     3000 steps at 4096; control 3.467). From scratch at 256, retrieval_spread formed no
-#     binding in 4000 steps (2.33-2.48, 4 of 4 seeds).
+#     the middle stages): the binding formed at 256 was gone at the first eval (1.95-1.98) and
+#     never came back (1.80-1.89 after 3000 steps at 4096). From scratch at 256,
+#     retrieval_spread formed no binding in 4000 steps (2.33-2.48).
+#   -- --set model.rope_theta=1e7, and -- --set model.rope_dims=16 (partial rotary), each with
+#     S1_TARGET=0.1: no binding at 256 in any of 16 attempts (1.82-1.84). Both cut the pairs that
+#     turn faster than 0.05 rad/token (9 at theta 1e5 with full rotary, 6 at 1e7, 3 with
+#     rope_dims 16), which the seq-256 binding seems to need.
 # So the lookup learned at one length works only near the distance it was trained at (most
 # likely a match tuned to RoPE's relative phase; dilution alone, 4x more filler, would cost far
 # less than a return to the ~1.9 plateau), and a task that demands every distance at once is not
 # learned at this scale.
-#   -- --set model.rope_theta=1e7 (S1_TARGET=0.1, seeds 1337-1340): no binding at 256 in any of
-#     16 attempts (1.83 each time, where theta 1e5 formed it for every seed within 4 attempts).
-# Session 7 (H200 x2, docs/PERFORMANCE.md), -- --set model.rope_dims=16 (partial rotary,
-#   S1_TARGET=0.1, seeds 1337-1340): no binding at 256 in any of 16 attempts (1.82-1.84), every
-#   later stage on the plateau (1.82-1.84 after 1000 steps at 4096; control 3.476). Like theta
-#   1e7, it cuts the pairs that turn faster than 0.05 rad/token (9 at 1e5 full, 6 at 1e7, 3 here),
-#   which the seq-256 binding seems to need.
 # Next, unmeasured: partial rotary that keeps the fast pairs (-- --set model.rope_dims=32
 # --set model.rope_theta=316: full rotary's 16 fastest frequencies, the 16 slowest stopped); a
 # spread widened gradually from the band already learned.
