@@ -121,7 +121,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h tests/gpu/cuda_ok.h $(BUILD
 # It needs only common/check.o from the rest of common (no cJSON, so it loads on machines
 # without it); -fopenmp links libgomp for the CPU reference's parallel loops.
 libattention: $(BUILD)/libattention.so
-$(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/check.o
+$(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/check.o $(BUILD)/common/dtype.o
 	$(call say,LINK,$@)$(CC) -shared -fopenmp $^ -o $@ $(LDLIBS)
 
 # Every #include against the layer rules of docs/ARCHITECTURE.md.
