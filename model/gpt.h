@@ -7,7 +7,6 @@
 #include "common/config.h"
 #include "model/backend.h"
 
-typedef enum { POS_LEARNED = 0, POS_ROPE = 1, POS_ALIBI = 2 } PosEmbedding;
 
 typedef struct {
     int V, Vp;     // vocabulary, padded to a multiple of 128

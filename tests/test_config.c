@@ -28,7 +28,7 @@ int main(void) {
         const char *j = "{\"model\": {\"n_layer\": 4, \"pos_embedding\": \"alibi\", \"rope_theta\": 5e5},\n"
                         " \"precision\": {\"loss_scale\": 1024},\n \"data\": {\"shuffle\": true}}";
         EXPECT(load(&c, j, err) == 0, "%s", err);
-        EXPECT(c.model.n_layer == 4 && strcmp(c.model.pos_embedding, "alibi") == 0, "model");
+        EXPECT(c.model.n_layer == 4 && c.model.pos_embedding == POS_ALIBI, "model");
         EXPECT(c.model.rope_theta == 5e5f && c.data.shuffle == 1, "float/bool");
         EXPECT(strcmp(c.precision.loss_scale, "1024") == 0, "numeric loss scale '%s'", c.precision.loss_scale);
     });
