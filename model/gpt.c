@@ -172,17 +172,13 @@ GPTConfig gpt_config_from(const Config *c) {
     return g;
 }
 
-// A GPTConfig comes from a config that config_validate accepted (gpt_config_from): the model's
-// rules are checked there, once, with messages naming the keys; here they are invariants. Only
-// the batch shape is the caller's run-time choice.
+// The model's rules are config_check_model's (the ones config_validate applies, with the same
+// messages): a GPTConfig may also be built without a config. Bad input exits with code 2.
 static void check_config(const GPTConfig *g, int B, int T) {
-    CHECK(g->L >= 1 && g->NH >= 1 && g->C >= 1 && g->V >= 2 && g->maxT >= 1);
-    CHECK(g->C % g->NH == 0 && g->HS == g->C / g->NH);
-    CHECK(g->NKV >= 1 && g->NH % g->NKV == 0);
-    CHECK(g->Vp % 128 == 0 && g->Vp >= g->V);
-    CHECK(g->pos != POS_ROPE || (g->HS % 2 == 0 && g->rope_theta > 0.0f));
-    CHECK(g->rope_dims >= 0 && g->rope_dims % 2 == 0 && g->rope_dims <= g->HS);
-    CHECK(g->pos == POS_ROPE || g->rope_dims == 0);
+    const ModelShape shape = {g->L, g->NH, g->NKV, g->C, g->V, g->maxT, g->pos, g->rope_theta, g->rope_dims};
+    char err[ERR_LEN];
+    if (config_check_model(&shape, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    CHECK(g->HS == g->C / g->NH && g->Vp % 128 == 0 && g->Vp >= g->V);
     if (B < 1 || T < 1 || T > g->maxT)
         fatal(EXIT_USAGE, "batch %d x %d: need B >= 1 and 1 <= T <= model.max_seq_len (%d)", B, T,
               g->maxT);
@@ -474,7 +470,7 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
     if (kv_row)
         be->copy(be, kv_row, at(a->qkv, (size_t)m->cfg.NH * m->cfg.HS, m->ds),
                  (size_t)2 * m->cfg.NKV * m->cfg.HS * m->ds);
-    be->attention_forward(be, p);
+    backend_attention(be, p, 0);
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
     if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_PROJ);
@@ -630,7 +626,7 @@ void gpt_backward(GPT *m, float grad_scale) {
             block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, T, m->pos, &p, NULL,
                           m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
-            be->attention_forward(be, &p);
+            backend_attention(be, &p, 0);
             be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                                layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
         }
@@ -651,7 +647,7 @@ void gpt_backward(GPT *m, float grad_scale) {
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
         attn_fused_qkv_grads(&p, m->dqkv, m->datty, m->ds);
-        be->attention_backward(be, &p);
+        backend_attention(be, &p, 1);
         if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
                             NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);

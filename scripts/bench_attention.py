@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Benchmark flashgpt's CUDA attention against PyTorch in the same process, on the same inputs.
 
-Loads build/libattention.so (make libattention) through ctypes and calls attn_forward_cuda /
-attn_backward_cuda on PyTorch tensors. First a correctness check against a float64 PyTorch
+Loads build/libattention.so (make libattention) through ctypes and calls attn_forward /
+attn_backward on an attention context of the current CUDA stream, on PyTorch tensors (a build
+from before the context API is driven through its attn_forward_cuda / attn_backward_cuda, so
+--ab can compare against older commits). First a correctness check against a float64 PyTorch
 reference, then one table: shape, our forward/backward TFLOP/s, PyTorch SDPA's flash, efficient
 and cuDNN backends, and our ratio to flash. FLOPs by the FlashAttention convention: forward
 4*B*H*N*N*D (halved when causal), backward 2.5x forward. Then the memory/time table of one
@@ -42,6 +44,7 @@ torch = F = SDPBackend = sdpa_kernel = None
 ATTN_BF16, ATTN_F16 = 1, 2
 ATTN_IMPL_FLASH, ATTN_IMPL_NAIVE = 0, 1
 ATTN_CUDA = 1
+ATTN_KERNEL_AUTO = 0
 
 
 class Strides(C.Structure):
@@ -77,8 +80,28 @@ class Ours:
         self.lib = C.CDLL(os.path.abspath(lib_path), mode=os.RTLD_LOCAL)
         self.lib.attn_workspace_bytes.restype = C.c_size_t
         self.lib.attn_workspace_bytes.argtypes = [C.POINTER(AttnParams), C.c_int]
-        self.lib.attn_forward_cuda.argtypes = [C.POINTER(AttnParams)]
-        self.lib.attn_backward_cuda.argtypes = [C.POINTER(AttnParams)]
+        self.ctx = None
+        self.err = C.create_string_buffer(1024)
+        if hasattr(self.lib, "attn_context_create"):
+            self.lib.attn_context_create.restype = C.c_void_p
+            self.lib.attn_context_create.argtypes = [C.c_int, C.c_void_p, C.c_int, C.c_char_p, C.c_size_t]
+            for name in ("attn_forward", "attn_backward"):
+                getattr(self.lib, name).argtypes = [C.c_void_p, C.POINTER(AttnParams), C.c_char_p, C.c_size_t]
+            self.ctx = self.lib.attn_context_create(ATTN_CUDA, torch.cuda.current_stream().cuda_stream,
+                                                    ATTN_KERNEL_AUTO, self.err, len(self.err))
+            if not self.ctx:
+                raise RuntimeError(f"{lib_path}: {self.err.value.decode()}")
+        else:
+            self.lib.attn_forward_cuda.argtypes = [C.POINTER(AttnParams)]
+            self.lib.attn_backward_cuda.argtypes = [C.POINTER(AttnParams)]
+
+    def run(self, p, backward):
+        if self.ctx is None:
+            (self.lib.attn_backward_cuda if backward else self.lib.attn_forward_cuda)(C.byref(p))
+            return
+        fn = self.lib.attn_backward if backward else self.lib.attn_forward
+        if fn(self.ctx, C.byref(p), self.err, len(self.err)) != 0:
+            raise RuntimeError(f"{self.path}: {self.err.value.decode()}")
 
     def params(self, q, k, v, out, lse, causal, impl=ATTN_IMPL_FLASH, deterministic=False):
         p = AttnParams()
@@ -100,12 +123,12 @@ class Ours:
         return ws
 
     def forward(self, p):
-        self.lib.attn_forward_cuda(C.byref(p))
+        self.run(p, False)
 
     def backward(self, p, dout, dq, dk, dv):
         p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         p.do_st, p.dq_st, p.dk_st, p.dv_st = strides(dout), strides(dq), strides(dk), strides(dv)
-        self.lib.attn_backward_cuda(C.byref(p))
+        self.run(p, True)
 
 
 def time_ms(fn, reps):
