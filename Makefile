@@ -7,7 +7,7 @@ BUILD   ?= build
 OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
 CFLAGS  = -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -fPIC -I. \
           -I$(OPENBLAS_INC) $(CFLAGS_EXTRA)
-LDLIBS  = -lcjson -lpcre2-8 -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
+LDLIBS  = -lcjson -lpcre2-8 -lz -lzstd -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
 
 MODULES := common attention model optim data dist
 C_SRC   := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
