@@ -170,7 +170,8 @@ static int text_next(DocStream *d, DocPiece *p, char *err, size_t errlen) {
             hand_out(d, p, end, 0);
             return 1;
         }
-        size_t keep = d->search < d->emit ? d->search : d->emit;
+        // Bytes handed out are dropped, except those a separator may still start in.
+        size_t keep = d->sep_len && d->search < d->emit ? d->search : d->emit;
         if (read_more(d, keep, err, errlen) != 0) return -1;
     }
 }

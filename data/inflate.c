@@ -79,9 +79,11 @@ static long run_zstd(Inflater *z, const unsigned char *in, size_t len, size_t *p
     ZSTD_outBuffer ob = {out, cap, 0};
     size_t rc = ZSTD_decompressStream(z->zs, &ob, &ib);
     if (ZSTD_isError(rc)) return set_error(err, errlen, "corrupt zstd data (%s)", ZSTD_getErrorName(rc));
+    // 0: a frame is complete and flushed. A call that moves nothing says nothing: after the
+    // last frame it returns the size of the header of a next one, which never comes.
+    if (ib.pos > *pos || ob.pos > 0) z->at_end = rc == 0;
     if (ib.pos > *pos) z->started = 1;
     *pos = ib.pos;
-    z->at_end = rc == 0;   // 0: a frame is complete and fully flushed
     return (long)ob.pos;
 }
 

@@ -1,5 +1,6 @@
 #include "data/prepare_pipeline.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,7 +109,7 @@ static int feed(Run *r, Batch *b, const DocPiece *p, char *err, size_t errlen) {
         part.doc_end = p->doc_end && off + k == p->len;
         part.pos = doc_pos_advance(p->pos, r->pl->docs.format, off);
         batch_add(b, &part);
-        if (batch_closed_bytes(b) >= PIPELINE_BATCH_BYTES && flush(r, b, err, errlen) != 0) return -1;
+        if (batch_closed_bytes(b) >= r->pl->batch_bytes && flush(r, b, err, errlen) != 0) return -1;
         off += k;
     } while (off < p->len);
     return 0;
@@ -116,6 +117,11 @@ static int feed(Run *r, Batch *b, const DocPiece *p, char *err, size_t errlen) {
 
 int pipeline_run(Pipeline *pl, char *err, size_t errlen) {
     Run r = {.pl = pl, .resumed = pl->st.started};
+    if (!pl->batch_bytes) {
+        size_t threads = (size_t)(pl->enc.threads > 0 ? pl->enc.threads : omp_get_max_threads());
+        size_t want = threads * 4 * pl->seg.target;
+        pl->batch_bytes = want < PIPELINE_BATCH_MIN ? PIPELINE_BATCH_MIN : want > PIPELINE_BATCH_MAX ? PIPELINE_BATCH_MAX : want;
+    }
     pl->val.done = pl->st.val_shards;
     pl->val.tokens = pl->st.val_tokens;
     pl->train.done = pl->st.train_shards;
