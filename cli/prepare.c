@@ -93,9 +93,9 @@ int cli_prepare_main(int argc, char **argv) {
         else if (!strcmp(k, "--jsonl-field")) o.jsonl_field = v;
         else if (!strcmp(k, "--doc-separator")) o.doc_separator = sep = (free(sep), unescape(v));
         else if (!strcmp(k, "--val-fraction")) o.val_fraction = parse_fraction(v);
-        else if (!strcmp(k, "--val-tokens")) o.val_tokens = cli_parse_long("--val-tokens", v, 0, 1L << 62);
-        else if (!strcmp(k, "--shard-tokens")) o.shard_tokens = cli_parse_long("--shard-tokens", v, 1, 2147483647L);
-        else if (!strcmp(k, "--threads")) o.threads = (int)cli_parse_long("--threads", v, 1, 4096);
+        else if (!strcmp(k, "--val-tokens")) o.val_tokens = cli_parse_long("prepare: --val-tokens", v, 0, 1L << 62);
+        else if (!strcmp(k, "--shard-tokens")) o.shard_tokens = cli_parse_long("prepare: --shard-tokens", v, 1, 2147483647L);
+        else if (!strcmp(k, "--threads")) o.threads = (int)cli_parse_long("prepare: --threads", v, 1, 4096);
         else fatal(EXIT_USAGE, "prepare: unknown option '%s'; see train_gpt prepare --help", k);
     }
     o.inputs = inputs;

@@ -352,6 +352,22 @@ static void test_doc_stream(const Tmp *tmp) {
                parts[4] == 1,
            "%d pieces: %s %s %s", n_p, got[0], n_p > 1 ? got[1] : "", n_p > 2 ? got[2] : "");
     doc_stream_close(d);
+    // JSONL: a seek into a record's text (a segment that began inside a document) hands out
+    // the rest of that record first, then the next ones with their line numbers.
+    write_raw(path, "{\"t\":\"abc\"}\n{\"t\":\"hello world\"}\n\n{\"t\":\"xyz\"}\n", 45);
+    DocStreamOptions jo = {DOCS_JSONL, "t", 0, NULL, 0, UINT64_MAX, 0, NULL};
+    d = doc_stream_open(&in, &jo);
+    DocPos at = {0, 12, 0, 6, 2};   // line 2 starts at byte 12; skip "hello "
+    EXPECT(doc_stream_seek(d, &at, err, sizeof err) == 0, "%s", err);
+    EXPECT(doc_stream_next(d, &p, err, sizeof err) == 1 && p.len == 5 && !memcmp(p.text, "world", 5) && !p.doc_start &&
+               p.doc_end && p.pos.line == 2 && p.pos.text_offset == 6 && p.pos.offset == 12,
+           "after the seek: '%.*s' line %llu", (int)p.len, p.text, (unsigned long long)p.pos.line);
+    EXPECT(doc_stream_next(d, &p, err, sizeof err) == 1 && p.len == 3 && !memcmp(p.text, "xyz", 3) && p.doc_start &&
+               p.pos.line == 4 && p.pos.offset == 33 && p.pos.text_offset == 0,
+           "the next record: '%.*s' line %llu offset %llu", (int)p.len, p.text, (unsigned long long)p.pos.line,
+           (unsigned long long)p.pos.offset);
+    EXPECT(doc_stream_next(d, &p, err, sizeof err) == 0 && doc_stream_stats(d).blank_lines == 1, "then the end");
+    doc_stream_close(d);
     input_list_free(&in);
     free(c.text);
     free(again.text);
