@@ -166,54 +166,45 @@ static int member_is(Parser *p, const char *field) {
     return p->key.len == strlen(field) && memcmp(p->key.p, field, p->key.len) == 0;
 }
 
-// An object with p->i on its '{'. With field (the top level), the string value of that member is
-// decoded into out and *found names the JSON type of its last occurrence.
-static int object(Parser *p, int depth, const char *field, ByteBuf *out, const char **found) {
-    if (depth > JSONL_MAX_DEPTH) return fail(p, "values nested deeper than 512 levels");
+// What an object's members are read for: at the top level (field set) the string value of that
+// member is decoded into out and *found names the JSON type of its last occurrence; nested
+// objects are only checked.
+typedef struct {
+    const char *field;
+    ByteBuf *out;
+    const char **found;
+} Members;
+
+static int member(Parser *p, int depth, const Members *m) {
+    skip_ws(p);
+    if (!at(p, '"')) return fail(p, "expected a member name in double quotes");
+    int match = m->field ? member_is(p, m->field) : string(p, NULL);
+    if (match < 0) return -1;
+    skip_ws(p);
+    if (!at(p, ':')) return fail(p, "expected ':' after a member name");
     p->i++;
     skip_ws(p);
-    if (at(p, '}')) {
-        p->i++;
-        return 0;
-    }
-    for (;;) {
-        skip_ws(p);
-        if (!at(p, '"')) return fail(p, "expected a member name in double quotes");
-        int match = field ? member_is(p, field) : string(p, NULL);
-        if (match < 0) return -1;
-        skip_ws(p);
-        if (!at(p, ':')) return fail(p, "expected ':' after a member name");
-        p->i++;
-        skip_ws(p);
-        if (field && match && p->i < p->n) {
-            *found = type_name(p->s[p->i]);
-            out->len = 0;
-            if (at(p, '"') ? string(p, out) : value(p, depth)) return -1;
-        } else if (value(p, depth) != 0) {
-            return -1;
-        }
-        skip_ws(p);
-        if (at(p, '}')) break;
-        if (!at(p, ',')) return fail(p, "expected ',' or '}' after a member");
-        p->i++;
-    }
-    p->i++;
-    return 0;
+    if (!match || p->i >= p->n) return value(p, depth);
+    *m->found = type_name(p->s[p->i]);
+    m->out->len = 0;
+    return at(p, '"') ? string(p, m->out) : value(p, depth);
 }
 
-static int array(Parser *p, int depth) {
+// An object (members m) or an array (m NULL) with p->i on its opening bracket.
+static int container(Parser *p, int depth, const Members *m) {
+    const char close = m ? '}' : ']';
     if (depth > JSONL_MAX_DEPTH) return fail(p, "values nested deeper than 512 levels");
     p->i++;
     skip_ws(p);
-    if (at(p, ']')) {
+    if (at(p, close)) {
         p->i++;
         return 0;
     }
     for (;;) {
-        if (value(p, depth) != 0) return -1;
+        if ((m ? member(p, depth, m) : value(p, depth)) != 0) return -1;
         skip_ws(p);
-        if (at(p, ']')) break;
-        if (!at(p, ',')) return fail(p, "expected ',' or ']' after an array element");
+        if (at(p, close)) break;
+        if (!at(p, ',')) return fail(p, m ? "expected ',' or '}' after a member" : "expected ',' or ']' after an array element");
         p->i++;
     }
     p->i++;
@@ -224,8 +215,8 @@ static int value(Parser *p, int depth) {
     skip_ws(p);
     if (p->i >= p->n) return fail(p, "expected a value");
     switch (p->s[p->i]) {
-    case '{': return object(p, depth + 1, NULL, NULL, NULL);
-    case '[': return array(p, depth + 1);
+    case '{': return container(p, depth + 1, &(Members){NULL, NULL, NULL});
+    case '[': return container(p, depth + 1, NULL);
     case '"': return string(p, NULL);
     case 't': return literal(p, "true");
     case 'f': return literal(p, "false");
@@ -244,7 +235,7 @@ JsonlResult jsonl_field_text(const char *line, size_t len, const char *field, By
     const char *found = NULL;
     int rc = -1;
     if (!at(&p, '{')) fail(&p, "not a JSON object (a JSONL line is one {...})");
-    else if (object(&p, 1, field, out, &found) == 0) {
+    else if (container(&p, 1, &(Members){field, out, &found}) == 0) {
         skip_ws(&p);
         if (p.i != p.n) fail(&p, "characters after the end of the object");
         else if (!found) set_error(err, errlen, "no field \"%s\"", field);

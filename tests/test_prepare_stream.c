@@ -68,26 +68,36 @@ static void test_jsonl(void) {
     EXPECT(jsonl_field_text("", 0, "text", &out, err, sizeof err) == JSONL_BLANK, "empty line");
     EXPECT(jsonl_field_text(" \t\r", 3, "text", &out, err, sizeof err) == JSONL_BLANK, "blank line");
     bytebuf_free(&out);
-    expect_bad("{\"text\": 5}", 11, "is a number, not a string");
-    expect_bad("{\"text\": null}", 14, "is null, not a string");
-    expect_bad("{\"text\": {\"a\": 1}}", 18, "is an object");
-    expect_bad("{\"text\": \"a\", \"text\": [1]}", 26, "is an array");   // the last one counts
-    expect_bad("{\"id\": 1}", 9, "no field \"text\"");
-    expect_bad("[1, 2]", 6, "not a JSON object");
-    expect_bad("{\"text\": \"cut", 13, "unterminated string");
-    expect_bad("{\"text\": \"a\"", 12, "expected ',' or '}'");
-    expect_bad("{\"text\": \"a\"} x", 15, "after the end of the object");
-    expect_bad("{\"text\": \"bad \xff\"}", 16, "invalid UTF-8 at byte 15");
-    expect_bad("{\"text\": \"\xc0\xaf\"}", 14, "invalid UTF-8");   // overlong
-    expect_bad("{\"text\": \"\\ud800\"}", 18, "without its low half");
-    expect_bad("{\"text\": \"\\udc00\"}", 18, "lone low surrogate");
-    expect_bad("{\"text\": \"\\x41\"}", 16, "unknown escape");
-    expect_bad("{\"text\": \"\\u12G4\"}", 18, "4 hex digits");
-    expect_bad("{\"text\": \"tab\there\"}", 19, "control character");
-    expect_bad("{\"text\": 01}", 12, "expected ',' or '}'");
-    expect_bad("{\"text\": -}", 11, "malformed number");
-    expect_bad("{\"text\": tru}", 13, "unknown literal");
-    expect_bad("{text: \"a\"}", 11, "member name in double quotes");
+    // Each line with the words its message must hold; lengths from sizeof (a line may hold NUL).
+#define BAD_LINE(s, msg) {s, sizeof(s) - 1, msg}
+    static const struct {
+        const char *line;
+        size_t len;
+        const char *message;
+    } bad[] = {
+        BAD_LINE("{\"text\": 5}", "is a number, not a string"),
+        BAD_LINE("{\"text\": null}", "is null, not a string"),
+        BAD_LINE("{\"text\": {\"a\": 1}}", "is an object"),
+        BAD_LINE("{\"text\": \"a\", \"text\": [1]}", "is an array"),   // the last one counts
+        BAD_LINE("{\"id\": 1}", "no field \"text\""),
+        BAD_LINE("[1, 2]", "not a JSON object"),
+        BAD_LINE("{\"text\": \"cut", "unterminated string"),
+        BAD_LINE("{\"text\": \"a\"", "expected ',' or '}'"),
+        BAD_LINE("{\"text\": \"a\"} x", "after the end of the object"),
+        BAD_LINE("{\"text\": \"bad \xff\"}", "invalid UTF-8 at byte 15"),
+        BAD_LINE("{\"text\": \"\xc0\xaf\"}", "invalid UTF-8"),   // overlong
+        BAD_LINE("{\"text\": \"\\ud800\"}", "without its low half"),
+        BAD_LINE("{\"text\": \"\\udc00\"}", "lone low surrogate"),
+        BAD_LINE("{\"text\": \"\\x41\"}", "unknown escape"),
+        BAD_LINE("{\"text\": \"\\u12G4\"}", "4 hex digits"),
+        BAD_LINE("{\"text\": \"tab\there\"}", "control character"),
+        BAD_LINE("{\"text\": 01}", "expected ',' or '}'"),
+        BAD_LINE("{\"text\": -}", "malformed number"),
+        BAD_LINE("{\"text\": tru}", "unknown literal"),
+        BAD_LINE("{text: \"a\"}", "member name in double quotes"),
+    };
+#undef BAD_LINE
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) expect_bad(bad[i].line, bad[i].len, bad[i].message);
     char deep[2100];
     int k = 0;
     k += snprintf(deep + k, sizeof deep - k, "{\"a\":");
