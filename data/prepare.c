@@ -320,13 +320,15 @@ static void report(const Prep *p, double seconds) {
     else print_split(f, p->single ? "train:" : "val:", p->single ? &pl->train : &pl->val);
     print_split(f, p->single ? "val:" : "train:", p->single ? &pl->val : &pl->train);
     fprintf(f, "  tokenizer -> %s\n", p->tok_path);
-    fprintf(f, "  read %.1f MB in %.1f s (%.1f MB/s)%s\n", pl->doc_stats.raw_done / 1e6, seconds,
-            seconds > 0 ? (pl->doc_stats.raw_done - p->progress.base) / 1e6 / seconds : 0.0,
+    uint64_t bytes = pl->doc_stats.raw_done - p->progress.base;   // this run's (after a resume: the rest)
+    fprintf(f, "  %.1f MB of input in %.1f s (%.1f MB/s%s)%s\n", bytes / 1e6, seconds,
+            seconds > 0 ? bytes / 1e6 / seconds : 0.0, p->single ? ", read twice: characters first" : "",
             pl->hard_cuts ? ", with cuts that may change ids (see the warning)" : "");
 }
 
 static int run(Prep *p, char *err, size_t errlen) {
     const PrepareOptions *o = p->o;
+    double t0 = now_seconds();
     if (check_options(o, err, errlen) != 0 || input_list_expand(&p->in, o->inputs, o->n_inputs, err, errlen) != 0 ||
         pick_layout(p, err, errlen) != 0)
         return -1;
@@ -354,7 +356,6 @@ static int run(Prep *p, char *err, size_t errlen) {
         if (tokenizer_save(p->tok, p->tok_path, sub, sizeof sub) != 0)
             return set_error(err, errlen, "--out '%s': %s", o->out, sub);
     }
-    double t0 = now_seconds();
     progress_init(&p->progress, o->log, p->in.total_size, p->pl.st.raw_done);
     int rc = pipeline_run(&p->pl, err, errlen);
     progress_finish(&p->progress);

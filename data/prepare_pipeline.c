@@ -138,8 +138,12 @@ int pipeline_run(Pipeline *pl, char *err, size_t errlen) {
     }
     if (rc == 0) rc = flush(&r, &b, err, errlen);
     pl->doc_stats = doc_stream_stats(ds);
-    pl->all_val = rc == 0 && !pl->single && pl->st.in_val;
-    if (pl->all_val)
+    pl->all_val = rc == 0 && !pl->single && (pl->st.in_val || pl->train.tokens == 0);
+    if (pl->all_val && pl->val.tokens + pl->train.tokens == 0)
+        rc = set_error(err, errlen, "the input holds no text to tokenize (%llu JSONL lines, %llu malformed; %llu "
+                                    "empty documents)", (unsigned long long)pl->doc_stats.lines,
+                       (unsigned long long)pl->doc_stats.bad_lines, (unsigned long long)pl->doc_stats.empty_docs);
+    else if (pl->all_val)
         rc = set_error(err, errlen, "every document went to val (%llu tokens): nothing is left for train; lower "
                                     "--val-tokens or --val-fraction, or give more input",
                        (unsigned long long)pl->val.tokens);
