@@ -35,19 +35,20 @@ static int char_class(unsigned char c) {   // of a printable ASCII character
 // ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+, which never looks behind a match's start) always ends a
 // match just before s[i], looking at s[i-2..i] only (i >= 2):
 // - after a '\n' between printable ASCII characters: the '\n' is a match of its own;
-// - a space after a printable ASCII character a: no alternative holds a non-space and then a
-//   space, so a's match ends at a, the same with or without what follows;
+// - ASCII whitespace (space, \t, \n, \v, \f, \r: whitespace for every Unicode definition)
+//   after a printable ASCII character a: no alternative holds a non-space and then whitespace,
+//   so a's match ends at a, the same with or without what follows;
 // - a printable ASCII letter, digit or punctuation character after one of another class: the
 //   classes are disjoint alternatives, except the contractions ('s, 're, ...), so not after '.
 // The pattern's outcome at the start of every earlier match depends on the text up to the cut
 // only (its lookahead reads one whitespace character past a whitespace run, which stops at a
 // non-space), and ASCII bytes are never part of an invalid UTF-8 sequence, so the replacement
 // of invalid bytes is the same per segment as for the whole.
-static int safe_cut(const unsigned char *s, size_t i) {
+int segmenter_safe_cut(const unsigned char *s, size_t i) {
     unsigned char a = s[i - 1], b = s[i];
     if (a == '\n') return printable(s[i - 2]) && printable(b);
     if (!printable(a)) return 0;
-    if (b == ' ') return 1;
+    if (b == ' ' || (b >= '\t' && b <= '\r')) return 1;
     return printable(b) && char_class(a) != char_class(b) && a != '\'';
 }
 
@@ -77,7 +78,7 @@ static void find_cuts(Batch *b) {
         if (from < 2) from = 2;
         size_t limit = len < b->p.max ? len : b->p.max, cut = 0;
         for (size_t i = from; i < limit && !cut; i++)
-            if (safe_cut(s, i)) cut = i;
+            if (segmenter_safe_cut(s, i)) cut = i;
         if (cut) {
             cut_open(b, cut, 0);
             continue;

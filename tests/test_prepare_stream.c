@@ -1,7 +1,7 @@
 // prepare's streaming pieces: the JSONL reader (every kind of odd line), the segmenter's cuts
 // (GPT-2's ids of the segments one after the other equal the whole text's, for random tricky
 // text and tiny targets, whatever the pieces the text arrives in), gzip and zstd readers
-// (multi-member, multi-frame, truncated, corrupt), the document stream (separators across read
+// (multi-member, multi-frame, truncated, corrupt), short documents encoded in runs, the document stream (separators across read
 // windows, seeking back to a piece) and the shard writer (nothing under the final name before
 // the commit; the result opens with shard_open).
 #include <stdint.h>
@@ -16,6 +16,7 @@
 #include "data/doc_stream.h"
 #include "data/gpt2_bpe.h"
 #include "data/jsonl.h"
+#include "data/segment_encode.h"
 #include "data/segmenter.h"
 #include "data/shard.h"
 #include "data/shard_out.h"
@@ -178,6 +179,41 @@ static void test_segment_cuts_exact(const Gpt2Bpe *bpe) {
         free(whole);
         free(joined);
     }
+}
+
+// Many short documents in one batch (runs of them share one encoder call where the junction is
+// safe, data/segment_encode.c) give each document's own ids after its <|endoftext|>; invalid
+// UTF-8 inside a run sends it back to one call per document.
+static void test_documents_encode_apart(const Gpt2Bpe *bpe) {
+    static char pool[20000];
+    size_t pool_len = tricky_text(pool, sizeof pool, 77);
+    SegmenterParams p = {1u << 20, 4u << 20, DOCS_JSONL};
+    Batch b;
+    batch_init(&b, &p);
+    int *want = NULL;
+    size_t nw = 0, cw = 0, off = 0;
+    srand(5);
+    for (int d = 0; d < 400 && off + 80 < pool_len; d++) {
+        size_t len = 1 + (size_t)rand() % 60;
+        DocPiece piece = {pool + off, len, 1, 1, 0, {0, off, 0, 0, (uint64_t)d + 1}, 0};
+        batch_add(&b, &piece);
+        if (nw == cw) want = realloc(want, (cw = 2 * cw + 1024) * sizeof(int));
+        want[nw++] = GPT2_EOT;
+        gpt2_bpe_encode(bpe, pool + off, len, &want, &nw, &cw);
+        off += len;
+    }
+    SegmentEncoder e = {bpe, NULL, GPT2_EOT, 2};
+    IdBuf ids = {0};
+    size_t *counts = calloc(b.n, sizeof(size_t)), total = 0;
+    char err[256];
+    EXPECT(segments_encode(&e, b.text.p, b.seg, b.n, &ids, counts, err, sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < b.n; i++) total += counts[i];
+    EXPECT(ids.n == nw && total == nw && memcmp(ids.p, want, nw * sizeof(int)) == 0, "%zu documents: %zu ids, want %zu",
+           b.n, ids.n, nw);
+    free(counts);
+    free(ids.p);
+    free(want);
+    batch_free(&b);
 }
 
 static void test_segment_hard_cut(void) {
@@ -422,6 +458,7 @@ int main(void) {
     Gpt2Bpe *bpe = load_gpt2();
     TEST_CASE("jsonl: records, escapes and every malformed line", test_jsonl());
     if (bpe) TEST_CASE("segments encode to the whole text's GPT-2 ids", test_segment_cuts_exact(bpe));
+    if (bpe) TEST_CASE("short documents encode apart", test_documents_encode_apart(bpe));
     TEST_CASE("segments: hard cuts and documents", test_segment_hard_cut());
     TEST_CASE("gzip and zstd input", test_compressed(&tmp));
     TEST_CASE("document stream: separators, seek, split", test_doc_stream(&tmp));
