@@ -91,7 +91,10 @@ int cli_prepare_main(int argc, char **argv) {
         else if (!strcmp(k, "--encoder")) o.encoder = v;
         else if (!strcmp(k, "--vocab-bpe")) o.vocab_bpe = v;
         else if (!strcmp(k, "--jsonl-field")) o.jsonl_field = v;
-        else if (!strcmp(k, "--doc-separator")) o.doc_separator = sep = (free(sep), unescape(v));
+        else if (!strcmp(k, "--doc-separator")) {
+            free(sep);   // the last one given counts
+            o.doc_separator = sep = unescape(v);
+        }
         else if (!strcmp(k, "--val-fraction")) o.val_fraction = parse_fraction(v);
         else if (!strcmp(k, "--val-tokens")) o.val_tokens = cli_parse_long("prepare: --val-tokens", v, 0, 1L << 62);
         else if (!strcmp(k, "--shard-tokens")) o.shard_tokens = cli_parse_long("prepare: --shard-tokens", v, 1, 2147483647L);
