@@ -32,48 +32,6 @@ static int encode_one(const SegmentEncoder *e, const char *text, const Segment *
     return 0;
 }
 
-// Segments b directly after a in the text, joined where GPT-2's pre-tokenizer always splits:
-// their ids from one call equal the ids of each apart.
-static int joinable(const SegmentEncoder *e, const char *text, const Segment *a, const Segment *b) {
-    return e->bpe && a->len >= 2 && b->len >= 1 && a->start + a->len == b->start &&
-           segmenter_safe_cut((const unsigned char *)text + a->start, a->len);
-}
-
-// Segments [first, last] as one text (one cache, warm for all of them: many small documents
-// cost 1.5x apart), the ids handed back to each segment at its end by the tokens' byte lengths.
-// Those add up to the text's length unless invalid UTF-8 was replaced by U+FFFD somewhere (a
-// replacement never shrinks, so a shift shows in the total), and then the segments are encoded
-// one by one. 0, or -1 when not even that works.
-static int encode_run(const SegmentEncoder *e, const char *text, const Segment *segs, size_t first, size_t last,
-                      IdBuf *out, IdBuf *scratch, size_t *counts) {
-    size_t start = segs[first].start, len = segs[last].start + segs[last].len - start, k = 0, bytes = 0;
-    size_t out_before = out->n;
-    scratch->n = 0;
-    if (first < last && gpt2_bpe_encode(e->bpe, text + start, len, &scratch->p, &scratch->n, &scratch->cap) == 0) {
-        for (size_t i = first; i <= last; i++) {
-            size_t end = segs[i].start + segs[i].len - start, before = out->n;
-            ids_reserve(out, 1);
-            if (segs[i].doc_start && e->eot >= 0) out->p[out->n++] = e->eot;
-            for (; k < scratch->n && bytes < end; k++) {
-                int l;
-                gpt2_bpe_token_bytes(e->bpe, scratch->p[k], &l);
-                bytes += (size_t)l;
-                ids_reserve(out, 1);
-                out->p[out->n++] = scratch->p[k];
-            }
-            counts[i] = out->n - before;
-        }
-        if (bytes == len && k == scratch->n) return 0;
-        out->n = out_before;
-    }
-    for (size_t i = first; i <= last; i++) {
-        size_t before = out->n;
-        if (encode_one(e, text, &segs[i], out) != 0) return -1;
-        counts[i] = out->n - before;
-    }
-    return 0;
-}
-
 int segments_encode(const SegmentEncoder *e, const char *text, const Segment *segs, size_t n, IdBuf *ids,
                     size_t *counts, char *err, size_t errlen) {
     // Work item w is segments [first[w], first[w + 1]).
@@ -93,12 +51,12 @@ int segments_encode(const SegmentEncoder *e, const char *text, const Segment *se
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(min : bad)
     for (size_t w = 0; w < n_items; w++) {
         // Each item fills a buffer of its own: neighbouring items run on other threads.
-        IdBuf *out = &part[w], scratch = {0};
-        for (size_t i = first[w], j; i < first[w + 1]; i = j + 1) {
-            for (j = i; j + 1 < first[w + 1] && joinable(e, text, &segs[j], &segs[j + 1]);) j++;
-            if (encode_run(e, text, segs, i, j, out, &scratch, counts) != 0 && i < bad) bad = i;
+        IdBuf *out = &part[w];
+        for (size_t i = first[w]; i < first[w + 1]; i++) {
+            size_t before = out->n;
+            if (encode_one(e, text, &segs[i], out) != 0 && i < bad) bad = i;
+            counts[i] = out->n - before;
         }
-        free(scratch.p);
     }
     ids->n = 0;
     for (size_t w = 0; w < n_items; w++) {

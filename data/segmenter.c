@@ -44,7 +44,7 @@ static int char_class(unsigned char c) {   // of a printable ASCII character
 // only (its lookahead reads one whitespace character past a whitespace run, which stops at a
 // non-space), and ASCII bytes are never part of an invalid UTF-8 sequence, so the replacement
 // of invalid bytes is the same per segment as for the whole.
-int segmenter_safe_cut(const unsigned char *s, size_t i) {
+static int safe_cut(const unsigned char *s, size_t i) {
     unsigned char a = s[i - 1], b = s[i];
     if (a == '\n') return printable(s[i - 2]) && printable(b);
     if (!printable(a)) return 0;
@@ -78,7 +78,7 @@ static void find_cuts(Batch *b) {
         if (from < 2) from = 2;
         size_t limit = len < b->p.max ? len : b->p.max, cut = 0;
         for (size_t i = from; i < limit && !cut; i++)
-            if (segmenter_safe_cut(s, i)) cut = i;
+            if (safe_cut(s, i)) cut = i;
         if (cut) {
             cut_open(b, cut, 0);
             continue;

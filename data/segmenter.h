@@ -47,6 +47,3 @@ size_t batch_closed_bytes(const Batch *b);
 void batch_clear_closed(Batch *b);
 // pos moved n bytes further into its document.
 DocPos doc_pos_advance(DocPos pos, DocFormat format, uint64_t n);
-// Whether a cut just before s[i] (i >= 2; s[i-2..i] are read) is one where GPT-2's
-// pre-tokenizer always splits: encoding the two sides apart gives the ids of the whole.
-int segmenter_safe_cut(const unsigned char *s, size_t i);

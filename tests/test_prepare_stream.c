@@ -1,9 +1,9 @@
 // prepare's streaming pieces: the JSONL reader (every kind of odd line), the segmenter's cuts
 // (GPT-2's ids of the segments one after the other equal the whole text's, for random tricky
 // text and tiny targets, whatever the pieces the text arrives in), gzip and zstd readers
-// (multi-member, multi-frame, truncated, corrupt), short documents encoded in runs, the document stream (separators across read
-// windows, seeking back to a piece) and the shard writer (nothing under the final name before
-// the commit; the result opens with shard_open).
+// (multi-member, multi-frame, truncated, corrupt), many short documents encoded by the threads,
+// the document stream (separators across read windows, seeking back to a piece) and the shard
+// writer (nothing under the final name before the commit; the result opens with shard_open).
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,9 +181,8 @@ static void test_segment_cuts_exact(const Gpt2Bpe *bpe) {
     }
 }
 
-// Many short documents in one batch (runs of them share one encoder call where the junction is
-// safe, data/segment_encode.c) give each document's own ids after its <|endoftext|>; invalid
-// UTF-8 inside a run sends it back to one call per document.
+// Many short documents in one batch, spread over the threads, give each document's own ids
+// after its <|endoftext|>, in order.
 static void test_documents_encode_apart(const Gpt2Bpe *bpe) {
     static char pool[20000];
     size_t pool_len = tricky_text(pool, sizeof pool, 77);
