@@ -16,8 +16,9 @@
 #include "data/shard_set.h"
 
 // Segments: cut at the first safe place after 1 MB, at 4 MB when there is none. Each segment is
-// encoded with a cache of its own, which costs 15% at 256 KB and 5% at 1 MB against one long
-// text; the target is a constant so that a resumed run, with any number of threads, cuts alike.
+// encoded with a merge cache of its own (one gpt2_bpe_encode call), so longer is cheaper, and
+// 1 MB still gives every thread several; the target is a constant so that a resumed run, with
+// any number of threads, cuts alike.
 #define PIPELINE_SEGMENT_TARGET (1u << 20)
 #define PIPELINE_SEGMENT_MAX (4u << 20)
 // Text gathered before a batch is encoded: 4 segments per thread even out the threads' load,
