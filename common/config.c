@@ -70,6 +70,13 @@ static const CfgKey KEYS[] = {
     {"train.seed", CFG_INT, OFF(train.seed), "1337", 0, BIG, NULL, "seed of initialisation, data order and sampling"},
     {"train.recompute", CFG_ENUM, OFF(train.recompute), "none", 0, 0, "none|attn_gelu|block",
      "activation recomputation in backward"},
+    {"train.divergence_steps", CFG_INT, OFF(train.divergence_steps), "0", 0, 1000000, NULL,
+     "divergence guard: after this many consecutive bad steps (a non-finite loss, a non-finite "
+     "gradient outside fp16's dynamic loss scaling, or a loss spike: train.divergence_factor) "
+     "reload the newest checkpoint and skip the data those steps read; 0 = off"},
+    {"train.divergence_factor", CFG_FLOAT, OFF(train.divergence_factor), "3", 1, 1e6, NULL,
+     "divergence guard: a step whose loss exceeds this multiple of the running mean loss of the "
+     "good steps before it is a spike"},
 
     {"optim.lr", CFG_FLOAT, OFF(optim.lr), "6e-4", 0, 10, NULL, "peak learning rate"},
     {"optim.min_lr", CFG_FLOAT, OFF(optim.min_lr), "6e-5", 0, 10, NULL, "learning rate at the end of the decay"},
@@ -348,10 +355,9 @@ done:
 }
 
 int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return set_error(err, errlen, "cannot open config '%s': %s", path, strerror(errno));
-    fclose(f);
-    char *text = read_file_or_die(path, NULL);
+    char why[ERR_LEN];
+    char *text = read_file(path, NULL, why, sizeof why);
+    if (!text) return set_error(err, errlen, "config: %s", why);
     int rc = config_load_json(c, text, path, err, errlen);
     free(text);
     return rc;
