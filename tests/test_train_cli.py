@@ -13,7 +13,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "train_gpt")
+BIN = os.environ.get("TRAIN_GPT", os.path.join(ROOT, "train_gpt"))  # make test-asan: its build
 
 TINY = {
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 16, "max_seq_len": 32},

@@ -54,28 +54,42 @@ static cJSON *u64_array(const uint64_t *x, int n) {
     return a;
 }
 
+// Numbers printed exactly: cJSON's own printer rounds a double to 15 digits when that reads back
+// within a relative DBL_EPSILON, which changes counts above 10^15 and the last bit of a mean.
+static void add_int(cJSON *o, const char *key, long long v) {
+    char text[32];
+    snprintf(text, sizeof text, "%lld", v);
+    cJSON_AddRawToObject(o, key, text);
+}
+
+static void add_real(cJSON *o, const char *key, double v) {
+    char text[40];
+    snprintf(text, sizeof text, "%.17g", v);
+    cJSON_AddRawToObject(o, key, text);
+}
+
 char *ckpt_state_format(const TrainState *st, const Config *c, const CkptFile *files, int n_files) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "format", CKPT_STATE_FORMAT);
-    cJSON_AddNumberToObject(o, "step", (double)st->step);
-    cJSON_AddNumberToObject(o, "tokens_seen", (double)st->tokens_seen);
-    cJSON_AddNumberToObject(o, "world_size", st->world_size);
+    add_int(o, "step", st->step);
+    add_int(o, "tokens_seen", st->tokens_seen);
+    add_int(o, "world_size", st->world_size);
     cJSON_AddItemToObject(o, "rng", u64_array(st->rng, 4));
     cJSON_AddItemToObject(o, "data", u64_array(st->data, 3));
     cJSON *sc = cJSON_AddObjectToObject(o, "loss_scaler");
-    cJSON_AddNumberToObject(sc, "scale", st->scaler.scale);
+    add_real(sc, "scale", st->scaler.scale);
     cJSON_AddBoolToObject(sc, "dynamic", st->scaler.dynamic);
-    cJSON_AddNumberToObject(sc, "window", st->scaler.window);
-    cJSON_AddNumberToObject(sc, "clean_steps", st->scaler.clean_steps);
-    cJSON_AddNumberToObject(sc, "skipped", (double)st->scaler.skipped);
-    cJSON_AddNumberToObject(o, "guard_loss_mean", st->guard_loss_mean);
+    add_int(sc, "window", st->scaler.window);
+    add_int(sc, "clean_steps", st->scaler.clean_steps);
+    add_int(sc, "skipped", st->scaler.skipped);
+    add_real(o, "guard_loss_mean", isfinite(st->guard_loss_mean) ? st->guard_loss_mean : 0);
     char *cfg = config_to_json(c);
     cJSON_AddItemToObject(o, "config", cJSON_Parse(cfg));
     free(cfg);
     cJSON *fs = cJSON_AddObjectToObject(o, "files");
     for (int i = 0; i < n_files; i++) {
         cJSON *e = cJSON_AddObjectToObject(fs, files[i].name);
-        cJSON_AddNumberToObject(e, "size", (double)files[i].digest.size);
+        add_int(e, "size", (long long)files[i].digest.size);
         cJSON_AddStringToObject(e, "sha256", files[i].digest.sha256);
     }
     char zeros[SHA256_HEX_LEN + 1];

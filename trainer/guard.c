@@ -19,7 +19,8 @@ int guard_observe(Guard *g, long long step, const StepStats *s, int dynamic_scal
     const int bad = !isfinite(loss) || (s->skipped && !dynamic_scale) ||
                     (g->mean > 0 && loss > g->factor * g->mean);
     if (!bad) {
-        g->mean = g->mean > 0 ? (1 - MEAN_WEIGHT) * g->mean + MEAN_WEIGHT * loss : loss;
+        const double mean = g->mean > 0 ? (1 - MEAN_WEIGHT) * g->mean + MEAN_WEIGHT * loss : loss;
+        if (isfinite(mean) && mean >= 0) g->mean = mean;   // a huge loss must not make it inf
         g->streak = 0;
         return 0;
     }
