@@ -262,9 +262,10 @@ static void diverged(Run *r, long long step) {
     const uint64_t resumed = data_position(r);
     r->skip_from = g.first_data > resumed ? g.first_data : resumed;
     r->skip_to = bad_end;
-    printf("step %lld: %d bad steps in a row since step %lld (non-finite or above %g x the "
-           "running mean loss %.4f): back to %s (step %lld); their data will be skipped\n", step,
-           g.streak, g.first_step, g.factor, g.mean, path, r->state.step);
+    printf("step %lld: %d bad step%s in a row since step %lld (non-finite, or a loss above %g x "
+           "the running mean %.4f): back to %s (step %lld); the data of step%s %lld-%lld will be "
+           "skipped\n", step, g.streak, g.streak == 1 ? "" : "s", g.first_step, g.factor, g.mean,
+           path, r->state.step, g.streak == 1 ? "" : "s", g.first_step, step);
     metrics_write(&r->metrics, "divergence", step, "first_step", 'i', g.first_step, "bad_steps", 'i',
                   (long long)g.streak, "loss_mean", 'd', g.mean, "checkpoint", 's', path,
                   "resume_step", 'i', r->state.step, "skip_from", 'i', (long long)r->skip_from,

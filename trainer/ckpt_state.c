@@ -203,21 +203,35 @@ static int parse_members(const cJSON *o, const char *dir, CkptState *out, char *
     return 0;
 }
 
-// The format tag and, when the file carries one, its self-checksum: sets out->checked.
-static int check_integrity(const cJSON *o, const char *text, size_t len, const char *dir,
-                           CkptState *out, char *err, size_t errlen) {
-    const cJSON *self = cJSON_GetObjectItemCaseSensitive(o, SELF_KEY);
-    if (self) {   // whatever the tag says: a file that carries a checksum must match it
-        char *copy = xstrdup(text);   // self_digest_slot takes writable text
-        char *slot = self_digest_slot(copy, len);
+// The self-checksum, checked on the raw text before it is parsed, so that a changed byte is
+// reported as such even where it breaks the JSON: 0 when the text carries one and it matches
+// (slot receives its digits), 1 when the text carries none, -1 on a mismatch.
+static int check_self_digest(const char *text, size_t len, char slot_out[SHA256_HEX_LEN + 1]) {
+    char *copy = xstrdup(text);   // self_digest_slot takes writable text
+    char *slot = self_digest_slot(copy, len);
+    int rc = 1;
+    if (slot) {
         FileDigest d;
-        if (slot) self_digest(copy, len, (size_t)(slot - copy), &d);
-        const int ok = slot && cJSON_IsString(self) && strlen(self->valuestring) == SHA256_HEX_LEN &&
-             memcmp(self->valuestring, slot, SHA256_HEX_LEN) == 0 &&
-             memcmp(d.sha256, slot, SHA256_HEX_LEN) == 0;
-        free(copy);
-        if (!ok) return set_error(err, errlen, "checkpoint %s: state.json is corrupt (checksum mismatch)", dir);
+        self_digest(copy, len, (size_t)(slot - copy), &d);
+        rc = memcmp(d.sha256, slot, SHA256_HEX_LEN) == 0 ? 0 : -1;
+        memcpy(slot_out, slot, SHA256_HEX_LEN);
+        slot_out[SHA256_HEX_LEN] = '\0';
     }
+    free(copy);
+    return rc;
+}
+
+// The format tag against the self-checksum the text carried (has_digest, its digits in slot):
+// sets out->checked.
+static int check_format(const cJSON *o, int has_digest, const char *slot, const char *dir,
+                        CkptState *out, char *err, size_t errlen) {
+    const cJSON *self = cJSON_GetObjectItemCaseSensitive(o, SELF_KEY);
+    // The digits checked on the raw text must be the member's value (not a string of the config
+    // that happens to look like one).
+    if ((self != NULL) != has_digest ||
+        (self && !(cJSON_IsString(self) && strcmp(self->valuestring, slot) == 0)))
+        return set_error(err, errlen, "checkpoint %s: state.json is corrupt (its %s member is "
+                                      "damaged)", dir, SELF_KEY);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
     const char *tag = cJSON_IsString(fmt) ? fmt->valuestring : NULL;
     if (tag && strcmp(tag, CKPT_STATE_FORMAT) == 0 && self) {
@@ -242,6 +256,10 @@ int ckpt_state_parse(const char *text, size_t len, const char *dir, CkptState *o
     memset(out, 0, sizeof *out);
     if (strlen(text) != len)
         return set_error(err, errlen, "checkpoint %s: state.json is corrupt (it contains a NUL byte)", dir);
+    char slot[SHA256_HEX_LEN + 1] = "";
+    const int digest = check_self_digest(text, len, slot);
+    if (digest < 0)
+        return set_error(err, errlen, "checkpoint %s: state.json is corrupt (checksum mismatch)", dir);
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithOpts(text, &end, 1);
     if (!o || !cJSON_IsObject(o)) {
@@ -249,7 +267,7 @@ int ckpt_state_parse(const char *text, size_t len, const char *dir, CkptState *o
         return set_error(err, errlen, "checkpoint %s: state.json is corrupt (not a JSON object; near "
                                       "byte %zu)", dir, end ? (size_t)(end - text) : (size_t)0);
     }
-    int rc = check_integrity(o, text, len, dir, out, err, errlen);
+    int rc = check_format(o, digest == 0, slot, dir, out, err, errlen);
     if (rc == 0) rc = parse_members(o, dir, out, err, errlen);
     cJSON_Delete(o);
     if (rc != 0) ckpt_state_free(out);

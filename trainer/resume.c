@@ -44,8 +44,9 @@ int trainer_resume(Trainer *t, const Config *c, const char *run_dir, TrainState 
             snprintf(path, path_len, "%s", dir);
             return 1;
         }
+        // Each rank that found damage says what it found; rank 0 speaks for the others.
         const char *reason = rc == -1 ? why : "another rank could not load its part (its log says why)";
-        if (rank == 0) warnf("%s; trying the checkpoint before it", reason);
+        if (rc == -1 || rank == 0) warnf("%s; trying the checkpoint before it", reason);
         if (!tried++) snprintf(first_err, sizeof first_err, "%s", reason);
     }
     if (!tried) return 0;
