@@ -167,3 +167,43 @@ def test_second_signal_exits_at_once_and_checkpoints_stay_intact(tmp_path):
     r = subprocess.run(command(["train", "-c", path, "--set", "train.steps=%d" % (int(ckpts[-1][5:]) + 1)]),
                        capture_output=True, text=True, cwd=ROOT, timeout=300, env=env())
     assert r.returncode == 0 and "resuming from " + os.path.join(run_dir, ckpts[-1]) in r.stdout, r.stderr
+
+
+SLURM_SRUN = r"""#!/usr/bin/env python3
+# A stand-in for srun: one task, run here on the CPU; forwards SIGTERM to it, exits with its code.
+import os, signal, subprocess, sys
+args = [a for a in sys.argv[1:] if not a.startswith("--kill-on-bad-exit") and not a.startswith("--cpu-bind")]
+args = ["cpu" if a == "cuda" else a for a in args]
+args[0] = os.environ["TRAIN_GPT_UNDER_TEST"]
+child = subprocess.Popen(args, env={**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+sys.exit(child.wait())
+"""
+SLURM_SCONTROL = """#!/usr/bin/env bash
+# A stand-in for scontrol: hostnames of the allocation, and requeue requests logged.
+if [ "$1" = show ]; then echo localhost; else echo "$@" >> "$SCONTROL_LOG"; fi
+"""
+
+
+def test_slurm_script_forwards_sigterm_and_requeues(tmp_path):
+    # scripts/launch_slurm.sh as sbatch runs it, with srun and scontrol stand-ins on PATH: the
+    # SIGTERM that --signal=B:TERM sends the batch script reaches the task, which checkpoints and
+    # exits 3, and the script requeues the job.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SLURM_SRUN), ("scontrol", SLURM_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    path, run_dir = config(tmp_path, "slurm")
+    log = tmp_path / "scontrol.log"
+    e = env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost",
+            SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1", SLURM_SUBMIT_DIR=ROOT, SCONTROL_LOG=str(log),
+            TRAIN_GPT_UNDER_TEST=command([])[0])
+    for var in ("SLURM_PROCID", "SLURM_LOCALID"):
+        e.pop(var, None)
+    p = subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "launch_slurm.sh"), path], cwd=ROOT, env=e,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_steps(p, run_dir, 20)
+    p.send_signal(signal.SIGTERM)
+    k, ckpt = check_stopped(p, run_dir, 200)
+    assert log.read_text().split() == ["requeue", "4242"]
