@@ -17,6 +17,10 @@ add_counts() {  # reads "N passed, M failed" (pytest or testlib style) from a lo
     if [ -z "$p" ] && [ -z "$f" ]; then failed=$((failed + 1)); echo "FAIL $2: no test summary"; fi
 }
 log=$(mktemp)
+if [ $gpu -eq 0 ]; then   # first: the GPT-2 fuzz harness's replay reads these files too
+    echo "== data (scripts/fetch_data.sh)"
+    bash scripts/fetch_data.sh || { failed=$((failed + 1)); echo "FAIL the tests' data files are missing"; }
+fi
 for t in "$@"; do
     echo "== $t"
     "$t" >"$log" 2>&1; rc=$?
@@ -27,9 +31,7 @@ for t in "$@"; do
     fi
 done
 if [ $gpu -eq 0 ]; then
-    echo "== data (scripts/fetch_data.sh)"
-    bash scripts/fetch_data.sh || { failed=$((failed + 1)); echo "FAIL the tests' data files are missing"; }
-    echo "== pytest tests/"
+    echo "== pytest ${PYTEST_ARGS:-tests/}"
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of files
     "$PYTHON" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:---ignore=tests/gpu tests} 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
