@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -200,7 +201,10 @@ static int set_from_text(Config *c, const CfgKey *k, const char *v, char *err, s
         double x = strtod(v, &end);
         if (*v == '\0' || *end != '\0' || errno || !isfinite(x))
             return set_error(err, errlen, "%s: expected a number, got '%s'", k->key, v);
-        if (x < k->min || x > k->max)
+        // The range is checked on the float that is stored, against bounds rounded to float:
+        // a bound such as 0.99 has no float, and the float nearest it (0.99000001) must read back
+        // from the config.json and state.json it is written to.
+        if (!(fabs(x) <= FLT_MAX) || (float)x < (float)k->min || (float)x > (float)k->max)
             return set_error(err, errlen, "%s: %g is out of range %s", k->key, x, range);
         *(float *)field = (float)x;
         return 0;
