@@ -10,6 +10,7 @@ alone: those are inputs that once crashed a parser.
 """
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -45,6 +46,14 @@ def configs():
     put("config", "bad_type", '{"model": {"n_layer": "two"}, "data": {"synthetic": "copy"}}')
     put("config", "floats", '{"optim": {"beta1": 0.9999989999999, "lr": 9.99999999}, '
         '"data": {"synthetic": "copy"}}')
+    # Every number key at the ends of its range, from the config table as --help prints it.
+    keys = subprocess.run([BIN, "train", "--help"], capture_output=True, text=True).stdout
+    for end in (0, 1):
+        cfg = {}
+        for m in re.finditer(r"^  (\w+)\.(\w+)\s+number\s+default \S+\s+range \[(\S+), (\S+)\]", keys, re.M):
+            cfg.setdefault(m.group(1), {})[m.group(2)] = float(m.group(3 + end))
+        cfg.setdefault("data", {})["synthetic"] = "copy"
+        put("config", "bounds_" + ("max" if end else "min"), json.dumps(cfg))
 
 
 # ---- token shards ----
@@ -181,11 +190,13 @@ def states():
         cfg = {"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "vocab_size": 8, "max_seq_len": 8},
                "data": {"synthetic": "copy"}, "train": {"batch_size": 1, "seq_len": 8, "steps": 2},
                "precision": {"dtype": "fp32"},
-               "log": {"dir": os.path.join(tmp, "run"), "eval_every": 0, "sample_tokens": 0}}
+               "log": {"dir": "run", "eval_every": 0, "sample_tokens": 0}}
         path = os.path.join(tmp, "c.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
-        subprocess.run([BIN, "train", "-c", path, "--device", "cpu"], check=True, capture_output=True)
+        # One thread and a relative log.dir: the same bytes every time the seeds are made.
+        subprocess.run([BIN, "train", "-c", path, "--device", "cpu"], check=True, capture_output=True,
+                       cwd=tmp, env={**os.environ, "OMP_NUM_THREADS": "1"})
         text = open(os.path.join(tmp, "run", "ckpt_00000002", "state.json"), "rb").read()
     finally:
         shutil.rmtree(tmp)
