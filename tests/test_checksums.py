@@ -5,7 +5,6 @@ state.json) is reported as that file being corrupt, with exit code 2, by eval, s
 one before; with none that loads it exits 2; a wrong format tag is refused; a checkpoint written
 before checksums (flashgpt-state-1) loads with a notice; with two ranks (mpirun) a damaged shard
 that only one rank reads still sends both back to the same checkpoint."""
-import hashlib
 import json
 import os
 import re
@@ -15,6 +14,7 @@ import subprocess
 
 import pytest
 
+from ckpt_state import write_state
 from launch import ROOT, command, env, needs_mpi
 
 V = 16
@@ -72,15 +72,9 @@ def flip(path, offset):
 
 
 def state_with(ckpt, **changes):
-    """Rewrites ckpt/state.json with changed members and a correct state_sha256, as the writer
-    computes it (over the text with its 64 digits read as '0')."""
-    path = os.path.join(ckpt, "state.json")
-    st = json.load(open(path))
+    st = json.load(open(os.path.join(ckpt, "state.json")))
     st.update(changes)
-    st["state_sha256"] = "0" * 64
-    text = json.dumps(st, indent=1)
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    open(path, "w").write(text.replace("0" * 64, digest))
+    write_state(ckpt, st)
 
 
 @pytest.fixture(scope="module")
