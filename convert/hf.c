@@ -266,8 +266,8 @@ int convert_hf_parse_config(const char *text, size_t len, const char *path, GPTC
         rc = set_error(err, errlen, "%s: layer_norm_epsilon %g is not supported: flashgpt's LayerNorm uses "
                                     "1e-5", path, cJSON_IsNumber(eps) ? eps->valuedouble : NAN);
     if (rc == 0 && inner && (!cJSON_IsNumber(inner) || inner->valuedouble != 4.0 * g->C))
-        rc = set_error(err, errlen, "%s: n_inner must be null or 4 * n_embd (%d): flashgpt's MLP is 4C wide",
-                       path, 4 * g->C);
+        rc = set_error(err, errlen, "%s: n_inner must be null or 4 * n_embd (%lld): flashgpt's MLP is 4C wide",
+                       path, 4LL * g->C);   // n_embd may be any positive int here: no int product
     if (rc == 0)
         rc = json_bool_is(o, "scale_attn_weights", 1, 1, "flashgpt scales attention by 1/sqrt(head size)",
                           path, err, errlen);
