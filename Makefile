@@ -1,9 +1,13 @@
 # flashgpt build. `make` builds train_gpt (CUDA backend too when nvcc is found; NO_CUDA=1 skips
 # it), `make test` runs the CPU test suite and the PyTorch oracle tests, `make test-gpu` the GPU
 # tests, `make libattention` the attention kernels as a shared library for scripts/bench_attention.py.
+# `make test-asan` runs the C tests and the CLI tests under AddressSanitizer and UBSan, `make fuzz`
+# builds the libFuzzer harnesses (tests/fuzz/) and `make fuzz-run` runs each for FUZZ_SECONDS,
+# `make test-gpu-sanitize` runs the GPU tests' quick subsets under compute-sanitizer.
 CC      ?= gcc
 PYTHON  ?= /usr/bin/python3
 BUILD   ?= build
+BIN     ?= train_gpt
 OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
 CFLAGS  = -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -fPIC -I. \
           -I$(OPENBLAS_INC) $(CFLAGS_EXTRA)
@@ -56,7 +60,8 @@ DIST_LIBS += -L$(CUDA_HOME)/lib64 -lnccl
 else
 C_SRC     := $(filter-out dist/comm_nccl.c,$(C_SRC))
 endif
-# The TCP bootstrap's hello proof (HMAC-SHA256, dist/bootstrap_tcp.c): OpenSSL's libcrypto.
+# OpenSSL's libcrypto: the TCP bootstrap's hello proof (HMAC-SHA256, dist/bootstrap_tcp.c) and
+# the checkpoints' SHA-256 checksums (common/digest.c).
 DIST_LIBS += -lcrypto
 LDLIBS    += $(DIST_LIBS)
 
@@ -72,6 +77,11 @@ TOOL_SRC     := $(wildcard tests/tools/*.c)
 TOOL_BIN     := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c tests/gpu/test_*.cu)
 GPU_TEST_BIN := $(patsubst tests/gpu/%,$(BUILD)/tests/gpu/%,$(basename $(GPU_TEST_SRC)))
+# Fuzz harnesses (tests/fuzz/fuzz.h): each links with libFuzzer (make fuzz) or with the replay
+# driver, which runs its seed corpus and crash regressions once (part of make test).
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_HDR     := $(wildcard tests/fuzz/*.h)
+REPLAY_BIN   := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/tests/fuzz/replay_%)
 
 # `make` prints one short line per target; V=1 prints the commands.
 ifeq ($(V),1)
@@ -82,8 +92,9 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2);
 endif
 
-.PHONY: all test test-gpu test-gpu-dist bench libattention check-deps clean
-all: train_gpt
+.PHONY: all test test-gpu test-gpu-dist test-gpu-sanitize test-asan asan-run fuzz fuzz-bins fuzz-run \
+        bench libattention check-deps clean
+all: $(BIN)
 
 $(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/flags
 	@mkdir -p $(dir $@)
@@ -97,7 +108,7 @@ $(BUILD)/libflashgpt.a: $(OBJ)
 	@rm -f $@
 	$(call say,AR,$@)ar rcs $@ $^
 
-train_gpt: $(BUILD)/train_gpt.o $(CLI_OBJ) $(BUILD)/libflashgpt.a
+$(BIN): $(BUILD)/train_gpt.o $(CLI_OBJ) $(BUILD)/libflashgpt.a
 	$(call say,LINK,$@)$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(BUILD)/libflashgpt.a
@@ -117,6 +128,14 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h tests/gpu/cuda_ok.h $(BUILD
 	$(call say,TEST,$@)$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
 	$(Q)$(CC) $(CFLAGS) $@.o $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
+$(BUILD)/tests/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_HDR) $(BUILD)/libflashgpt.a
+	@mkdir -p $(dir $@)
+	$(call say,TEST,$@)$(CC) $(CFLAGS) -DFUZZ_NAME='"$*"' $< tests/fuzz/replay.c $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HDR) $(BUILD)/libflashgpt.a
+	@mkdir -p $(dir $@)
+	$(call say,FUZZ,$@)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
+
 # The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
 # It needs only common/check.o from the rest of common (no cJSON, so it loads on machines
 # without it); -fopenmp links libgomp for the CPU reference's parallel loops.
@@ -128,18 +147,58 @@ $(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/
 check-deps:
 	@$(PYTHON) scripts/check_deps.py
 
-test: check-deps train_gpt $(TEST_BIN) $(TOOL_BIN)
-	@bash tests/run_tests.sh $(TEST_BIN)
+test: check-deps $(BIN) $(TEST_BIN) $(TOOL_BIN) $(REPLAY_BIN)
+	@bash tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN)
 
-test-gpu: train_gpt $(GPU_TEST_BIN)
+test-gpu: $(BIN) $(GPU_TEST_BIN)
 	@bash tests/run_tests.sh --gpu $(GPU_TEST_BIN)
 
+# compute-sanitizer's memcheck, racecheck, synccheck and initcheck over each GPU test's --quick
+# subset (scripts/gpu_sanitize.sh; logs in $(BUILD)/gpu_sanitize/).
+test-gpu-sanitize: $(GPU_TEST_BIN)
+	@bash scripts/gpu_sanitize.sh $(BUILD) $(GPU_TEST_BIN)
+
+# Sanitizers on the CPU backend, in a build of their own (ASAN_BUILD): the C tests, the fuzz
+# corpora and regressions replayed, and the CLI tests of ASAN_PYTEST against that train_gpt
+# (test_train_cli.py without its dropout resume, two minutes under ASan on two cores for what the
+# plain resume test covers, and without the plot script, which is Python alone).
+# MPI stays out (NO_MPI=1: Open MPI's own allocations and threads are not instrumented, and its
+# tests need the binary under mpirun); OpenMP runs as usual.
+ASAN_BUILD  ?= build/asan
+SAN_FLAGS   := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ASAN_PYTEST ?= tests/test_train_cli.py tests/test_stop.py tests/test_checksums.py tests/test_divergence.py \
+               --deselect tests/test_train_cli.py::test_resume_with_dropout_is_bitwise_exact \
+               --deselect tests/test_train_cli.py::test_plot_metrics_writes_png
+test-asan:
+	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) BIN=$(ASAN_BUILD)/train_gpt NO_CUDA=1 NO_MPI=1 \
+	    CFLAGS_EXTRA="$(SAN_FLAGS)" asan-run
+# test_model_cpu stays out: its finite-difference checks take minutes under ASan on two cores,
+# and the CLI tests run the same model code (forward, backward, AdamW, decode) through train_gpt.
+ASAN_TEST_BIN = $(filter-out $(BUILD)/tests/test_model_cpu,$(TEST_BIN))
+asan-run: $(BIN) $(ASAN_TEST_BIN) $(REPLAY_BIN)
+	@ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:strict_string_checks=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TRAIN_GPT=$(BIN) FLASHGPT_NO_MPI=1 \
+	    PYTEST_ARGS="$(ASAN_PYTEST)" bash tests/run_tests.sh $(ASAN_TEST_BIN) $(REPLAY_BIN)
+
+# libFuzzer harnesses with clang (FUZZ_CC), AddressSanitizer and UBSan, in FUZZ_BUILD; fuzz-run
+# runs each for FUZZ_SECONDS from its seed corpus and replays its crash regressions
+# (tests/fuzz/run.sh; what a run finds lands in $(FUZZ_BUILD)/findings/).
+FUZZ_CC      ?= $(shell command -v clang-14 2>/dev/null || command -v clang 2>/dev/null)
+FUZZ_BUILD   ?= build/fuzz
+FUZZ_SECONDS ?= 20
+fuzz:
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) NO_CUDA=1 NO_MPI=1 \
+	    CFLAGS_EXTRA="$(SAN_FLAGS) -fsanitize=fuzzer-no-link -Wno-unknown-warning-option -Wno-pass-failed" fuzz-bins
+fuzz-bins: $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/%)
+fuzz-run: fuzz
+	@bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 # Data parallelism on 2 GPUs (nvidia-h200-x2): NCCL under torchrun and mpirun, faults.
-test-gpu-dist: train_gpt
+test-gpu-dist: $(BIN)
 	$(PYTHON) -m pytest -s -q -p no:cacheprovider tests/gpu/test_dist_gpu.py
 
-bench: train_gpt
-	./train_gpt bench
+bench: $(BIN)
+	./$(BIN) bench
 
 clean:
-	rm -rf $(BUILD) train_gpt
+	rm -rf $(BUILD) $(BIN)

@@ -2,6 +2,7 @@
 // holds no kernel or model code of its own.
 #include "cli/cli.h"               // defines: the other subcommands and what they share
 #include "cli/prepare.h"           // defines: the prepare subcommand (streams text into shards)
+#include "cli/stop.h"              // defines: SIGTERM / SIGINT as a request to stop cleanly
 #include "common/check.h"           // defines: fatal, exit codes, checked host I/O
 #include "common/config.h"          // defines: Config and the one table of config keys
 #include "common/fileio.h"          // defines: atomic writes, mkdir_p
@@ -16,6 +17,8 @@
 #include "model/gpt.h"              // defines: the GPT model over a backend
 #include "trainer/checkpoint.h"     // defines: checkpoint directories, resume
 #include "trainer/eval.h"           // defines: the evaluation loop
+#include "trainer/guard.h"          // defines: the divergence guard's bookkeeping
+#include "trainer/resume.h"         // defines: going back to the newest checkpoint that loads
 #include "trainer/train_step.h"     // defines: one optimizer step (accumulation, clipping, AdamW)
 
 #include <math.h>
@@ -59,6 +62,11 @@ typedef struct {
     TrainState state;
     LaunchInfo launch;
     Comm *comm;           // the ranks of a data-parallel run (world size 1: single process)
+    Guard guard;          // train.divergence_steps
+    int went_back;        // the guard sent the run back, and no checkpoint was written since
+    // Data the guard skips: when the next global batch would start at stream index skip_from,
+    // it starts at skip_to instead (the windows the bad steps read); skip_to 0: none.
+    uint64_t skip_from, skip_to;
 } Run;
 // One forward and backward of a zero batch on the GPU (evaluation mode: no dropout, so the run's
 // dropout stream is untouched) before anything is written: an unsupported head size or a batch
@@ -72,6 +80,25 @@ static void probe_device(GPT *m, int B, int T) {
     gpt_backend(m)->synchronize(gpt_backend(m));
     gpt_set_training(m, 1);
     free(zeros);
+}
+
+// Loads the newest checkpoint of log.dir that loads on every rank (trainer/resume.h) with the
+// state the run keeps beside the model: the loss scaler, the sampling RNG, the data position and
+// the guard's running mean. path receives the checkpoint; returns the world size that wrote it.
+static int go_back(Run *r, char *path, size_t path_len) {
+    char err[ERR_LEN];
+    const int rc = trainer_resume(r->trainer, &r->cfg, r->cfg.log.dir, &r->state, path, path_len,
+                                  err, sizeof err);
+    if (rc < 0) fatal(EXIT_USAGE, "%s", err);
+    if (rc == 0) fatal(EXIT_RUNTIME, "no checkpoint in log.dir '%s' to go back to", r->cfg.log.dir);
+    const int written_by = r->state.world_size;
+    r->state.world_size = r->launch.world;
+    *trainer_scaler(r->trainer) = r->state.scaler;
+    memcpy(r->rng.s, r->state.rng, sizeof r->rng.s);
+    DatasetState ds = {r->state.data[0], r->state.data[1], r->state.data[2]};
+    dataset_set_state(r->train, ds);
+    guard_init(&r->guard, &r->cfg, r->state.guard_loss_mean);
+    return written_by;
 }
 
 // Opens everything a run needs. All input is validated (data, tokenizer, model, a checkpoint to
@@ -119,28 +146,17 @@ static void open_run(Run *r, const char *device) {
                           "hosts)", rank, resume ? "found" : "found no", c->log.dir,
               resume ? " not" : "");
     if (resume) {
-        Config saved;
-        if (checkpoint_read_config(ckpt, &saved, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
-        if (config_same_model(c, &saved, err, sizeof err) != 0)
-            fatal(EXIT_USAGE, "cannot resume from '%s': %s; use another log.dir or the same model", ckpt, err);
-        if (checkpoint_load(ckpt, r->model, trainer_optim_state(r->trainer), &r->state, err,
-                            sizeof err) != 0)
-            fatal(EXIT_USAGE, "%s", err);
-        trainer_optim_state_commit(r->trainer);
-        if (r->state.world_size != world && rank == 0)
+        const int written_by = go_back(r, ckpt, sizeof ckpt);
+        if (written_by != world && rank == 0)
             fprintf(stderr, "notice: '%s' was written by %d ranks, this run has %d: the optimizer "
                             "shards are re-cut, and the data continues at the same window\n",
-                    ckpt, r->state.world_size, world);
-        r->state.world_size = world;
-        *trainer_scaler(r->trainer) = r->state.scaler;
-        memcpy(r->rng.s, r->state.rng, sizeof r->rng.s);
-        DatasetState ds = {r->state.data[0], r->state.data[1], r->state.data[2]};
-        dataset_set_state(r->train, ds);
+                    ckpt, written_by, world);
     } else {
         float *host = xmalloc(gpt_num_params(r->model) * sizeof(float));
         gpt_init_weights_host(r->model, host, (uint64_t)c->train.seed);
         trainer_set_weights_f32(r->trainer, host);
         free(host);
+        guard_init(&r->guard, c, 0);
     }
 
     if (rank != 0) {
@@ -204,12 +220,57 @@ static void run_checkpoint(Run *r) {
     memcpy(st->rng, r->rng.s, sizeof st->rng);
     DatasetState ds = dataset_get_state(r->train);
     st->data[0] = ds.a, st->data[1] = ds.b, st->data[2] = ds.c;
+    st->guard_loss_mean = r->guard.mean;
     if (checkpoint_save_dist(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer), st,
                              &r->cfg, r->cfg.log.keep_checkpoints, r->comm, path, sizeof path, err,
                              sizeof err) != 0)
         fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)", st->step, err);
     printf("checkpoint %s\n", path);
     metrics_write(&r->metrics, "checkpoint", st->step, "path", 's', path, NULL);
+    r->went_back = 0;
+}
+
+static uint64_t data_position(const Run *r) { return dataset_get_state(r->train).a; }
+
+// Before a step: the data window the guard skips (see Run.skip_to).
+static void skip_bad_data(Run *r) {
+    if (!r->skip_to || data_position(r) != r->skip_from) return;
+    DatasetState ds = dataset_get_state(r->train);
+    ds.a = r->skip_to;
+    dataset_set_state(r->train, ds);
+    printf("step %lld: skipping the data of the diverged steps (stream index %llu to %llu)\n",
+           r->state.step + 1, (unsigned long long)r->skip_from, (unsigned long long)r->skip_to);
+    metrics_write(&r->metrics, "skip_data", r->state.step + 1, "from", 'i', (long long)r->skip_from,
+                  "to", 'i', (long long)r->skip_to, NULL);
+    r->skip_to = 0;
+}
+
+// The guard saw train.divergence_steps bad steps in a row, the last one `step`: back to the
+// newest checkpoint, and the data those steps read will be skipped when the run reaches it
+// again. A second divergence before the next checkpoint is written means the data is not the
+// cause (an lr that is too high, a bug): the run stops instead of looping.
+static void diverged(Run *r, long long step) {
+    const Guard g = r->guard;
+    if (r->went_back)
+        fatal(EXIT_RUNTIME, "training diverged again (steps %lld to %lld: non-finite or spiking "
+                            "loss) before a new checkpoint since the last time it went back: the "
+                            "data is not the cause; lower optim.lr (or raise optim.warmup_steps, "
+                            "lower optim.grad_clip)", g.first_step, step);
+    const uint64_t bad_end = data_position(r);
+    char path[4096];
+    go_back(r, path, sizeof path);
+    r->went_back = 1;
+    const uint64_t resumed = data_position(r);
+    r->skip_from = g.first_data > resumed ? g.first_data : resumed;
+    r->skip_to = bad_end;
+    printf("step %lld: %d bad step%s in a row since step %lld (non-finite, or a loss above %g x "
+           "the running mean %.4f): back to %s (step %lld); the data of step%s %lld-%lld will be "
+           "skipped\n", step, g.streak, g.streak == 1 ? "" : "s", g.first_step, g.factor, g.mean,
+           path, r->state.step, g.streak == 1 ? "" : "s", g.first_step, step);
+    metrics_write(&r->metrics, "divergence", step, "first_step", 'i', g.first_step, "bad_steps", 'i',
+                  (long long)g.streak, "loss_mean", 'd', g.mean, "checkpoint", 's', path,
+                  "resume_step", 'i', r->state.step, "skip_from", 'i', (long long)r->skip_from,
+                  "skip_to", 'i', (long long)r->skip_to, NULL);
 }
 
 static int every(int n, long long step, long long total) { return (n > 0 && step % n == 0) || step == total; }
@@ -221,7 +282,13 @@ static int cmd_train(int argc, char **argv) {
     const char *device = NULL;
     cli_parse_train_args(argc, argv, &r.cfg, &device);
     if (launch_detect(&r.launch, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    stop_signals_install();
     open_run(&r, device);
+    trainer_set_stop_poll(r.trainer, stop_requested);
+    // The guard goes back to a checkpoint: a fresh run writes its step-0 one first.
+    char newest[4096];
+    if (r.cfg.train.divergence_steps > 0 && !checkpoint_find_latest(r.cfg.log.dir, newest, sizeof newest))
+        run_checkpoint(&r);
     const Config *c = &r.cfg;
     const int world = r.launch.world;
     const long long total = c->train.steps;
@@ -244,6 +311,8 @@ static int cmd_train(int argc, char **argv) {
     const double wall0 = now_seconds();
     long long window_steps = 0, run_steps = 0;
     while (r.state.step < total) {
+        skip_bad_data(&r);
+        const uint64_t data_before = data_position(&r);
         double t0 = now_seconds();
         StepStats s = trainer_step(r.trainer, r.state.step, next_batch, r.train);
         double dt = now_seconds() - t0;
@@ -273,9 +342,23 @@ static int cmd_train(int argc, char **argv) {
             fflush(stdout);
             window_time = 0, window_steps = 0;
         }
-        if (r.val && every(c->log.eval_every, step, total)) run_eval(&r, step);
-        if (r.launch.rank == 0 && every(c->log.sample_every, step, total)) run_sample(&r, step);
-        if (every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
+        if (guard_observe(&r.guard, step, &s, trainer_scaler(r.trainer)->dynamic, data_before)) {
+            diverged(&r, step);
+            continue;
+        }
+        // A stop request skips evaluation and samples: a preempted job has a grace period.
+        const int stopping = s.stop && step < total;
+        if (!stopping && r.val && every(c->log.eval_every, step, total)) run_eval(&r, step);
+        if (!stopping && r.launch.rank == 0 && every(c->log.sample_every, step, total))
+            run_sample(&r, step);
+        if (stopping || every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
+        if (stopping) {
+            printf("stopped by a signal after step %lld of %lld: the checkpoint above holds the "
+                   "run; the same command resumes it\n", step, total);
+            metrics_write(&r.metrics, "stop", step, NULL);
+            close_run(&r);
+            return EXIT_STOPPED;
+        }
     }
     printf("done: %lld steps, %.1f s of training (%.0f tok/s), %.1f s wall with evaluation, "
            "samples and checkpoints\n", r.state.step, run_time,

@@ -48,6 +48,7 @@ int cli_bench_main(int argc, char **argv) {
                    "calls, then N backward calls, in ms and TFLOP/s.\n"
                    "Under torchrun, mpirun or srun every rank trains on batch_size sequences of its own\n"
                    "(data parallel, as `train`), and rank 0 prints the tokens/s of all ranks together.\n");
+            free(rest);
             return EXIT_OK;
         }
         if (strcmp(argv[i], "--steps") == 0) steps = cli_parse_long("--steps", cli_opt_value(argc, argv, &i), 1, 1000000);

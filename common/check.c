@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void fatal(int code, const char *fmt, ...) {
     va_list ap;
@@ -66,18 +67,40 @@ FILE *fopen_or_die(const char *path, const char *mode) {
     return f;
 }
 
-char *read_file_or_die(const char *path, size_t *len_out) {
-    FILE *f = fopen_or_die(path, "rb");
+char *read_file(const char *path, size_t *len_out, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        set_error(err, errlen, "cannot open '%s': %s; check the path and its permissions", path,
+                  strerror(errno));
+        return NULL;
+    }
+    // A regular file's size sizes the buffer (room for the NUL and one more byte, so the read
+    // that meets the end needs no growth); pipes and files that grow take the doubling path.
+    struct stat st;
     size_t cap = 1 << 16, len = 0;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size + 2 > cap)
+        cap = (size_t)st.st_size + 2;
     char *buf = xmalloc(cap);
     size_t got;
     while ((got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
         len += got;
         if (cap - len - 1 == 0) buf = xrealloc(buf, cap *= 2);
     }
-    if (ferror(f)) fatal(EXIT_USAGE, "cannot read '%s': %s", path, strerror(errno));
+    const int bad = ferror(f), e = errno;
     fclose(f);
+    if (bad) {
+        free(buf);
+        set_error(err, errlen, "cannot read '%s': %s", path, strerror(e));
+        return NULL;
+    }
     buf[len] = '\0';
     if (len_out) *len_out = len;
+    return buf;
+}
+
+char *read_file_or_die(const char *path, size_t *len_out) {
+    char err[ERR_LEN];
+    char *buf = read_file(path, len_out, err, sizeof err);
+    if (!buf) fatal(EXIT_USAGE, "%s", err);
     return buf;
 }

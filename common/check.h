@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <stddef.h>
 
-enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+// EXIT_STOPPED: `train` stopped on SIGTERM or SIGINT after writing a checkpoint; running the same
+// command again resumes (a scheduler may requeue on it).
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3 };
 
 // Print "error: <message>" on stderr and exit with `code` (EXIT_USAGE for bad input,
 // EXIT_RUNTIME for failures that are not the user's fault).
@@ -33,5 +35,8 @@ char *xstrdup(const char *s);
 
 // fopen that exits with EXIT_USAGE naming the path and the reason when it fails.
 FILE *fopen_or_die(const char *path, const char *mode);
-// Reads a whole file into a NUL-terminated buffer; exits with EXIT_USAGE if it cannot.
+// Reads a whole file into a NUL-terminated malloc'ed buffer (len_out may be NULL). Returns NULL
+// with err naming the path and the reason when it cannot.
+char *read_file(const char *path, size_t *len_out, char *err, size_t errlen);
+// read_file that exits with EXIT_USAGE and its message (for cli/ and train_gpt.c).
 char *read_file_or_die(const char *path, size_t *len_out);

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -84,6 +85,13 @@ static const CfgKey KEYS[] = {
     {"train.seed", CFG_INT, OFF(train.seed), "1337", 0, BIG, NULL, "seed of initialisation, data order and sampling"},
     {"train.recompute", CFG_ENUM, OFF(train.recompute), "none", 0, 0, RECOMPUTE_NAMES,
      "activation recomputation in backward"},
+    {"train.divergence_steps", CFG_INT, OFF(train.divergence_steps), "0", 0, 1000000, NULL,
+     "divergence guard: after this many consecutive bad steps (a non-finite loss, a non-finite "
+     "gradient outside fp16's dynamic loss scaling, or a loss spike: train.divergence_factor) "
+     "reload the newest checkpoint and skip the data those steps read; 0 = off"},
+    {"train.divergence_factor", CFG_FLOAT, OFF(train.divergence_factor), "3", 1, 1e6, NULL,
+     "divergence guard: a step whose loss exceeds this multiple of the running mean loss of the "
+     "good steps before it is a spike"},
 
     {"optim.lr", CFG_FLOAT, OFF(optim.lr), "6e-4", 0, 10, NULL, "peak learning rate"},
     {"optim.min_lr", CFG_FLOAT, OFF(optim.min_lr), "6e-5", 0, 10, NULL, "learning rate at the end of the decay"},
@@ -222,7 +230,10 @@ static int set_from_text(Config *c, const CfgKey *k, const char *v, char *err, s
         double x = strtod(v, &end);
         if (*v == '\0' || *end != '\0' || errno || !isfinite(x))
             return set_error(err, errlen, "%s: expected a number, got '%s'", k->key, v);
-        if (x < k->min || x > k->max)
+        // The range is checked on the float that is stored, against bounds rounded to float:
+        // a bound such as 0.99 has no float, and the float nearest it (0.99000001) must read back
+        // from the config.json and state.json it is written to.
+        if (!(fabs(x) <= FLT_MAX) || (float)x < (float)k->min || (float)x > (float)k->max)
             return set_error(err, errlen, "%s: %g is out of range %s", k->key, x, range);
         *(float *)field = (float)x;
         return 0;
@@ -381,10 +392,9 @@ done:
 }
 
 int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return set_error(err, errlen, "cannot open config '%s': %s", path, strerror(errno));
-    fclose(f);
-    char *text = read_file_or_die(path, NULL);
+    char why[ERR_LEN];
+    char *text = read_file(path, NULL, why, sizeof why);
+    if (!text) return set_error(err, errlen, "config: %s", why);
     int rc = config_load_json(c, text, path, err, errlen);
     free(text);
     return rc;

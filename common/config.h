@@ -36,6 +36,8 @@ typedef struct {
         int batch_size, seq_len, grad_accum, steps;
         long long seed;
         Recompute recompute;
+        int divergence_steps;                // bad steps in a row that send the run back; 0 = off
+        float divergence_factor;             // a loss above this x the running mean is a spike
     } train;
     struct {
         float lr, min_lr;

@@ -163,9 +163,15 @@ static int write_all(int fd, const void *data, size_t len) {
 // Streams header and tensors into "path.tmp.<pid>", fsyncs it and renames it over path (the
 // streaming form of write_file_atomic: tensors are written from the caller's memory directly).
 int st_write(const StFile *f, const char *path, char *err, size_t errlen) {
+    return st_write_digest(f, path, NULL, err, errlen);
+}
+
+int st_write_digest(const StFile *f, const char *path, FileDigest *digest, char *err, size_t errlen) {
     int *order = data_order(f);
     size_t hlen;
     char *hdr = build_header(f, order, &hlen);
+    Sha256 sha;
+    if (digest) sha256_begin(&sha);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int rc = 0;
@@ -175,9 +181,11 @@ int st_write(const StFile *f, const char *path, char *err, size_t errlen) {
         goto done;
     }
     int bad = write_all(fd, hdr, hlen);
+    if (digest) sha256_update(&sha, hdr, hlen);
     for (int k = 0; k < f->n && !bad; k++) {
         const StTensor *t = &f->tensors[order[k]];
         bad = write_all(fd, t->data, t->nbytes);
+        if (digest) sha256_update(&sha, t->data, t->nbytes);
     }
     if (bad) {
         int e = errno;
@@ -191,40 +199,13 @@ int st_write(const StFile *f, const char *path, char *err, size_t errlen) {
         rc = set_error(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
     if (rc != 0) unlink(tmp);
 done:
+    if (digest) sha256_end(&sha, digest);
     free(hdr);
     free(order);
     return rc;
 }
 
 // ---- reader ----
-
-static int read_whole(const char *path, void **data, size_t *size, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return set_error(err, errlen, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return set_error(err, errlen, "'%s' is not a regular file", path);
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = xmalloc(n ? n : 1);
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            close(fd);
-            free(buf);
-            return set_error(err, errlen, "cannot read '%s': %s", path, strerror(e));
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    *data = buf;
-    *size = n;
-    return 0;
-}
 
 // A non-negative integer JSON number (exact in a double).
 static int json_uint(const cJSON *x, double *out) {
@@ -376,9 +357,10 @@ done:
     return rc;
 }
 
-int st_read(StFile *f, const char *path, char *err, size_t errlen) {
+int st_read_buffer(StFile *f, void *data, size_t size, const char *path, char *err, size_t errlen) {
     st_init(f);
-    if (read_whole(path, &f->file_data, &f->file_size, err, errlen) != 0) return -1;
+    f->file_data = data;
+    f->file_size = size;
     const unsigned char *b = f->file_data;
     int rc = 0;
     if (f->file_size < 8) {
@@ -409,4 +391,12 @@ int st_read(StFile *f, const char *path, char *err, size_t errlen) {
 done:
     if (rc != 0) st_free(f);
     return rc;
+}
+
+int st_read(StFile *f, const char *path, char *err, size_t errlen) {
+    st_init(f);
+    size_t size;
+    char *data = read_file(path, &size, err, errlen);
+    if (!data) return -1;
+    return st_read_buffer(f, data, size, path, err, errlen);
 }

@@ -5,8 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/digest.h"
 #include "common/dtype.h"
-
 
 typedef struct {
     char name[128];
@@ -31,9 +31,15 @@ void st_add(StFile *f, const char *name, DType dt, int ndim, const int64_t *shap
 void st_set_meta(StFile *f, const char *key, const char *value);
 // Writes to path (through a temporary file, fsync, rename). Returns 0, or -1 with err set.
 int st_write(const StFile *f, const char *path, char *err, size_t errlen);
+// st_write that also hashes the bytes as they are written: *digest (not NULL) receives the
+// file's SHA-256 and size.
+int st_write_digest(const StFile *f, const char *path, FileDigest *digest, char *err, size_t errlen);
 // Reads and validates path (header JSON, dtypes, offsets inside the file, sizes match shapes).
 // Returns 0, or -1 with err naming the file and the problem.
 int st_read(StFile *f, const char *path, char *err, size_t errlen);
+// st_read of a file already in memory: takes ownership of data (size bytes, malloc'ed; freed by
+// st_free, or here on failure); name is the file's name in messages.
+int st_read_buffer(StFile *f, void *data, size_t size, const char *name, char *err, size_t errlen);
 const StTensor *st_find(const StFile *f, const char *name);
 const char *st_meta(const StFile *f, const char *key);   // NULL when absent
 void st_free(StFile *f);

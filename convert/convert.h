@@ -13,6 +13,7 @@
 // The rest of this header is shared by the three interop files (convert/common.c holds it).
 #pragma once
 #include <stddef.h>
+#include <stdio.h>
 
 #include "common/config.h"
 #include "common/safetensors.h"
@@ -51,7 +52,14 @@ void convert_model_free(HostModel *hm);
 // The readers behind import_main: validate the source completely, then fill hm (created here;
 // nothing to free on failure). Return 0, or -1 with err naming the file and the problem.
 int convert_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen);   // convert_llmc.c
+// convert_read_llmc of an open stream of size bytes (path names it in messages).
+int convert_read_llmc_stream(FILE *f, long long size, const char *path, HostModel *hm, char *err,
+                             size_t errlen);
 int convert_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen);      // convert_hf.c
+// The architecture in the text of a Hugging Face config.json (len bytes; path names it in
+// messages), checked to be the GPT-2 flashgpt computes. Returns 0, or -1 with err set.
+int convert_hf_parse_config(const char *text, size_t len, const char *path, GPTConfig *g, char *err,
+                            size_t errlen);
 
 // Converts n elements of dtype dt (F32, BF16 or F16) to fp32. Returns 0, -1 for other dtypes.
 int convert_to_f32(float *dst, const void *src, DType dt, size_t n);

@@ -236,16 +236,9 @@ static int json_bool_is(const cJSON *o, const char *key, int def, int want, cons
     return 0;
 }
 
-// Reads the architecture from config.json and checks it is the GPT-2 flashgpt computes.
-static int read_hf_config(const char *path, GPTConfig *g, char *err, size_t errlen) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return set_error(err, errlen, "'%s' is missing: a Hugging Face model directory holds config.json "
-                                      "and model.safetensors", path);
-    fclose(fp);
-    char *text = read_file_or_die(path, NULL);
-    cJSON *o = cJSON_Parse(text);
-    free(text);
+int convert_hf_parse_config(const char *text, size_t len, const char *path, GPTConfig *g, char *err,
+                            size_t errlen) {
+    cJSON *o = cJSON_ParseWithLength(text, len);
     if (!o || !cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return set_error(err, errlen, "%s: not a valid JSON object", path);
@@ -274,8 +267,8 @@ static int read_hf_config(const char *path, GPTConfig *g, char *err, size_t errl
         rc = set_error(err, errlen, "%s: layer_norm_epsilon %g is not supported: flashgpt's LayerNorm uses "
                                     "1e-5", path, cJSON_IsNumber(eps) ? eps->valuedouble : NAN);
     if (rc == 0 && inner && (!cJSON_IsNumber(inner) || inner->valuedouble != 4.0 * g->C))
-        rc = set_error(err, errlen, "%s: n_inner must be null or 4 * n_embd (%d): flashgpt's MLP is 4C wide",
-                       path, 4 * g->C);
+        rc = set_error(err, errlen, "%s: n_inner must be null or 4 * n_embd (%lld): flashgpt's MLP is 4C wide",
+                       path, 4LL * g->C);   // n_embd may be any positive int here: no int product
     if (rc == 0)
         rc = json_bool_is(o, "scale_attn_weights", 1, 1, "flashgpt scales attention by 1/sqrt(head size)",
                           path, err, errlen);
@@ -290,6 +283,19 @@ static int read_hf_config(const char *path, GPTConfig *g, char *err, size_t errl
     cJSON_Delete(o);
     if (rc == 0 && g->C % g->NH != 0)
         rc = set_error(err, errlen, "%s: n_embd %d is not divisible by n_head %d", path, g->C, g->NH);
+    return rc;
+}
+
+// Reads the architecture from config.json and checks it is the GPT-2 flashgpt computes.
+static int read_hf_config(const char *path, GPTConfig *g, char *err, size_t errlen) {
+    char why[ERR_LEN];
+    size_t len;
+    char *text = read_file(path, &len, why, sizeof why);
+    if (!text)
+        return set_error(err, errlen, "'%s' is missing or unreadable (%s): a Hugging Face model "
+                                      "directory holds config.json and model.safetensors", path, why);
+    const int rc = convert_hf_parse_config(text, len, path, g, err, errlen);
+    free(text);
     return rc;
 }
 

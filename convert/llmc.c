@@ -81,64 +81,55 @@ static int read_all(FILE *f, HostModel *hm, int Vp_file, int bf16) {
     return rc;
 }
 
-int convert_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return set_error(err, errlen, "cannot open llm.c model file '%s': %s", path, strerror(errno));
-    struct stat st;
+int convert_read_llmc_stream(FILE *f, long long size, const char *path, HostModel *hm, char *err,
+                             size_t errlen) {
     int32_t h[LLMC_HEADER_INTS];
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return set_error(err, errlen, "'%s' is not a regular file", path);
-    }
-    if (fread(h, sizeof(int32_t), LLMC_HEADER_INTS, f) != LLMC_HEADER_INTS) {
-        fclose(f);
+    if (fread(h, sizeof(int32_t), LLMC_HEADER_INTS, f) != LLMC_HEADER_INTS)
         return set_error(err, errlen, "'%s' is shorter than llm.c's %d-byte header (%lld bytes)", path,
-                         (int)sizeof h, (long long)st.st_size);
-    }
-    if (h[0] != LLMC_MAGIC) {
-        fclose(f);
+                         (int)sizeof h, size);
+    if (h[0] != LLMC_MAGIC)
         return set_error(err, errlen, "'%s': bad magic %d, expected %d for an llm.c model file%s", path,
                          h[0], LLMC_MAGIC, magic_hint(h[0]));
-    }
-    if (h[1] != LLMC_V_FP32 && h[1] != LLMC_V_BF16) {
-        fclose(f);
+    if (h[1] != LLMC_V_FP32 && h[1] != LLMC_V_BF16)
         return set_error(err, errlen, "'%s': unsupported version %d: expected %d (fp32) or %d (bf16)", path,
                          h[1], LLMC_V_FP32, LLMC_V_BF16);
-    }
     GPTConfig g;
     memset(&g, 0, sizeof g);
     g.maxT = h[2], g.V = h[3], g.L = h[4], g.NH = h[5], g.C = h[6];
     const int Vp_file = h[7];
-    if (g.maxT < 1 || g.V < 2 || g.L < 1 || g.NH < 1 || g.C < 1 || Vp_file < g.V) {
-        fclose(f);
+    if (g.maxT < 1 || g.V < 2 || g.L < 1 || g.NH < 1 || g.C < 1 || Vp_file < g.V)
         return set_error(err, errlen, "'%s': bad header: maxT %d, V %d, L %d, NH %d, C %d, Vp %d (need all "
                                       "positive, V >= 2 and Vp >= V)", path, g.maxT, g.V, g.L, g.NH, g.C,
                          Vp_file);
-    }
     // The config table's ranges come first: they also keep the size arithmetic below in range.
     Config c;
-    if (convert_import_config(&c, &g, path, err, errlen) != 0) {
-        fclose(f);
-        return -1;
-    }
+    if (convert_import_config(&c, &g, path, err, errlen) != 0) return -1;
     const int bf16 = h[1] == LLMC_V_BF16;
     const long long C = g.C, L = g.L;
     const long long n_params = ((long long)Vp_file + g.maxT) * C + L * (12 * C * C + 13 * C) + 2 * C;
     const long long expect = (long long)sizeof h + n_params * (bf16 ? 2 : 4);
-    if (st.st_size != expect) {
-        fclose(f);
+    if (size != expect)
         return set_error(err, errlen, "'%s': the file has %lld bytes but its header (maxT %d, V %d, Vp %d, "
                                       "L %d, NH %d, C %d, %s) describes %lld: truncated or not written "
                                       "by llm.c",
-                         path, (long long)st.st_size, g.maxT, g.V, Vp_file, g.L, g.NH, g.C,
-                         bf16 ? "bf16" : "fp32", expect);
-    }
+                         path, size, g.maxT, g.V, Vp_file, g.L, g.NH, g.C, bf16 ? "bf16" : "fp32", expect);
     convert_model_create(hm, &c);
-    int rc = read_all(f, hm, Vp_file, bf16);
-    fclose(f);
-    if (rc != 0) {
+    if (read_all(f, hm, Vp_file, bf16) != 0) {
         convert_model_free(hm);
         return set_error(err, errlen, "'%s': read error (the file changed while it was read?)", path);
     }
     return 0;
+}
+
+int convert_read_llmc(const char *path, HostModel *hm, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return set_error(err, errlen, "cannot open llm.c model file '%s': %s", path, strerror(errno));
+    struct stat st;
+    int rc;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
+        rc = set_error(err, errlen, "'%s' is not a regular file", path);
+    else
+        rc = convert_read_llmc_stream(f, (long long)st.st_size, path, hm, err, errlen);
+    fclose(f);
+    return rc;
 }

@@ -87,28 +87,11 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 static char *read_whole(const char *path, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_err(err, errlen, "%s: cannot open: %s (the GPT-2 tokenizer needs OpenAI's encoder.json "
-                "and vocab.bpe)", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 20, n = 0, got;
-    char *buf = xmalloc(cap);
-    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n - 1 == 0) buf = xrealloc(buf, cap *= 2);
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        set_err(err, errlen, "%s: read error", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
+    char why[ERR_LEN];
+    char *text = read_file(path, len, why, sizeof why);
+    if (!text)
+        set_err(err, errlen, "%s (the GPT-2 tokenizer needs OpenAI's encoder.json and vocab.bpe)", why);
+    return text;
 }
 
 // Decodes a GPT-2 alphabet string (UTF-8) into raw bytes at out; returns the byte count, or -1
@@ -140,11 +123,9 @@ static int line_of(const char *text, size_t pos) {
 
 // Fills tok_off, tok_bytes and vocab from encoder.json, which must have t->n_vocab tokens (the
 // count that vocab.bpe implies).
-static int load_encoder(Gpt2Bpe *t, const char *path, const char *vocab_path,
-                        const int byte_of_cp[324], char *err, size_t errlen) {
-    size_t len;
-    char *text = read_whole(path, &len, err, errlen);
-    if (!text) return -1;
+static int load_encoder(Gpt2Bpe *t, const char *text, size_t len, const char *path,
+                        const char *vocab_path, const int byte_of_cp[324], char *err,
+                        size_t errlen) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     int rc = -1;
@@ -231,7 +212,6 @@ static int load_encoder(Gpt2Bpe *t, const char *path, const char *vocab_path,
     rc = 0;
 done:
     cJSON_Delete(root);
-    free(text);
     return rc;
 }
 
@@ -350,27 +330,38 @@ static int compile_pattern(Gpt2Bpe *t, char *err, size_t errlen) {
     return 0;
 }
 
-Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen) {
+Gpt2Bpe *gpt2_bpe_load_buffers(const char *encoder, size_t encoder_len, const char *encoder_name,
+                               const char *merges, size_t merges_len, const char *merges_name,
+                               char *err, size_t errlen) {
     int byte_of_cp[324], rank_byte[256];
     byte_alphabet(byte_of_cp, rank_byte);
-    size_t len;
-    char *merges = read_whole(vocab_bpe, &len, err, errlen);
-    if (!merges) return NULL;
     Gpt2Bpe *t = xcalloc(1, sizeof *t);
-    int n_merges = count_merges(vocab_bpe, merges, len, err, errlen);
+    int n_merges = count_merges(merges_name, merges, merges_len, err, errlen);
     if (n_merges < 0) goto fail;
     t->n_vocab = 256 + n_merges + 1;
     t->eot = t->n_vocab - 1;
-    if (load_encoder(t, encoder_json, vocab_bpe, byte_of_cp, err, errlen) != 0) goto fail;
-    if (check_merges(t, vocab_bpe, merges, len, byte_of_cp, rank_byte, err, errlen) != 0)
+    if (load_encoder(t, encoder, encoder_len, encoder_name, merges_name, byte_of_cp, err, errlen) != 0)
+        goto fail;
+    if (check_merges(t, merges_name, merges, merges_len, byte_of_cp, rank_byte, err, errlen) != 0)
         goto fail;
     if (compile_pattern(t, err, errlen) != 0) goto fail;
-    free(merges);
     return t;
 fail:
-    free(merges);
     gpt2_bpe_free(t);
     return NULL;
+}
+
+Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen) {
+    size_t merges_len, encoder_len;
+    char *merges = read_whole(vocab_bpe, &merges_len, err, errlen);
+    if (!merges) return NULL;
+    char *encoder = read_whole(encoder_json, &encoder_len, err, errlen);
+    Gpt2Bpe *t = encoder ? gpt2_bpe_load_buffers(encoder, encoder_len, encoder_json, merges, merges_len,
+                                                 vocab_bpe, err, errlen)
+                         : NULL;
+    free(encoder);
+    free(merges);
+    return t;
 }
 
 void gpt2_bpe_free(Gpt2Bpe *t) {

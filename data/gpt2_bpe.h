@@ -12,6 +12,10 @@ typedef struct Gpt2Bpe Gpt2Bpe;   // opaque
 // Any vocabulary laid out like GPT-2's loads: the 256 byte tokens in GPT-2's order, then one
 // token per line of vocab.bpe in that order, then <|endoftext|> last.
 Gpt2Bpe *gpt2_bpe_load(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);
+// gpt2_bpe_load of the two files' bytes already in memory (the names appear in messages).
+Gpt2Bpe *gpt2_bpe_load_buffers(const char *encoder, size_t encoder_len, const char *encoder_name,
+                               const char *merges, size_t merges_len, const char *merges_name,
+                               char *err, size_t errlen);
 // gpt2_bpe_load with defaults: a NULL path is $FLASHGPT_GPT2_DIR/<name> when that variable is
 // set, else data_cache/gpt2/<name> (scripts/fetch_data.sh); on failure err says how to get them.
 Gpt2Bpe *gpt2_bpe_load_default(const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen);

@@ -68,7 +68,7 @@ void tokenizer_free(Tokenizer *t) {
     free(t);
 }
 
-static Tokenizer *parse(const char *path, const unsigned char *buf, size_t size, char *err, size_t errlen) {
+Tokenizer *tokenizer_parse(const unsigned char *buf, size_t size, const char *path, char *err, size_t errlen) {
     if (size < TOK_HEADER_BYTES) {
         set_error(err, errlen, "tokenizer '%s' is truncated: %zu bytes, smaller than the %zu-byte header", path,
                size, TOK_HEADER_BYTES);
@@ -144,23 +144,14 @@ fail:
 }
 
 Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_error(err, errlen, "cannot open tokenizer '%s': %s (make one with train_gpt prepare)", path,
-               strerror(errno));
+    char why[ERR_LEN];
+    size_t size;
+    char *buf = read_file(path, &size, why, sizeof why);
+    if (!buf) {
+        set_error(err, errlen, "tokenizer: %s (make one with train_gpt prepare)", why);
         return NULL;
     }
-    size_t cap = 1 << 16, size = 0, got;
-    unsigned char *buf = xmalloc(cap);
-    while ((got = fread(buf + size, 1, cap - size, f)) > 0) {
-        size += got;
-        if (size == cap) buf = xrealloc(buf, cap *= 2);
-    }
-    int bad = ferror(f);
-    fclose(f);
-    Tokenizer *t = NULL;
-    if (bad) set_error(err, errlen, "cannot read tokenizer '%s'", path);
-    else t = parse(path, buf, size, err, errlen);
+    Tokenizer *t = tokenizer_parse((const unsigned char *)buf, size, path, err, errlen);
     free(buf);
     return t;
 }

@@ -11,6 +11,9 @@ typedef struct Tokenizer Tokenizer;   // opaque
 
 // Returns NULL with err naming the file and the problem.
 Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen);
+// tokenizer_load of a file's bytes already in memory (path names it in messages).
+Tokenizer *tokenizer_parse(const unsigned char *buf, size_t size, const char *path, char *err,
+                           size_t errlen);
 void tokenizer_free(Tokenizer *t);
 int tokenizer_vocab_size(const Tokenizer *t);
 int tokenizer_eot(const Tokenizer *t);           // -1 when there is none

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the C test binaries given as arguments, then (without --gpu) the PyTorch oracle tests,
-# and prints the total as "N passed, N failed" on the last line.
+# Runs the C test binaries given as arguments, then (without --gpu) the Python tests (all of
+# tests/ but tests/gpu, or the files in PYTEST_ARGS), and prints the total as "N passed, N failed"
+# on the last line.
 set -u
 cd "$(dirname "$0")/.."
 gpu=0
@@ -16,6 +17,10 @@ add_counts() {  # reads "N passed, M failed" (pytest or testlib style) from a lo
     if [ -z "$p" ] && [ -z "$f" ]; then failed=$((failed + 1)); echo "FAIL $2: no test summary"; fi
 }
 log=$(mktemp)
+if [ $gpu -eq 0 ]; then   # first: the GPT-2 fuzz harness's replay reads these files too
+    echo "== data (scripts/fetch_data.sh)"
+    bash scripts/fetch_data.sh || { failed=$((failed + 1)); echo "FAIL the tests' data files are missing"; }
+fi
 for t in "$@"; do
     echo "== $t"
     "$t" >"$log" 2>&1; rc=$?
@@ -26,10 +31,9 @@ for t in "$@"; do
     fi
 done
 if [ $gpu -eq 0 ]; then
-    echo "== data (scripts/fetch_data.sh)"
-    bash scripts/fetch_data.sh || { failed=$((failed + 1)); echo "FAIL the tests' data files are missing"; }
-    echo "== pytest tests/"
-    "$PYTHON" -m pytest -q -p no:cacheprovider --ignore=tests/gpu tests 2>&1 | tee "$log"
+    echo "== pytest ${PYTEST_ARGS:-tests/}"
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of files
+    "$PYTHON" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:---ignore=tests/gpu tests} 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     add_counts "$log" pytest
     if [ "$rc" -ne 0 ] && ! grep -Eq '[1-9][0-9]* (failed|errors?)' "$log"; then

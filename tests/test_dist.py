@@ -13,16 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from launch import BIN, MPIRUN, ROOT, env, needs_mpi, rank_pids
 from oracle_st import read_safetensors
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "train_gpt")
-MPIRUN = shutil.which("mpirun")
-needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpirun (openmpi-bin) is not installed")
-
-# Variables of every launcher: cleared so the test's own environment cannot leak into a run.
-LAUNCH_VARS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
-               "SLURM_NTASKS", "SLURM_LOCALID"]
 
 V, T, B = 64, 16, 4
 CFG = {
@@ -33,14 +25,6 @@ CFG = {
     "log": {"every": 5, "eval_every": 10, "eval_tokens": 1024, "sample_every": 0,
             "checkpoint_every": 10, "keep_checkpoints": 5},
 }
-
-
-def env(**extra):
-    e = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("OMPI_")}
-    e.update({"OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    e.update(extra)
-    return e
 
 
 def write_shard(path, tokens):
@@ -374,29 +358,6 @@ def start_long_run(tmp_path, shards, timeout_s, through_env):
     pids = rank_pids(tag)
     assert sorted(pids) == [0, 1], pids
     return p, pids
-
-
-def rank_pids(tag, rank_var="OMPI_COMM_WORLD_RANK"):
-    """{rank: pid} of the train_gpt ranks whose environment carries FLASHGPT_TEST_JOB=tag (the
-    rank read from rank_var: the launcher's variable)."""
-    pids = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/environ", "rb") as f:
-                envs = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if envs.get(b"FLASHGPT_TEST_JOB") == tag.encode() and rank_var.encode() in envs:
-            try:
-                with open(f"/proc/{p}/comm") as f:
-                    if f.read().strip() != "train_gpt":  # not the launcher itself
-                        continue
-            except OSError:
-                continue
-            pids[int(envs[rank_var.encode()])] = int(p)
-    return pids
 
 
 def wait_exit(p, bound):

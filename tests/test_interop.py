@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data_files  # noqa: E402,F401  (GPT-2's files in data_cache/, where prepare looks)
+from ckpt_state import write_state  # noqa: E402
 from oracle_st import read_safetensors  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -513,7 +514,7 @@ def test_export_refuses_what_gpt2_cannot_compute(trained, tmp_path):
         shutil.copytree(trained, ckpt)
         state = json.load(open(os.path.join(ckpt, "state.json")))
         state["config"][key].update(value)
-        json.dump(state, open(os.path.join(ckpt, "state.json"), "w"))
+        write_state(ckpt, state)   # with its checksum, so the refusal is the config's
         cases.append((ckpt, needles))
     for ckpt, needles in cases:
         expect_refusal(["export", "--checkpoint", ckpt, "--format", "hf", "--out", str(tmp_path / "out")],

@@ -17,7 +17,7 @@ from data_files import GPT2_ENCODER, GPT2_VOCAB, SHAKESPEARE  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-PREPARE = [os.path.join(ROOT, "train_gpt"), "prepare"]
+PREPARE = [os.environ.get("TRAIN_GPT", os.path.join(ROOT, "train_gpt")), "prepare"]
 
 
 def run(*args):

@@ -1,8 +1,11 @@
 // checkpoint: a directory per checkpoint, log.dir/ckpt_<step:08d>/, holding model.safetensors
 // (fp32 weights by parameter name), optimizer_rank<R>.safetensors (AdamW moments), state.json
-// (step, RNG and data position, loss scaler, the full config) and tokenizer.bin (a copy of the
-// run's tokenizer, so `sample` needs nothing else). It is written under a temporary name and
-// renamed into place only when complete: a crash during a write never damages an older one.
+// (step, RNG and data position, loss scaler, the full config, and the size and SHA-256 of every
+// other file; trainer/ckpt_state.h) and tokenizer.bin (a copy of the run's tokenizer, so `sample`
+// needs nothing else). It is written under a temporary name and renamed into place only when
+// complete: a crash during a write never damages an older one. Every file is checked against
+// state.json when it is read: a changed byte anywhere is "checkpoint DIR: FILE is corrupt
+// (checksum mismatch)", never weights silently different from the ones written.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -34,6 +37,7 @@ typedef struct {
     uint64_t data[3];       // the training data position (data/dataset.h DatasetState)
     LossScaler scaler;
     int world_size;
+    double guard_loss_mean; // the divergence guard's running mean loss (trainer/guard.h); 0: none
 } TrainState;
 
 // Writes checkpoint `st->step` of the run into run_dir and keeps the newest `keep` of them.
@@ -56,11 +60,18 @@ int checkpoint_save_initial(const char *run_dir, GPT *m, const Config *c, char *
                             size_t path_len, char *err, size_t errlen);
 // Newest complete checkpoint directory in run_dir: returns 1 and fills path, 0 when none.
 int checkpoint_find_latest(const char *run_dir, char *path, size_t path_len);
+// The newest complete checkpoint of run_dir whose step is below `step`: returns its step and
+// fills path, or -1 when there is none.
+long long checkpoint_find_before(const char *run_dir, long long step, char *path, size_t path_len);
 // Reads the run config stored in a checkpoint (state.json). Returns 0 or -1 with err set.
 int checkpoint_read_config(const char *dir, Config *c, char *err, size_t errlen);
 // Loads weights into m, and (when not NULL) the optimizer state into opt's views (the weights
 // into opt->master too, when set; the moments of opt's shard, assembled from the files of
 // however many ranks wrote the checkpoint) and the train state. Validates names, shapes and
-// sizes against the model. Returns 0 or -1 with err set.
+// sizes against the model, and every file it reads against state.json's checksums (a checkpoint
+// written before they were recorded loads with a notice). Returns 0 or -1 with err set.
 int checkpoint_load(const char *dir, GPT *m, OptimState *opt, TrainState *st, char *err,
                     size_t errlen);
+// Checks the file `name` of checkpoint dir (e.g. tokenizer.bin) against state.json. Returns 0
+// (also for a checkpoint without checksums), or -1 with err set.
+int checkpoint_verify_file(const char *dir, const char *name, char *err, size_t errlen);

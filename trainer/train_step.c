@@ -30,6 +30,7 @@ struct Trainer {
     float *host_state;      // (n + 2 * shard_n) host master (all), m, v behind the views
     LossScaler scaler;
     int timing;             // trainer_set_timing
+    int (*stop_poll)(void); // trainer_set_stop_poll; NULL: never
     int B, T;
     int *inputs, *targets;  // (B, T) host, the current micro-batch
 };
@@ -38,6 +39,9 @@ const char *const STEP_PHASE_NAMES[N_STEP_PHASES] = {"forward+backward", "reduct
                                                      "norm", "optimizer", "all-gather"};
 
 void trainer_set_timing(Trainer *t, int on) { t->timing = on; }
+void trainer_set_stop_poll(Trainer *t, int (*poll)(void)) { t->stop_poll = poll; }
+GPT *trainer_model(Trainer *t) { return t->m; }
+Comm *trainer_comm(Trainer *t) { return t->comm; }
 
 // Closes phase p of a timed step: waits for the device, adds the time since *t0 and restarts it.
 static void phase_end(Trainer *t, StepStats *st, StepPhase p, double *t0) {
@@ -245,9 +249,10 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
     phase_end(t, &st, PHASE_REDUCE, &t0);
     const double sumsq = t->opt->grad_sumsq(t->opt, grads + off);
     // Summed over the ranks, so every rank sees the same loss and norm and takes the same
-    // clipping and skip decisions.
-    double sums[2] = {loss_sum, sumsq};
-    if (t->comm) t->comm->allreduce_host_f64(t->comm, sums, 2);
+    // clipping and skip decisions; the stop requests ride along (a count of ranks that asked).
+    double sums[3] = {loss_sum, sumsq, t->stop_poll && t->stop_poll() ? 1.0 : 0.0};
+    if (t->comm) t->comm->allreduce_host_f64(t->comm, sums, 3);
+    st.stop = sums[2] > 0;
     st.loss = (float)(sums[0] / (accum * t->world));
     const double norm = sqrt(sums[1]) / st.loss_scale;
     st.grad_norm = (float)norm;

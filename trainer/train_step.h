@@ -59,6 +59,7 @@ typedef struct {
     float grad_norm;   // global norm of the (unscaled, unclipped) gradient; inf/nan if not finite
     int skipped;       // 1 when the step was skipped (non-finite gradients)
     float loss_scale;  // scale used during this step
+    int stop;          // 1 when some rank's stop poll asked to stop (every rank sees the same)
     double phase_ms[N_STEP_PHASES];   // with trainer_set_timing on, else 0
 } StepStats;
 
@@ -80,6 +81,13 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
 // per step and stop work of one phase from overlapping the next (the bucket reductions still
 // overlap backward); bench reports it after its untimed run.
 void trainer_set_timing(Trainer *t, int on);
+// A function each step asks, on every rank, whether this process wants to stop (a signal
+// arrived); the answers travel with the step's all-reduce of loss and norm, so StepStats.stop
+// says on every rank whether any rank asked, and all of them stop after the same step.
+void trainer_set_stop_poll(Trainer *t, int (*poll)(void));
+// The model and the communicator the trainer was made with (NULL: one process).
+GPT *trainer_model(Trainer *t);
+Comm *trainer_comm(Trainer *t);
 // Sets the weights from host fp32 (gpt_num_params): the model's parameters and the master copy.
 void trainer_set_weights_f32(Trainer *t, const float *host);
 // The optimizer (tests read its step count and state).

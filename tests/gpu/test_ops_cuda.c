@@ -697,10 +697,13 @@ static void test_adamw(Ctx *t) {
 }
 
 // Usage: test_ops_cuda [fp32|bf16|fp16]   (default: all three)
+// Usage: test_ops_cuda [fp32|bf16|fp16|--quick]: one dtype, or every dtype; --quick is bf16
+// alone, the subset compute-sanitizer runs (make test-gpu-sanitize).
 int main(int argc, char **argv) {
     const DType dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    const char *only = argc > 1 ? (strcmp(argv[1], "--quick") == 0 ? "bf16" : argv[1]) : NULL;
     for (int i = 0; i < 3; i++) {
-        if (argc > 1 && strcmp(argv[1], dtype_name(dts[i])) != 0) continue;
+        if (only && strcmp(only, dtype_name(dts[i])) != 0) continue;
         Ctx t;
         memset(&t, 0, sizeof t);
         t.dt = dts[i];

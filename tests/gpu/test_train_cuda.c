@@ -274,7 +274,15 @@ static void test_resume(DType dt) {
     free(w);
 }
 
-int main(void) {
+// Usage: test_train_cuda [--quick]: --quick runs the fp16 overflow step and the bf16 resume
+// only (16 steps through every kernel of a training step and the checkpoint code), the subset
+// compute-sanitizer runs (make test-gpu-sanitize).
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--quick") == 0) {
+        TEST_CASE("fp16 overflow skips the step", test_fp16_overflow());
+        TEST_CASE("exact resume bf16", test_resume(DTYPE_BF16));
+        return TEST_SUMMARY();
+    }
     TEST_CASE("loss curve fp32 vs cpu", test_loss_curve(DTYPE_F32));
     TEST_CASE("loss curve bf16 vs cpu", test_loss_curve(DTYPE_BF16));
     TEST_CASE("fp16 overflow skips the step", test_fp16_overflow());
