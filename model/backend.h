@@ -37,6 +37,10 @@ struct Backend {
     void (*release)(Backend *be, void *p);
     void (*fill_zero)(Backend *be, void *p, size_t bytes);
     void (*copy)(Backend *be, void *dst, const void *src, size_t bytes);           // within backend
+    // rows blocks of width bytes, from src every src_pitch bytes to dst every dst_pitch bytes
+    // (within backend; the regions must not overlap): one column block of a row-major matrix.
+    void (*copy_2d)(Backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t width, size_t rows);
     void (*upload)(Backend *be, void *dst, const void *host, size_t bytes);        // raw bytes
     void (*download)(Backend *be, void *host, const void *src, size_t bytes);      // raw bytes
     void (*upload_f32)(Backend *be, void *dst, const float *host, size_t n);       // fp32 -> dtype
@@ -76,6 +80,10 @@ struct Backend {
     // Attention through the attention module; the backend fills p->dtype, stream and workspace.
     void (*attention_forward)(Backend *be, AttnParams *p);
     void (*attention_backward)(Backend *be, AttnParams *p);
+    // attn_merge_cpu's combination of two partial results over disjoint key sets (acc becomes
+    // the result over both). NULL where the backend has none yet (CUDA: context parallelism is
+    // refused there).
+    void (*attention_merge)(Backend *be, const AttnParams *acc, const AttnParams *part);
     // Fused softmax cross-entropy over logits (N,Vp), of which the first V columns are real;
     // target < 0 means "ignore" (loss 0, no gradient). With dscale == 0: losses (N) fp32 receive
     // -log softmax[target] and lse (N) fp32 the log-sum-exp of each row; the logits are left

@@ -30,6 +30,12 @@ static void cpu_fill_zero(Backend *be, void *p, size_t bytes) { memset(p, 0, byt
 static void cpu_copy(Backend *be, void *dst, const void *src, size_t bytes) {
     memmove(dst, src, bytes);
 }
+static void cpu_copy_2d(Backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                        size_t width, size_t rows) {
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
 static void cpu_synchronize(Backend *be) {}
 
 static void cpu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
@@ -67,6 +73,10 @@ static void cpu_attention_backward(Backend *be, AttnParams *p) {
     attn_backward_cpu(p);
 }
 
+static void cpu_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part) {
+    attn_merge_cpu(acc, part);
+}
+
 static int cpu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
     *free_bytes = *used_bytes = 0;
     return 0;
@@ -94,6 +104,7 @@ Backend *backend_cpu_create(void) {
     be->release = cpu_release;
     be->fill_zero = cpu_fill_zero;
     be->copy = cpu_copy;
+    be->copy_2d = cpu_copy_2d;
     be->upload = cpu_copy;
     be->download = cpu_copy;
     be->upload_f32 = cpu_upload_f32;
@@ -109,6 +120,7 @@ Backend *backend_cpu_create(void) {
     be->add = cpu_add;
     be->attention_forward = cpu_attention_forward;
     be->attention_backward = cpu_attention_backward;
+    be->attention_merge = cpu_attention_merge;
     be->softmax_xent = cpu_softmax_xent;
     be->dropout = cpu_dropout;
     be->rope_forward = cpu_rope_forward;
