@@ -4,8 +4,9 @@ sequence) on the CPU backend with Open MPI, against one process holding the whol
 1. The oracle (tests/tools/gpt_oracle under mpirun -np N, dist.context_parallel = N): the whole
    group's logits, loss and every gradient (summed over the ranks), and a 20-step training run,
    against float64 PyTorch autograd and torch.optim.AdamW (test_oracle's reference), for learned
-   positions, RoPE (all and 6 of 16 dimensions), GQA and MQA, ALiBi and sliding windows. T = 40:
-   2 ranks hold chunks of 10 tokens, 4 ranks chunks of 5 (odd, not a multiple of any tile).
+   positions, RoPE (6 of 16 dimensions), GQA and MQA, ALiBi and sliding windows (every layer,
+   even layers only). T = 40: 2 ranks hold chunks of 10 tokens, 4 ranks chunks of 5 (odd, not a
+   multiple of any tile).
 2. train_gpt itself: mpirun -np 2 (CP 2), -np 4 (CP 4) and -np 4 (DP 2 x CP 2) against one
    process (batch B, or 2B for DP 2): the 20-step loss curve, gradient norms, val loss and final
    weights; resume across context-parallel sizes; bad settings exit 2 naming the keys.
@@ -14,25 +15,25 @@ Tolerances. The ring computes the same sums as one process in another order: eac
 softmax over key chunks is merged through the log-sum-exp (a few fp32 roundings per merge), dK
 and dV add up over chunks and ranks, and the gradients are summed over the ranks. So the
 group's result is another fp32 rounding of the same function: its error against float64 is of
-the size of the one-process run's own (measured: worst tensor 4.9e-7 from one process's fp32,
-both ~1e-6 from float64). Each oracle case asserts, per tensor, error(CP) <= 4 x error(one
+the size of the one-process run's own (measured over the cases below: worst tensor 6.4e-7 from
+float64 with CP, 6.8e-7 for one process; CP against one process at most 6.3e-7). Each oracle case asserts, per tensor, error(CP) <= 4 x error(one
 process) + 2e-7 (a few units of 2^-24 ~ 6e-8 for tensors the one process gets nearly exact)
 and below test_oracle's GRAD_RTOL (1e-5). The training comparisons use test_oracle's and
 test_dist's bounds, whose derivations hold here unchanged (only the summation order differs).
 """
+import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
+import torch
 
 from oracle_st import read_safetensors
 from test_dist import (LOSS_RTOL, MPIRUN, WEIGHT_RTOL, B, T, config, env, events, losses,
                        make_shards, rel_l2, train, weights)
 from test_oracle import (GRAD_RTOL, ROOT, TOOL, TOOL_TARGET, compare_training, key_bias_slice,
                          reference)
-import subprocess
-import json
-import torch
 
 needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpirun (openmpi-bin) is not installed")
 BIN = os.path.join(str(ROOT), "train_gpt")
@@ -77,15 +78,11 @@ def rel_err(a, b):
 
 
 ORACLE_CASES = [
-    ("learned", 2, []),
-    ("learned", 4, []),
-    ("rope", 2, ROPE),
+    ("learned, GQA 4:2", 2, []),
     ("rope, 6 of 16 dimensions rotated", 4, ROPE + ["model.rope_dims=6"]),
     ("rope, MQA", 2, ROPE + ["model.n_kv_head=1"]),
-    ("learned, GQA 4:2, window 7", 2, ["attention.window=7"]),
-    ("rope, window 7", 4, ROPE + ["attention.window=7"]),
+    ("learned, window 7 (whole chunk pairs skipped)", 2, ["attention.window=7"]),
     ("rope, window 3 on even layers", 4, ROPE + ["attention.window=3", "attention.window_every=2"]),
-    ("alibi", 2, ["model.pos_embedding=alibi"]),
     ("alibi, window 12", 4, ["model.pos_embedding=alibi", "attention.window=12"]),
 ]
 
