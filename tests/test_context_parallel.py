@@ -150,15 +150,18 @@ def assert_same_run(ref_dir, got_dir, steps, val=True, final_ckpt=None):
 
 
 @needs_mpi
-@pytest.mark.parametrize("ranks,cp,pos", [(2, 2, "learned"), (4, 4, "rope"), (4, 2, "rope")],
-                         ids=["np2-cp2-learned", "np4-cp4-rope", "np4-dp2xcp2-rope"])
-def test_train_matches_one_process(tmp_path, shards, ranks, cp, pos):
+@pytest.mark.parametrize("ranks,cp,pos,bucket_mb", [(2, 2, "learned", None), (4, 4, "rope", None),
+                                                   (4, 2, "rope", "0.001")],
+                         ids=["np2-cp2-learned", "np4-cp4-rope", "np4-dp2xcp2-rope-buckets"])
+def test_train_matches_one_process(tmp_path, shards, ranks, cp, pos, bucket_mb):
+    # With 0.001 MiB buckets every layer's gradients start their reduce-scatter over the world
+    # while the earlier layers' ring exchanges still run on the group's communicator.
     dp = ranks // cp
     model = {"pos_embedding": pos}
     one, one_dir = config(tmp_path, shards, "one", model=model, train={"batch_size": dp * B})
     par, par_dir = config(tmp_path, shards, "cp", model=model, dist={"context_parallel": cp})
     train(one, 1)
-    r = train(par, ranks)
+    r = train(par, ranks, extra_env={"FLASHGPT_BUCKET_MB": bucket_mb} if bucket_mb else None)
     assert f"context parallel: {dp} groups of {cp} ranks, each rank holds {T // cp} of the {T}" \
         in r.stdout, r.stdout
     assert_same_run(one_dir, par_dir, list(range(1, 21)), final_ckpt="ckpt_00000020")
