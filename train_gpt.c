@@ -90,7 +90,7 @@ static void open_run(Run *r, const char *device) {
     r->train = dataset_open(c, SPLIT_TRAIN, B, T, r->cp.dp_rank, r->cp.dp, err, sizeof err);
     if (!r->train) fatal(EXIT_USAGE, "%s", err);
     r->val = NULL;
-    if (strcmp(c->data.synthetic, "none") != 0 || c->data.val[0]) {
+    if (c->data.synthetic != SYNTH_NONE || c->data.val[0]) {
         r->val = dataset_open(c, SPLIT_VAL, B, T, r->cp.dp_rank, r->cp.dp, err, sizeof err);
         if (!r->val) fatal(EXIT_USAGE, "%s", err);
     } else {

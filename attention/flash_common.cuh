@@ -208,4 +208,3 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
 
 #include "common/cuda_check.cuh"
 
-__host__ __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }

@@ -39,14 +39,6 @@ static cudaDataType_t cuda_type(DType t) {
     return t == DTYPE_BF16 ? CUDA_R_16BF : t == DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-#define CUBLAS_CHECK(stmt)                                                                    \
-    do {                                                                                      \
-        cublasStatus_t st_ = (stmt);                                                          \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            fatal(EXIT_RUNTIME, "cuBLAS error: %s failed with status %d (%s:%d)", #stmt,      \
-                  (int)st_, __FILE__, __LINE__);                                              \
-    } while (0)
-
 // C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C for `batch` matrices, fp32 accumulation.
 struct Gemm {
     cublasHandle_t h;

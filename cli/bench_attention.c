@@ -65,7 +65,7 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
     p.window_right = -1;
     p.dropout_p = c->attention.dropout;
     p.seed = (uint64_t)c->train.seed;
-    p.impl = strcmp(c->attention.impl, "naive") == 0 ? ATTN_IMPL_NAIVE : ATTN_IMPL_FLASH;
+    p.impl = (AttnImpl)c->attention.impl;
     p.deterministic = c->attention.deterministic;
 
     be->attention_forward(be, &p);   // warm-up (and the workspace)
@@ -74,7 +74,8 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
     const double flops = 4.0 * B * NH * HS * visible_pairs(T, c->attention.window);
     if (print) {
         printf("bench attention: %s backend (%s), %s, batch %d x seq %d, %d heads (%d kv) of %d, "
-               "causal", be->name, dtype_name(be->dtype), c->attention.impl, B, T, NH, NKV, HS);
+               "causal", be->name, dtype_name(be->dtype),
+               config_choice_name("attention.impl", c->attention.impl), B, T, NH, NKV, HS);
         if (c->attention.window >= 0) printf(", window %d", c->attention.window);
         if (c->attention.dropout > 0) printf(", dropout %g", c->attention.dropout);
         printf(": forward %.3f ms (%.3g TFLOP/s), backward %.3f ms (%.3g TFLOP/s)\n", fwd * 1e3,

@@ -37,15 +37,6 @@ double cli_parse_double(const char *opt, const char *v, double lo, double hi) {
     return x;
 }
 
-#ifdef FLASHGPT_CUDA
-// precision.dtype (validated by the config table) as the backend's element type.
-static DType dtype_of(const char *name) {
-    if (strcmp(name, "fp32") == 0) return DTYPE_F32;
-    if (strcmp(name, "fp16") == 0) return DTYPE_F16;
-    return DTYPE_BF16;
-}
-#endif
-
 // The value of --device, checked when it is parsed (before any data is opened).
 const char *cli_device_arg(int argc, char **argv, int *i) {
     const char *v = cli_opt_value(argc, argv, i);
@@ -71,11 +62,11 @@ static int gpu_of(int local_rank) {
 // else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype) on the GPU of
 // `local_rank` (the launch's rank on this host); the cpu backend is fp32 only and says so when
 // another dtype was asked for.
-Backend *cli_open_backend(const char *device, const char *dtype, int local_rank) {
+Backend *cli_open_backend(const char *device, DType dtype, int local_rank) {
     const int want_cuda = device && strcmp(device, "cuda") == 0;
 #ifdef FLASHGPT_CUDA
     if (want_cuda || (!device && backend_cuda_device_count() > 0))
-        return backend_cuda_create(dtype_of(dtype), gpu_of(local_rank));  // no GPU: exit 2
+        return backend_cuda_create(dtype, gpu_of(local_rank));  // no GPU: exit 2
     if (!device) fprintf(stderr, "notice: no CUDA GPU found: running on the CPU backend (fp32)\n");
 #else
     if (want_cuda)
@@ -83,9 +74,9 @@ Backend *cli_open_backend(const char *device, const char *dtype, int local_rank)
                           "it was built): rebuild with the CUDA toolkit, or use --device cpu");
     if (!device) fprintf(stderr, "notice: built without CUDA: running on the CPU backend (fp32)\n");
 #endif
-    if (strcmp(dtype, "fp32") != 0)
+    if (dtype != DTYPE_F32)
         fprintf(stderr, "notice: the CPU backend computes in fp32: precision.dtype = %s is "
-                        "ignored\n", dtype);
+                        "ignored\n", dtype_name(dtype));
     return backend_cpu_create();
 }
 

@@ -30,7 +30,7 @@ int cli_eval_main(int argc, char **argv) {
     const int B = c.train.batch_size, T = c.train.seq_len;
     GPT *m = cli_load_checkpoint_model(ckpt, &c, be, B, T);
     snprintf(c.data.val, sizeof c.data.val, "%s", data);
-    snprintf(c.data.synthetic, sizeof c.data.synthetic, "none");
+    c.data.synthetic = SYNTH_NONE;
     Dataset *d = dataset_open(&c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
     if (!d) fatal(EXIT_USAGE, "%s", err);
     long long n_batches = eval_batches(d, B, T, tokens > 0 ? tokens : (long long)dataset_num_tokens(d));

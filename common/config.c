@@ -20,11 +20,23 @@ typedef struct {
     size_t offset;        // into Config
     const char *def;      // default, written as it would be given to --set
     double min, max;      // inclusive range for CFG_INT / CFG_FLOAT
-    const char *choices;  // "a|b|c" for CFG_ENUM
+    const char *const *names;   // CFG_ENUM: the names, NULL-terminated; the field holds the index
     const char *help;
 } CfgKey;
 
 #define OFF(field) offsetof(Config, field)
+
+// The names of the enum-valued keys, in the order of their enums (common/config.h, DType,
+// AttnImpl).
+static const char *const POS_NAMES[] = {"learned", "rope", "alibi", NULL};
+static const char *const SYNTH_NAMES[] = {"none", "copy", "markov", "retrieval", "retrieval_spread", NULL};
+static const char *const RECOMPUTE_NAMES[] = {"none", "attn_gelu", "block", NULL};
+static const char *const SCHEDULE_NAMES[] = {"cosine", "linear", "constant", NULL};
+static const char *const DTYPE_NAMES[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const IMPL_NAMES[] = {"flash", "naive", NULL};
+_Static_assert(DTYPE_F32 == 0 && DTYPE_BF16 == 1 && DTYPE_F16 == 2, "DTYPE_NAMES follows DType");
+_Static_assert(sizeof(PosEmbedding) == sizeof(int) && sizeof(DType) == sizeof(int),
+               "enum-valued fields are stored as int");
 #define BIG 2147483647.0
 
 static const CfgKey KEYS[] = {
@@ -37,7 +49,7 @@ static const CfgKey KEYS[] = {
      "tokens in the vocabulary (padded to a multiple of 128 inside the model)"},
     {"model.max_seq_len", CFG_INT, OFF(model.max_seq_len), "1024", 1, 1 << 22, NULL,
      "longest sequence the model supports (size of the learned position table)"},
-    {"model.pos_embedding", CFG_ENUM, OFF(model.pos_embedding), "learned", 0, 0, "learned|rope|alibi",
+    {"model.pos_embedding", CFG_ENUM, OFF(model.pos_embedding), "learned", 0, 0, POS_NAMES,
      "position encoding"},
     {"model.rope_theta", CFG_FLOAT, OFF(model.rope_theta), "10000", 1, 1e9, NULL, "RoPE base frequency"},
     {"model.rope_dims", CFG_INT, OFF(model.rope_dims), "0", 0, 65536, NULL,
@@ -51,8 +63,7 @@ static const CfgKey KEYS[] = {
     {"data.val", CFG_STR, OFF(data.val), "", 0, 0, NULL, "glob pattern of validation token shards"},
     {"data.tokenizer", CFG_STR, OFF(data.tokenizer), "", 0, 0, NULL,
      "tokenizer file (llm.c format) used to print samples; empty = no text samples"},
-    {"data.synthetic", CFG_ENUM, OFF(data.synthetic), "none", 0, 0,
-     "none|copy|markov|retrieval|retrieval_spread",
+    {"data.synthetic", CFG_ENUM, OFF(data.synthetic), "none", 0, 0, SYNTH_NAMES,
      "built-in task instead of shards: copy (second half repeats the first), markov (known "
      "entropy), retrieval (key/value pairs recalled about seq_len tokens later), "
      "retrieval_spread (the same at any distance up to seq_len)"},
@@ -68,13 +79,13 @@ static const CfgKey KEYS[] = {
      "micro-steps accumulated into one optimizer step"},
     {"train.steps", CFG_INT, OFF(train.steps), "1000", 0, BIG, NULL, "optimizer steps"},
     {"train.seed", CFG_INT, OFF(train.seed), "1337", 0, BIG, NULL, "seed of initialisation, data order and sampling"},
-    {"train.recompute", CFG_ENUM, OFF(train.recompute), "none", 0, 0, "none|attn_gelu|block",
+    {"train.recompute", CFG_ENUM, OFF(train.recompute), "none", 0, 0, RECOMPUTE_NAMES,
      "activation recomputation in backward"},
 
     {"optim.lr", CFG_FLOAT, OFF(optim.lr), "6e-4", 0, 10, NULL, "peak learning rate"},
     {"optim.min_lr", CFG_FLOAT, OFF(optim.min_lr), "6e-5", 0, 10, NULL, "learning rate at the end of the decay"},
     {"optim.warmup_steps", CFG_INT, OFF(optim.warmup_steps), "0", 0, BIG, NULL, "linear warmup steps"},
-    {"optim.schedule", CFG_ENUM, OFF(optim.schedule), "cosine", 0, 0, "cosine|linear|constant",
+    {"optim.schedule", CFG_ENUM, OFF(optim.schedule), "cosine", 0, 0, SCHEDULE_NAMES,
      "decay from lr to min_lr after warmup"},
     {"optim.weight_decay", CFG_FLOAT, OFF(optim.weight_decay), "0.1", 0, 10, NULL,
      "decoupled weight decay of 2-D weights"},
@@ -86,7 +97,7 @@ static const CfgKey KEYS[] = {
     {"optim.decay_embeddings", CFG_BOOL, OFF(optim.decay_embeddings), "false", 0, 0, NULL,
      "also apply weight decay to the position embedding table"},
 
-    {"precision.dtype", CFG_ENUM, OFF(precision.dtype), "bf16", 0, 0, "bf16|fp16|fp32",
+    {"precision.dtype", CFG_ENUM, OFF(precision.dtype), "bf16", 0, 0, DTYPE_NAMES,
      "compute dtype on CUDA (the CPU backend always computes in fp32)"},
     {"precision.loss_scale", CFG_SCALE, OFF(precision.loss_scale), "dynamic", 0, 0, NULL,
      "\"dynamic\" or a fixed positive loss scale"},
@@ -95,7 +106,7 @@ static const CfgKey KEYS[] = {
     {"precision.loss_scale_window", CFG_INT, OFF(precision.loss_scale_window), "1000", 1, BIG, NULL,
      "clean steps before the dynamic scale doubles"},
 
-    {"attention.impl", CFG_ENUM, OFF(attention.impl), "flash", 0, 0, "flash|naive",
+    {"attention.impl", CFG_ENUM, OFF(attention.impl), "flash", 0, 0, IMPL_NAMES,
      "flash (tiled, memory linear in T) or naive (materialised scores)"},
     {"attention.window", CFG_INT, OFF(attention.window), "-1", -1, BIG, NULL,
      "sliding window: keys at most this far back; -1 = unbounded"},
@@ -145,24 +156,36 @@ static const CfgKey *find_key(const char *key) {
     return NULL;
 }
 
-static int choice_ok(const char *choices, const char *v) {
-    size_t n = strlen(v);
-    for (const char *s = choices; *s;) {
-        const char *bar = strchr(s, '|');
-        size_t len = bar ? (size_t)(bar - s) : strlen(s);
-        if (len == n && strncmp(s, v, n) == 0) return 1;
-        s += len + (bar ? 1 : 0);
-    }
-    return 0;
+// Index of v among the key's names, or -1.
+static int choice_index(const CfgKey *k, const char *v) {
+    for (int i = 0; k->names[i]; i++)
+        if (strcmp(k->names[i], v) == 0) return i;
+    return -1;
 }
 
-static const char *type_name(const CfgKey *k) {
+static int n_choices(const CfgKey *k) {
+    int n = 0;
+    while (k->names[n]) n++;
+    return n;
+}
+
+// "a|b|c", for messages and --help.
+static const char *choices_text(const CfgKey *k, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; k->names[i] && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? "|" : "", k->names[i]);
+    return buf;
+}
+
+// buf (at least 128 bytes) holds the text of an enum's choices.
+static const char *type_name(const CfgKey *k, char *buf, size_t n) {
     switch (k->type) {
     case CFG_INT: return "integer";
     case CFG_FLOAT: return "number";
     case CFG_BOOL: return "true|false";
     case CFG_STR: return "string";
-    case CFG_ENUM: return k->choices;
+    case CFG_ENUM: return choices_text(k, buf, n);
     case CFG_SCALE: return "\"dynamic\" or number";
     }
     return "?";
@@ -208,13 +231,17 @@ static int set_from_text(Config *c, const CfgKey *k, const char *v, char *err, s
         else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) *(int *)field = 0;
         else return set_error(err, errlen, "%s: expected true or false, got '%s'", k->key, v);
         return 0;
-    case CFG_ENUM:
-        if (!choice_ok(k->choices, v))
-            return set_error(err, errlen, "%s: '%s' is not one of %s", k->key, v, k->choices);
-        /* fall through */
+    case CFG_ENUM: {
+        const int i = choice_index(k, v);
+        char names[128];
+        if (i < 0)
+            return set_error(err, errlen, "%s: '%s' is not one of %s", k->key, v,
+                             choices_text(k, names, sizeof names));
+        *(int *)field = i;
+        return 0;
+    }
     case CFG_STR:
-        if (strlen(v) >= (k->type == CFG_STR ? CFG_PATH_MAX : CFG_NAME_MAX))
-            return set_error(err, errlen, "%s: value is too long", k->key);
+        if (strlen(v) >= CFG_PATH_MAX) return set_error(err, errlen, "%s: value is too long", k->key);
         strcpy(field, v);
         return 0;
     case CFG_SCALE: {
@@ -265,13 +292,13 @@ static int line_of(const char *json, const char *name) {
 
 static int set_from_json(Config *c, const CfgKey *k, const cJSON *item, const char *where,
                          char *err, size_t errlen) {
-    char text[64];
+    char text[64], tn[128];
     const char *v = NULL;
     switch (k->type) {
     case CFG_INT:
     case CFG_FLOAT:
         if (!cJSON_IsNumber(item))
-            return set_error(err, errlen, "%s: %s must be a %s", where, k->key, type_name(k));
+            return set_error(err, errlen, "%s: %s must be a %s", where, k->key, type_name(k, tn, sizeof tn));
         if (k->type == CFG_INT && item->valuedouble != floor(item->valuedouble))
             return set_error(err, errlen, "%s: %s must be an integer, got %g", where, k->key, item->valuedouble);
         snprintf(text, sizeof text, k->type == CFG_INT ? "%.0f" : "%.9g", item->valuedouble);
@@ -284,7 +311,7 @@ static int set_from_json(Config *c, const CfgKey *k, const cJSON *item, const ch
     case CFG_STR:
     case CFG_ENUM:
         if (!cJSON_IsString(item))
-            return set_error(err, errlen, "%s: %s must be a string (%s)", where, k->key, type_name(k));
+            return set_error(err, errlen, "%s: %s must be a string (%s)", where, k->key, type_name(k, tn, sizeof tn));
         v = item->valuestring;
         break;
     case CFG_SCALE:
@@ -370,7 +397,7 @@ static int validate_context_parallel(const Config *c, char *err, size_t errlen) 
         return set_error(err, errlen, "dist.context_parallel = %d cuts train.seq_len into 2 x %d "
                                       "equal chunks: train.seq_len (%d) must be a multiple of %d",
                          cp, cp, c->train.seq_len, 2 * cp);
-    if (strcmp(c->attention.impl, "naive") == 0)
+    if (c->attention.impl == choice_index(find_key("attention.impl"), "naive"))
         return set_error(err, errlen, "dist.context_parallel = %d needs attention.impl = flash "
                                       "(naive materialises the whole score matrix)", cp);
     if (c->attention.doc_mask)
@@ -391,11 +418,12 @@ int config_validate(Config *c, char *err, size_t errlen) {
         return set_error(err, errlen, "model.n_embd (%d) must be divisible by model.n_head (%d)", C, NH);
     if (NH % NKV != 0)
         return set_error(err, errlen, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", NH, NKV);
-    if ((C / NH) % 2 != 0 && strcmp(c->model.pos_embedding, "rope") == 0)
+    if ((C / NH) % 2 != 0 && c->model.pos_embedding == POS_ROPE)
         return set_error(err, errlen, "model.pos_embedding = rope needs an even head size, got %d", C / NH);
-    if (c->model.rope_dims != 0 && strcmp(c->model.pos_embedding, "rope") != 0)
+    if (c->model.rope_dims != 0 && c->model.pos_embedding != POS_ROPE)
         return set_error(err, errlen, "model.rope_dims = %d needs model.pos_embedding = rope (got %s): "
-                                   "set model.rope_dims to 0", c->model.rope_dims, c->model.pos_embedding);
+                                   "set model.rope_dims to 0", c->model.rope_dims,
+                         POS_NAMES[c->model.pos_embedding]);
     if (c->model.rope_dims % 2 != 0 || c->model.rope_dims > C / NH)
         return set_error(err, errlen, "model.rope_dims (%d) must be even and at most the head size "
                                    "n_embd / n_head (%d); 0 rotates all", c->model.rope_dims, C / NH);
@@ -405,7 +433,7 @@ int config_validate(Config *c, char *err, size_t errlen) {
     if (c->optim.min_lr > c->optim.lr)
         return set_error(err, errlen, "optim.min_lr (%g) must not exceed optim.lr (%g)", c->optim.min_lr,
                       c->optim.lr);
-    if (strcmp(c->data.synthetic, "none") == 0 && c->data.train[0] == '\0')
+    if (c->data.synthetic == SYNTH_NONE && c->data.train[0] == '\0')
         return set_error(err, errlen, "data.train is empty: give a shard pattern (see train_gpt prepare) "
                                    "or a built-in task with data.synthetic");
     if (c->attention.doc_mask && c->data.eot_token < 0)
@@ -428,7 +456,7 @@ static const char *MODEL_KEYS[] = {"model.n_layer", "model.n_head", "model.n_kv_
 int config_same_model(const Config *a, const Config *b, char *err, size_t errlen) {
     for (size_t i = 0; i < sizeof MODEL_KEYS / sizeof MODEL_KEYS[0]; i++) {
         const CfgKey *k = find_key(MODEL_KEYS[i]);
-        size_t sz = k->type == CFG_ENUM ? CFG_NAME_MAX : (k->type == CFG_FLOAT ? sizeof(float) : sizeof(int));
+        const size_t sz = k->type == CFG_FLOAT ? sizeof(float) : sizeof(int);
         if (memcmp((const char *)a + k->offset, (const char *)b + k->offset, sz) != 0)
             return set_error(err, errlen, "%s differs from the checkpoint's", k->key);
     }
@@ -452,8 +480,8 @@ char *config_to_json(const Config *c) {
             break;
         case CFG_FLOAT: cJSON_AddNumberToObject(s, dot + 1, *(const float *)field); break;
         case CFG_BOOL: cJSON_AddBoolToObject(s, dot + 1, *(const int *)field); break;
-        case CFG_STR:
-        case CFG_ENUM: cJSON_AddStringToObject(s, dot + 1, field); break;
+        case CFG_STR: cJSON_AddStringToObject(s, dot + 1, field); break;
+        case CFG_ENUM: cJSON_AddStringToObject(s, dot + 1, k->names[*(const int *)field]); break;
         case CFG_SCALE:
             if (strcmp(field, "dynamic") == 0) cJSON_AddStringToObject(s, dot + 1, field);
             else cJSON_AddNumberToObject(s, dot + 1, strtod(field, NULL));
@@ -468,11 +496,17 @@ char *config_to_json(const Config *c) {
 void config_print_help(FILE *f) {
     fprintf(f, "Config keys (JSON sections, or --set section.key=value):\n");
     for (int i = 0; i < N_KEYS; i++) {
-        char range[64];
+        char range[64], tn[128];
         range_text(&KEYS[i], range, sizeof range);
-        fprintf(f, "  %-30s %-22s default %-10s range %-16s %s\n", KEYS[i].key, type_name(&KEYS[i]),
+        fprintf(f, "  %-30s %-22s default %-10s range %-16s %s\n", KEYS[i].key, type_name(&KEYS[i], tn, sizeof tn),
                 KEYS[i].def[0] ? KEYS[i].def : "\"\"", range, KEYS[i].help);
     }
+}
+
+const char *config_choice_name(const char *key, int v) {
+    const CfgKey *k = find_key(key);
+    CHECK(k && k->type == CFG_ENUM && v >= 0 && v < n_choices(k));
+    return k->names[v];
 }
 
 double config_env_override(const char *name, double configured, double lo, double hi,

@@ -5,43 +5,53 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/dtype.h"
+
 #define CFG_PATH_MAX 512
 #define CFG_NAME_MAX 32
+
+// The keys with a fixed set of names hold the index of their name in the key's choices (the
+// config table); config_choice_name turns a value back into its name.
+typedef enum { POS_LEARNED = 0, POS_ROPE = 1, POS_ALIBI = 2 } PosEmbedding;        // model.pos_embedding
+typedef enum { SYNTH_NONE = 0, SYNTH_COPY, SYNTH_MARKOV, SYNTH_RETRIEVAL,
+               SYNTH_RETRIEVAL_SPREAD } SyntheticTask;                             // data.synthetic
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN_GELU = 1, RECOMPUTE_BLOCK = 2 } Recompute;   // train.recompute
+typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_LINEAR = 1, SCHEDULE_CONSTANT = 2 } Schedule;    // optim.schedule
 
 typedef struct {
     struct {
         int n_layer, n_head, n_kv_head, n_embd, vocab_size, max_seq_len;
-        char pos_embedding[CFG_NAME_MAX];   // learned | rope | alibi
+        PosEmbedding pos_embedding;
         float rope_theta;
         int rope_dims;                      // RoPE: rotated dimensions per head; 0 = all
         float dropout;                      // residual dropout (embeddings, attn/MLP outputs)
     } model;
     struct {
         char train[CFG_PATH_MAX], val[CFG_PATH_MAX], tokenizer[CFG_PATH_MAX];
-        char synthetic[CFG_NAME_MAX];        // "" = read shards; else a built-in task name
+        SyntheticTask synthetic;             // SYNTH_NONE = read shards
         int shuffle;
         int eot_token;                       // -1: none
     } data;
     struct {
         int batch_size, seq_len, grad_accum, steps;
         long long seed;
-        char recompute[CFG_NAME_MAX];        // none | attn_gelu | block
+        Recompute recompute;
     } train;
     struct {
         float lr, min_lr;
         int warmup_steps;
-        char schedule[CFG_NAME_MAX];         // cosine | linear | constant
+        Schedule schedule;
         float weight_decay, beta1, beta2, eps, grad_clip;
         int decay_embeddings;                // also decay the token/position embeddings
     } optim;
     struct {
-        char dtype[CFG_NAME_MAX];            // bf16 | fp16 | fp32
+        DType dtype;                         // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
         char loss_scale[CFG_NAME_MAX];       // "dynamic" or a positive number
         float initial_loss_scale;
         int loss_scale_window;
     } precision;
     struct {
-        char impl[CFG_NAME_MAX];             // flash | naive
+        int impl;                            // an AttnImpl (attention/attention.h): 0 flash, 1 naive
         int window;                          // -1 = unbounded
         int window_every;                    // layer l uses the window iff l % window_every == 0
         int doc_mask;                        // packed documents split at data.eot_token
@@ -79,3 +89,5 @@ char *config_to_json(const Config *c);   // malloc'ed, pretty-printed, every key
 double config_env_override(const char *name, double configured, double lo, double hi,
                            const char *expected);
 void config_print_help(FILE *f);         // the table: key, type, default, range, help
+// The name of value v of the enum-valued key (e.g. "model.pos_embedding", POS_ROPE -> "rope").
+const char *config_choice_name(const char *key, int v);

@@ -41,7 +41,7 @@ int convert_import_config(Config *c, const GPTConfig *g, const char *source, cha
         set_key(c, "train.batch_size", 1, source, err, errlen) != 0 ||
         set_key(c, "train.seq_len", g->maxT < 1024 ? g->maxT : 1024, source, err, errlen) != 0)
         return -1;
-    snprintf(c->model.pos_embedding, sizeof c->model.pos_embedding, "learned");
+    c->model.pos_embedding = POS_LEARNED;
     // An imported model comes without training data; the config must still name some, and a run
     // that resumes from this checkpoint uses its own config's data anyway.
     snprintf(c->data.train, sizeof c->data.train, "(imported model: set data.train)");

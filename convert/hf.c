@@ -89,10 +89,11 @@ static void transpose(float *dst, const float *src, int rows, int cols) {
 
 // GPT-2 computes exactly our model only without the options it lacks.
 static int check_exportable(const Config *c, const char *dir, char *err, size_t errlen) {
-    if (strcmp(c->model.pos_embedding, "learned") != 0)
+    if (c->model.pos_embedding != POS_LEARNED)
         return set_error(err, errlen, "%s: model.pos_embedding = %s: Hugging Face GPT-2 has learned absolute "
                                       "positions only, so no GPT2LMHeadModel computes this model; export "
-                                      "needs pos_embedding = learned", dir, c->model.pos_embedding);
+                                      "needs pos_embedding = learned", dir,
+                         config_choice_name("model.pos_embedding", c->model.pos_embedding));
     if (c->model.n_kv_head != c->model.n_head)
         return set_error(err, errlen, "%s: model.n_kv_head = %d < model.n_head = %d (grouped-query "
                                       "attention): GPT-2's c_attn has one key/value head per query head; "

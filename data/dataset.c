@@ -118,8 +118,9 @@ Dataset *dataset_open(const Config *c, Split split, int B, int T, int rank, int 
     d->split = split;
     d->seed = (uint64_t)c->train.seed;
     int rc = 0;
-    if (c->data.synthetic[0] != '\0' && strcmp(c->data.synthetic, "none") != 0) {
-        d->synth = synthetic_create(c->data.synthetic, c->model.vocab_size, T, d->seed, err, errlen);
+    if (c->data.synthetic != SYNTH_NONE) {
+        d->synth = synthetic_create(config_choice_name("data.synthetic", c->data.synthetic),
+                                    c->model.vocab_size, T, d->seed, err, errlen);
         rc = d->synth ? 0 : -1;
     } else {
         d->shuffle = split == SPLIT_TRAIN && c->data.shuffle;

@@ -102,6 +102,21 @@ static void nccl_allreduce(Comm *c, void *buf, size_t count, DType t) {
                 "all-reduce");
 }
 
+// One group of in-place reductions over consecutive parts of buf (parts[r] elements each, from
+// buf on), part r to rank r, queued on `stream`.
+static void grouped_reduce(Comm *c, void *buf, const size_t *parts, DType t, cudaStream_t stream,
+                           const char *what) {
+    NcclCtx *x = c->ctx;
+    const size_t es = dtype_size(t);
+    char *part = buf;
+    ncclGroupStart();
+    for (int r = 0; r < c->world; r++) {
+        if (parts[r]) ncclReduce(part, part, parts[r], nccl_type(t), ncclSum, r, x->nccl, stream);
+        part += parts[r] * es;
+    }
+    wait_queued(c, ncclGroupEnd(), what);
+}
+
 // Equal segments use NCCL's in-place reduce-scatter; unequal ones (the last shard shorter) a
 // group of reductions, one to each segment's owner.
 static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, DType t) {
@@ -115,12 +130,7 @@ static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, DType 
                     "reduce-scatter");
         return;
     }
-    ncclGroupStart();
-    for (int r = 0; r < c->world; r++) {
-        char *seg = b + offset_of(counts, r) * es;
-        ncclReduce(seg, seg, counts[r], nccl_type(t), ncclSum, r, x->nccl, x->stream);
-    }
-    wait_queued(c, ncclGroupEnd(), "reduce-scatter");
+    grouped_reduce(c, b, counts, t, x->stream, "reduce-scatter");
 }
 
 static void cuda_ok(const Comm *c, cudaError_t e, const char *what) {
@@ -138,15 +148,9 @@ static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t 
     cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
     cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
     x->side_busy = 1;
-    const size_t es = dtype_size(t);
-    char *part = (char *)buf + offset * es;
-    ncclGroupStart();
-    for (int r = 0; r < c->world; r++) {
-        if (parts[r]) ncclReduce(part, part, parts[r], nccl_type(t), ncclSum, r, x->nccl, x->side);
-        part += parts[r] * es;
-    }
+    grouped_reduce(c, (char *)buf + offset * dtype_size(t), parts, t, x->side,
+                   "gradient bucket reduce-scatter");
     free(parts);
-    wait_queued(c, ncclGroupEnd(), "gradient bucket reduce-scatter");
 }
 
 static void nccl_allgather(Comm *c, void *buf, const size_t *counts, DType t) {

@@ -41,7 +41,6 @@ enum {
     N_LAYER_TENSORS
 };
 
-typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN_GELU = 1, RECOMPUTE_BLOCK = 2 } Recompute;
 
 // Activations of one block for N = B*T tokens (decode uses one set with N = 1). With
 // recomputation some of these buffers are shared by every layer.
@@ -172,32 +171,23 @@ GPTConfig gpt_config_from(const Config *c) {
     g.NKV = c->model.n_kv_head > 0 ? c->model.n_kv_head : c->model.n_head;
     g.C = c->model.n_embd;
     g.HS = g.NH > 0 ? g.C / g.NH : 0;
-    g.pos = strcmp(c->model.pos_embedding, "rope") == 0    ? POS_ROPE
-            : strcmp(c->model.pos_embedding, "alibi") == 0 ? POS_ALIBI
-                                                           : POS_LEARNED;
+    g.pos = c->model.pos_embedding;
     g.rope_theta = c->model.rope_theta;
     g.rope_dims = c->model.rope_dims;
     return g;
 }
 
+// A GPTConfig comes from a config that config_validate accepted (gpt_config_from): the model's
+// rules are checked there, once, with messages naming the keys; here they are invariants. Only
+// the batch shape is the caller's run-time choice.
 static void check_config(const GPTConfig *g, int B, int T) {
-    if (g->L < 1 || g->NH < 1 || g->C < 1 || g->V < 2 || g->maxT < 1)
-        fatal(EXIT_USAGE, "model: n_layer, n_head, n_embd, max_seq_len must be positive and "
-                          "vocab_size at least 2");
-    if (g->C % g->NH != 0 || g->HS != g->C / g->NH)
-        fatal(EXIT_USAGE, "model.n_embd (%d) must be divisible by model.n_head (%d)", g->C, g->NH);
-    if (g->NKV < 1 || g->NH % g->NKV != 0)
-        fatal(EXIT_USAGE, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", g->NH, g->NKV);
-    if (g->Vp % 128 != 0 || g->Vp < g->V)
-        fatal(EXIT_USAGE, "model: padded vocabulary %d must be a multiple of 128 and >= %d", g->Vp, g->V);
-    if (g->pos == POS_ROPE && (g->HS % 2 != 0 || !(g->rope_theta > 0.0f)))
-        fatal(EXIT_USAGE, "model.pos_embedding = rope needs an even head size (got %d) and "
-                          "model.rope_theta > 0 (got %g)", g->HS, (double)g->rope_theta);
-    if (g->pos != POS_ROPE && g->rope_dims != 0)
-        fatal(EXIT_USAGE, "model.rope_dims = %d needs model.pos_embedding = rope", g->rope_dims);
-    if (g->rope_dims < 0 || g->rope_dims % 2 != 0 || g->rope_dims > g->HS)
-        fatal(EXIT_USAGE, "model.rope_dims (%d) must be even and at most the head size %d (0 = all)",
-              g->rope_dims, g->HS);
+    CHECK(g->L >= 1 && g->NH >= 1 && g->C >= 1 && g->V >= 2 && g->maxT >= 1);
+    CHECK(g->C % g->NH == 0 && g->HS == g->C / g->NH);
+    CHECK(g->NKV >= 1 && g->NH % g->NKV == 0);
+    CHECK(g->Vp % 128 == 0 && g->Vp >= g->V);
+    CHECK(g->pos != POS_ROPE || (g->HS % 2 == 0 && g->rope_theta > 0.0f));
+    CHECK(g->rope_dims >= 0 && g->rope_dims % 2 == 0 && g->rope_dims <= g->HS);
+    CHECK(g->pos == POS_ROPE || g->rope_dims == 0);
     if (B < 1 || T < 1 || T > g->maxT)
         fatal(EXIT_USAGE, "batch %d x %d: need B >= 1 and 1 <= T <= model.max_seq_len (%d)", B, T,
               g->maxT);
@@ -349,7 +339,7 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
     m->eot = -1;
     m->training = 1;
     if (run) {
-        m->impl = strcmp(run->attention.impl, "naive") == 0 ? ATTN_IMPL_NAIVE : ATTN_IMPL_FLASH;
+        m->impl = (AttnImpl)run->attention.impl;
         m->window = run->attention.window;
         m->window_every = run->attention.window_every > 0 ? run->attention.window_every : 1;
         if (run->attention.doc_mask) {
@@ -362,12 +352,7 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         m->attn_dropout = run->attention.dropout;
         m->resid_dropout = run->model.dropout;
         m->dropout_seed = (uint64_t)run->train.seed;
-        const char *rc = run->train.recompute;
-        m->recompute = strcmp(rc, "attn_gelu") == 0 ? RECOMPUTE_ATTN_GELU
-                       : strcmp(rc, "block") == 0   ? RECOMPUTE_BLOCK
-                                                    : RECOMPUTE_NONE;
-        if (m->recompute == RECOMPUTE_NONE && strcmp(rc, "none") != 0)
-            fatal(EXIT_USAGE, "train.recompute = %s is not known: use none, attn_gelu or block", rc);
+        m->recompute = run->train.recompute;
     }
     build_tensors(m, run ? run->optim.decay_embeddings : 0);
     m->params = balloc(m, m->n_params * m->ds);

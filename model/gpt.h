@@ -8,7 +8,6 @@
 #include "model/backend.h"
 #include "model/ring_attention.h"
 
-typedef enum { POS_LEARNED = 0, POS_ROPE = 1, POS_ALIBI = 2 } PosEmbedding;
 
 typedef struct {
     int V, Vp;     // vocabulary, padded to a multiple of 128

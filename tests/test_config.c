@@ -43,7 +43,7 @@ static void test_context_parallel(void) {
         EXPECT(config_load_file(&c, files[i], err, sizeof err) == 0 &&
                    config_validate(&c, err, sizeof err) == 0, "%s: %s", files[i], err);
         EXPECT(c.dist.context_parallel == cps[i] && c.train.seq_len == seqs[i] &&
-                   c.model.max_seq_len == seqs[i] && strcmp(c.model.pos_embedding, "rope") == 0 &&
+                   c.model.max_seq_len == seqs[i] && c.model.pos_embedding == POS_ROPE &&
                    c.model.n_layer == 12 && c.model.n_embd == 768,
                "%s: not the GPT-2 124M RoPE shape at the intended length", files[i]);
     }
@@ -67,7 +67,7 @@ int main(void) {
         const char *j = "{\"model\": {\"n_layer\": 4, \"pos_embedding\": \"alibi\", \"rope_theta\": 5e5},\n"
                         " \"precision\": {\"loss_scale\": 1024},\n \"data\": {\"shuffle\": true}}";
         EXPECT(load(&c, j, err) == 0, "%s", err);
-        EXPECT(c.model.n_layer == 4 && strcmp(c.model.pos_embedding, "alibi") == 0, "model");
+        EXPECT(c.model.n_layer == 4 && c.model.pos_embedding == POS_ALIBI, "model");
         EXPECT(c.model.rope_theta == 5e5f && c.data.shuffle == 1, "float/bool");
         EXPECT(strcmp(c.precision.loss_scale, "1024") == 0, "numeric loss scale '%s'", c.precision.loss_scale);
     });

@@ -11,6 +11,7 @@
 #include "common/fileio.h"
 #include "data/dataset.h"
 #include "data/shard.h"
+#include "common/check.h"
 #include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "tests/testlib.h"
@@ -309,7 +310,11 @@ static void test_dataset_resume(const Config *c, const char *what) {
 
 static Config synthetic_config(const char *task, int vocab) {
     Config c = base_config("", "", vocab);
-    snprintf(c.data.synthetic, sizeof c.data.synthetic, "%s", task);
+    {
+        char kv[96], why[256];
+        snprintf(kv, sizeof kv, "data.synthetic=%s", task);
+        CHECK(config_set(&c, kv, why, sizeof why) == 0);
+    }
     return c;
 }
 

@@ -1039,7 +1039,11 @@ static void test_recompute(const char *mode, PosEmbedding pos, DocMode docs) {
     run.model.dropout = 0.1f;
     Backend *be = backend_cpu_create();
     GPT *ref = gpt_create(&g, be, MB, MT, &run);
-    snprintf(run.train.recompute, sizeof run.train.recompute, "%s", mode);
+    {
+        char kv[96], why[256];
+        snprintf(kv, sizeof kv, "train.recompute=%s", mode);
+        CHECK(config_set(&run, kv, why, sizeof why) == 0);
+    }
     GPT *m = gpt_create(&g, be, MB, MT, &run);
     size_t n = gpt_num_params(m);
     float *params = test_params(m, 31), *g0 = xmalloc(n * sizeof(float)), *g1 = xmalloc(n * sizeof(float));

@@ -22,7 +22,11 @@ static Config sched_config(const char *schedule, int warmup) {
     c.optim.lr = 1e-3f;
     c.optim.min_lr = 1e-4f;
     c.optim.warmup_steps = warmup;
-    snprintf(c.optim.schedule, sizeof c.optim.schedule, "%s", schedule);
+    {
+        char kv[96], why[256];
+        snprintf(kv, sizeof kv, "optim.schedule=%s", schedule);
+        CHECK(config_set(&c, kv, why, sizeof why) == 0);
+    }
     return c;
 }
 

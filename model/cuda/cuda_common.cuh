@@ -19,14 +19,6 @@ extern "C" {
 #include "model/backend.h"
 }
 
-#define CUBLAS_CHECK(stmt)                                                                    \
-    do {                                                                                      \
-        cublasStatus_t cublas_st_ = (stmt);                                                   \
-        if (cublas_st_ != CUBLAS_STATUS_SUCCESS)                                              \
-            fatal(EXIT_RUNTIME, "cuBLASLt error: %s failed: %s (%s, %s:%d)", #stmt,           \
-                  cublasLtGetStatusString(cublas_st_), __func__, __FILE__, __LINE__);         \
-    } while (0)
-
 
 // The backend's private state (Backend.ctx): no globals, everything a call needs is here.
 typedef struct {
@@ -48,7 +40,6 @@ static inline CudaCtx *cuda_ctx(Backend *be) { return (CudaCtx *)be->ctx; }
 // cudaFree waits for the device, so kernels still reading it have finished.
 void *cuda_scratch(CudaCtx *ctx, size_t bytes);
 
-static inline int cdiv(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 // Offset of the next 256-byte aligned slot after `bytes` (scratch carving).
 static inline size_t align256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }

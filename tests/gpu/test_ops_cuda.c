@@ -520,7 +520,7 @@ static void small_config(Config *c) {
     c->model.n_embd = 128;    // head size 64: a size the CUDA flash kernels support
     c->model.vocab_size = 100;
     c->model.max_seq_len = 64;
-    strcpy(c->model.pos_embedding, "learned");
+    c->model.pos_embedding = POS_LEARNED;
     c->attention.dropout = 0.0f;
     c->attention.deterministic = 1;
 }
@@ -542,7 +542,11 @@ static void model_case(Ctx *t, ModelCase var) {
     Config c;
     small_config(&c);
     c.model.dropout = var.resid_dropout;
-    snprintf(c.model.pos_embedding, sizeof c.model.pos_embedding, "%s", var.pos);
+    {
+        char kv[96], why[256];
+        snprintf(kv, sizeof kv, "model.pos_embedding=%s", var.pos);
+        CHECK(config_set(&c, kv, why, sizeof why) == 0);
+    }
     c.attention.doc_mask = var.doc_mask;
     c.data.eot_token = var.doc_mask ? MODEL_EOT : -1;
     c.attention.window = var.window;

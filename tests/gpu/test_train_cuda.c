@@ -67,7 +67,7 @@ static void small_config(Config *c, DType dt) {
     c->optim.min_lr = 1e-4f;
     c->optim.warmup_steps = 5;
     c->optim.grad_clip = 1.0f;
-    snprintf(c->precision.dtype, sizeof c->precision.dtype, "%s", dtype_name(dt));
+    c->precision.dtype = dt;
     c->attention.dropout = 0.0f;
     c->attention.deterministic = 1;
 }
@@ -114,7 +114,7 @@ static void test_loss_curve(DType dt) {
     float *w = xmalloc(n * sizeof(float)), *wc = xmalloc(n * sizeof(float));  // (n)
     Trainer *tg = make_run(gpu, &c, &mg, w);
     Config cc = c;
-    snprintf(cc.precision.dtype, sizeof cc.precision.dtype, "fp32");
+    cc.precision.dtype = DTYPE_F32;
     GPTConfig g = gpt_config_from(&cc);
     mc = gpt_create(&g, cpu, B, T, &cc);
     Trainer *tc = trainer_create(mc, &cc);
