@@ -4,8 +4,8 @@ sequence) on the CPU backend with Open MPI, against one process holding the whol
 1. The oracle (tests/tools/gpt_oracle under mpirun -np N, dist.context_parallel = N): the whole
    group's logits, loss and every gradient (summed over the ranks), and a 20-step training run,
    against float64 PyTorch autograd and torch.optim.AdamW (test_oracle's reference), for learned
-   positions, RoPE (6 of 16 dimensions), GQA and MQA, ALiBi and sliding windows (every layer,
-   even layers only). T = 40: 2 ranks hold chunks of 10 tokens, 4 ranks chunks of 5 (odd, not a
+   positions, RoPE (6 of 16 dimensions), GQA and MQA, ALiBi, sliding windows (every layer,
+   even layers only) and activation recomputation. T = 40: 2 ranks hold chunks of 10 tokens, 4 ranks chunks of 5 (odd, not a
    multiple of any tile).
 2. train_gpt itself: mpirun -np 2 (CP 2), -np 4 (CP 4) and -np 4 (DP 2 x CP 2) against one
    process (batch B, or 2B for DP 2): the 20-step loss curve, gradient norms, val loss and final
@@ -84,6 +84,10 @@ ORACLE_CASES = [
     ("learned, window 7 (whole chunk pairs skipped)", 2, ["attention.window=7"]),
     ("rope, window 3 on even layers", 4, ROPE + ["attention.window=3", "attention.window_every=2"]),
     ("alibi, window 12", 4, ["model.pos_embedding=alibi", "attention.window=12"]),
+    # Recomputation reruns the ring forward inside backward (attn_gelu: attention alone; block:
+    # the whole block), on every rank in the same order.
+    ("learned, recompute attn_gelu", 2, ["train.recompute=attn_gelu"]),
+    ("rope, recompute block", 4, ROPE + ["train.recompute=block"]),
 ]
 
 
