@@ -51,12 +51,15 @@ class Strides(C.Structure):
 class AttnParams(C.Structure):  # attention/attention.h, field for field
     _fields_ = [
         ("q", C.c_void_p), ("k", C.c_void_p), ("v", C.c_void_p), ("out", C.c_void_p), ("lse", C.c_void_p),
+        ("lse_batch_stride", C.c_int64), ("lse_head_stride", C.c_int64),
         ("q_st", Strides), ("k_st", Strides), ("v_st", Strides), ("o_st", Strides),
         ("dout", C.c_void_p), ("dq", C.c_void_p), ("dk", C.c_void_p), ("dv", C.c_void_p),
         ("do_st", Strides), ("dq_st", Strides), ("dk_st", Strides), ("dv_st", Strides),
+        ("accumulate", C.c_int),
         ("B", C.c_int), ("T_q", C.c_int), ("T_k", C.c_int), ("NH", C.c_int), ("NKV", C.c_int), ("HS", C.c_int),
         ("scale", C.c_float),
-        ("causal", C.c_int), ("window_left", C.c_int), ("window_right", C.c_int),
+        ("causal", C.c_int), ("pos_explicit", C.c_int), ("q_pos0", C.c_int64), ("k_pos0", C.c_int64),
+        ("window_left", C.c_int), ("window_right", C.c_int),
         ("alibi_slopes", C.c_void_p), ("cu_seqlens", C.c_void_p), ("n_docs", C.c_int),
         ("dropout_p", C.c_float), ("seed", C.c_uint64), ("offset", C.c_uint64),
         ("dtype", C.c_int), ("impl", C.c_int), ("deterministic", C.c_int),
