@@ -233,8 +233,9 @@ static int cmd_train(int argc, char **argv) {
     const long long tokens_per_step =
         (long long)c->train.batch_size * c->train.seq_len * c->train.grad_accum * dp;
     if (world > 1)
-        printf("data parallel: %d ranks (%s, %s collectives), each reads batch %d of every step\n",
-               world, launch_kind_name(r.launch.kind), r.comm->name, c->train.batch_size);
+        printf("data parallel: %d ranks (%s, %s collectives), each %s reads batch %d of every "
+               "step\n", world, launch_kind_name(r.launch.kind), r.comm->name,
+               r.cp.cp > 1 ? "group" : "rank", c->train.batch_size);
     if (r.cp.cp > 1)
         printf("context parallel: %d groups of %d ranks, each rank holds %d of the %d tokens of "
                "every sequence (ring attention)\n", dp, r.cp.cp, cp_local_len(c), c->train.seq_len);

@@ -98,9 +98,11 @@ size_t attn_workspace_bytes(const AttnParams *p, Device dev);
 
 // CPU (fp32 only). impl selects the tiled flash reference or the materialised naive version.
 void attn_forward_cpu(const AttnParams *p);
-// Needs out and lse from the forward. Backward is exact for any subset of the keys as long as
-// out and lse are those of the attention over ALL keys (D = rowsum(dO * O) and P = exp(S - lse)
-// then are the full softmax's): a ring of key chunks runs it once per chunk with accumulate.
+// Needs out and lse from the forward. The flash backward is exact for any subset of the keys as
+// long as out and lse are those of the attention over ALL keys (D = rowsum(dO * O) and P =
+// exp(S - lse) then are the full softmax's): a ring of key chunks runs it once per chunk with
+// accumulate. The naive backward recomputes its softmax over the keys it is given, so it
+// refuses accumulate.
 void attn_backward_cpu(const AttnParams *p);
 
 // Partial results over disjoint key sets of the same queries combine exactly through their
