@@ -14,6 +14,10 @@
 // positions given to wpe or RoPE restart at 0 in each document. The eot token itself ends its
 // document, so it is the last token the document sees.
 //
+// Context parallelism (gpt_set_ring): the batch holds this rank's zigzag part of each sequence,
+// positions are the tokens' global ones, and training attention runs around the ring
+// (model/ring_attention.h); the loss mean divides by the whole ring's target count.
+//
 // Dropout (training forwards with targets only): attention.dropout on the attention
 // probabilities, model.dropout on the embedding sum and on the proj and fcproj outputs before
 // their residual adds, as nanoGPT. Every mask is Philox keyed by train.seed at an offset that is
