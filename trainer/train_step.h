@@ -28,6 +28,11 @@
 // of token shards, the synthetic tasks); with ignored targets spread unevenly, the ranks' means
 // weigh equally rather than per token. Dropout masks differ per rank: the rng step is
 // (step * grad_accum + micro-step) * W + rank.
+// Context parallelism (dist.context_parallel = CP, trainer/context_parallel.h): W = DP x CP
+// ranks, the CP ranks of a group each run their part of the group's sequences; a group's loss
+// is the mean over all of its counted targets (per token across the group, so uneven ignored
+// targets do not matter inside a group) and each rank's backward weighs it by 1/(accum x DP):
+// the sum over all W ranks is again the mean over the global batch.
 #pragma once
 #include <stdint.h>
 
