@@ -9,7 +9,8 @@ sequence) on the CPU backend with Open MPI, against one process holding the whol
    multiple of any tile).
 2. train_gpt itself: mpirun -np 2 (CP 2), -np 4 (CP 4) and -np 4 (DP 2 x CP 2) against one
    process (batch B, or 2B for DP 2): the 20-step loss curve, gradient norms, val loss and final
-   weights; resume across context-parallel sizes; bad settings exit 2 naming the keys.
+   weights; resume across context-parallel sizes and `train_gpt eval` of a CP checkpoint on one
+   process; bad settings exit 2 naming the keys.
 
 Tolerances. The ring computes the same sums as one process in another order: each query's
 softmax over key chunks is merged through the log-sum-exp (a few fp32 roundings per merge), dK
@@ -184,6 +185,14 @@ def test_resume_across_context_parallel_sizes(tmp_path, shards):
     model = {"pos_embedding": "rope"}
     ref, ref_dir = config(tmp_path, shards, "ref", model=model, dist={"context_parallel": 2})
     train(ref, 2)
+    # `train_gpt eval` on one process reads the CP checkpoint and gets the run's val loss.
+    r = subprocess.run([BIN, "eval", "--checkpoint", os.path.join(ref_dir, "ckpt_00000020"),
+                        "--data", shards[1], "--tokens", "1024", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=60, env=env())
+    assert r.returncode == 0, r.stderr
+    got = float(r.stdout.split("val_loss:")[1])
+    want = events(ref_dir, "eval")[-1]["val_loss"]
+    assert abs(got - want) <= LOSS_RTOL * want, (got, want)
     for name, ranks, cp in (("one", 1, 1), ("four", 4, 4)):
         path, run_dir = config(tmp_path, shards, name, model=model, dist={"context_parallel": cp})
         os.makedirs(run_dir)
