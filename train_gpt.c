@@ -99,7 +99,8 @@ static void open_run(Run *r, const char *device) {
     r->tok = c->data.tokenizer[0] ? cli_load_tokenizer(c->data.tokenizer) : NULL;
 
     // Each rank binds the GPU of its local rank.
-    r->be = cli_open_backend(device, c->precision.dtype, r->launch.local_rank);
+    r->be = cli_open_backend(device, c->precision.dtype, (AttnKernel)c->attention.kernel,
+                             r->launch.local_rank);
     if (cp_layout(c, rank, world, r->be->device, &r->cp, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     r->comm = cli_open_comm(&r->launch, r->be, c);
     // Every rank starts from the same weights (the same seed) and sees the same checkpoints.

@@ -15,6 +15,10 @@ extern "C" {
 #endif
 
 typedef enum { ATTN_IMPL_FLASH = 0, ATTN_IMPL_NAIVE = 1 } AttnImpl;
+// The flash kernel family on CUDA: auto (the Hopper family where the GPU, the binary and the
+// problem's features allow, else sm80), sm90 (the same, but a context on a GPU without it is
+// refused), sm80 (the mma.sync family everywhere, for comparisons and pre-Hopper behaviour).
+typedef enum { ATTN_KERNEL_AUTO = 0, ATTN_KERNEL_SM90 = 1, ATTN_KERNEL_SM80 = 2 } AttnKernel;
 
 typedef struct {
     int64_t batch, row, head;  // element strides
@@ -74,10 +78,33 @@ typedef struct {
     DType dtype;                // element type of q, k, v, out, dout, dq, dk, dv
     AttnImpl impl;
     int deterministic;              // bitwise reproducible dq (and dk, dv)
-    void *stream;                   // cudaStream_t for DEVICE_CUDA, ignored on the CPU
-    void *workspace;                // scratch of attn_workspace_bytes() (device memory for CUDA)
+    // Filled by attn_forward / attn_backward from the context: its stream, and its own workspace
+    // unless the caller hands one in (workspace != NULL, at least attn_workspace_bytes(); device
+    // memory for CUDA, 16-byte aligned).
+    void *stream;
+    void *workspace;
     size_t workspace_bytes;
 } AttnParams;
+
+// ---- the context: made once per backend (device, stream, kernel family) ----
+// It holds what every call would otherwise look up again: the GPU's architecture, whether this
+// binary has the Hopper kernels, the driver's tensor-map encoder, a cuBLAS handle for the naive
+// path, a workspace that grows to the largest problem seen, and the kernel choice per problem
+// shape. Nothing in it is global: several contexts may coexist.
+typedef struct AttnContext AttnContext;
+
+// stream: a cudaStream_t for DEVICE_CUDA (NULL = the legacy default stream), ignored on the CPU.
+// Returns NULL with err set when the device cannot serve the request (no CUDA in this build,
+// ATTN_KERNEL_SM90 on a GPU or binary without the Hopper kernels).
+AttnContext *attn_context_create(Device dev, void *stream, AttnKernel kernel, char *err, size_t errlen);
+void attn_context_destroy(AttnContext *ctx);
+
+// Forward (out, lse) and backward (dq, dk, dv; needs out and lse from the forward) of p on the
+// context's device: one validation (attn_check), then the kernel. Asynchronous on the stream.
+// Return 0, or -1 with err naming the parameter (HS, T_q, window_left, impl, dtype, ...) and
+// what is accepted; callers add what those are in their own terms. The process keeps running.
+int attn_forward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
+int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 
 // The fused QKV layout: q, k and v are the head groups [NH | NKV | NKV] of one buffer qkv
 // (B, T, (NH + 2*NKV) * HS) and out is (B, T, NH * HS), elements of elem_bytes. Sets the four
@@ -95,8 +122,13 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
 // Scratch memory the chosen implementation needs for forward+backward of this problem (bytes).
 // Flash implementations need O(B*NH*T); naive needs O(B*NH*T_q*T_k).
 size_t attn_workspace_bytes(const AttnParams *p, Device dev);
+// Whether the problem runs the materialised (naive) path on dev: impl naive, or fp32 on CUDA,
+// which has no tensor-core flash kernel.
+int attn_runs_naive(const AttnParams *p, Device dev);
 
-// CPU (fp32 only). impl selects the tiled flash reference or the materialised naive version.
+// The CPU reference itself (fp32), on params attn_check accepted: what attn_forward runs on a
+// CPU context, and what the oracle tests drive directly. impl picks the tiled flash version or
+// the materialised naive one.
 void attn_forward_cpu(const AttnParams *p);
 // Needs out and lse from the forward. The flash backward is exact for any subset of the keys as
 // long as out and lse are those of the attention over ALL keys (D = rowsum(dO * O) and P =
@@ -112,12 +144,11 @@ void attn_backward_cpu(const AttnParams *p);
 //   out = out_acc * exp(lse_acc - lse) + out_part * exp(lse_part - lse),
 // computed in fp32 from the larger lse down (no overflow); an lse of +INFINITY (no visible key)
 // contributes nothing. Only out, lse, their strides and B, T_q, NH, HS of acc and part are read.
-// fp32, CPU.
+// On the context's device: the CPU so far (fp32); CUDA returns -1 with a message.
+int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, char *err,
+               size_t errlen);
+// The CPU merge itself, on params attn_merge accepted.
 void attn_merge_cpu(const AttnParams *acc, const AttnParams *part);
-
-// CUDA (built only when nvcc is available). Asynchronous on p->stream.
-void attn_forward_cuda(const AttnParams *p);
-void attn_backward_cuda(const AttnParams *p);
 
 // Helpers shared by every implementation (attention/mask.c): whether key j is visible to query
 // i of batch row b under the params' causal/window/document rules, and the ALiBi bias.

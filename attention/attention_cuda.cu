@@ -1,7 +1,9 @@
-// attention_cuda: the public CUDA entries of attention/attention.h. They validate the params once
-// (attn_check, then what only the GPU path needs), ask the one selection function for a kernel
-// family and tile, and dispatch; every run-time choice becomes a template parameter in
-// sm80_dispatch() and sm90_dispatch() alone.
+// attention_cuda: the GPU half of an AttnContext (attention/attention_gpu.h). It keeps what a
+// call would otherwise look up again (architecture, the Hopper kernels' presence, the driver's
+// tensor-map encoder, a cuBLAS handle, a growing workspace, the kernel choice per shape), asks
+// the one selection function for a kernel family and tile, and dispatches; every run-time
+// choice becomes a template parameter in sm80_dispatch() and sm90_dispatch() alone.
+#include "attention/attention_gpu.h"
 #include "attention/flash_common.cuh"
 #include "attention/flash_tiles.cuh"
 #include "attention/mask.h"
@@ -9,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { ATTN_KERNEL_NAIVE = 0, ATTN_KERNEL_SM80 = 1, ATTN_KERNEL_SM90 = 2 } AttnKernelFamily;
+typedef enum { FAMILY_NAIVE = 0, FAMILY_SM80 = 1, FAMILY_SM90 = 2 } AttnKernelFamily;
 
 typedef struct {
     AttnKernelFamily family;
@@ -18,55 +20,56 @@ typedef struct {
     int fwd_wgs;  // sm90 forward: warpgroups per block (Sm90FwdTile)
 } AttnKernelChoice;
 
+// What a kernel choice depends on besides the context: one cached plan per distinct key.
+typedef struct {
+    int backward, hs, extras, deterministic, naive, long_q;
+    DType dtype;
+} PlanKey;
+
+enum { PLAN_SLOTS = 16 };
+
+struct AttnGpu {
+    cudaStream_t stream;
+    AttnKernel kernel;        // the family asked for
+    int arch;                 // 10 * major + minor of the current device
+    bool sm90_ok;             // this binary holds sm_90a code for it
+    TensorMapEncoder encode;  // the driver's cuTensorMapEncodeTiled (sm90 family only)
+    cublasHandle_t blas;      // the naive path's, made on its first use
+    void *ws;                 // device workspace, grown to the largest problem seen
+    size_t ws_bytes;
+    PlanKey keys[PLAN_SLOTS];
+    AttnKernelChoice plans[PLAN_SLOTS];
+    int n_plans, next_slot;
+};
+
 // Picks the kernel family and tile from (arch, dtype, head size, features, direction, T).
-// Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family; ALiBi,
-// dropout and the deterministic backward stay on the sm80 family. Only the sm90 forward's tile
-// depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents why). The
-// environment variable FLASHGPT_ATTN_KERNEL=sm80 forces the sm80 family on Hopper (tests and
-// benchmarks compare the two); `auto` or unset is the default. Returns -1 with a message when
-// nothing fits.
-static int attn_select_kernel(const AttnParams &p, int arch, int backward, AttnKernelChoice *c, char *err,
-                              size_t errlen) {
+// Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family unless
+// the context asked for sm80; ALiBi, dropout and the deterministic backward stay on the sm80
+// family. fp32 (no tensor-core flash kernel) and impl naive run the materialised version
+// (attn_runs_naive). Only the sm90 forward's tile depends on T (fwd_wgs); causality changes no
+// tile (flash_tiles.cuh documents why). Returns -1 with a message when nothing fits.
+static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backward, AttnKernelChoice *c,
+                              char *err, size_t errlen) {
     c->hs = p.HS;
     c->extras = p.alibi_slopes != NULL || p.dropout_p > 0.f;
-    if (p.impl == ATTN_IMPL_NAIVE) {
-        c->family = ATTN_KERNEL_NAIVE;
+    if (attn_runs_naive(&p, DEVICE_CUDA)) {
+        c->family = FAMILY_NAIVE;
         return 0;
     }
-    if (p.dtype == DTYPE_F32) {
-        // no tensor-core flash kernel for fp32: the materialised version computes it exactly,
-        // when the caller sized the workspace for it
-        AttnParams naive = p;
-        naive.impl = ATTN_IMPL_NAIVE;
-        const size_t need = attn_workspace_bytes(&naive, DEVICE_CUDA);
-        if (p.workspace_bytes < need) {
-            snprintf(err, errlen, "attention: fp32 on CUDA runs the naive (materialised) attention, "
-                     "which needs a workspace of %zu bytes (got %zu): set attention.impl = naive or "
-                     "use precision.dtype bf16/fp16", need, p.workspace_bytes);
-            return -1;
-        }
-        c->family = ATTN_KERNEL_NAIVE;
-        return 0;
-    }
-    if (arch < 80) {
+    if (g.arch < 80) {
         snprintf(err, errlen, "attention: the CUDA flash kernels need compute capability 8.0 or newer "
-                 "(this GPU is %d.%d): use attention.impl = naive", arch / 10, arch % 10);
+                 "(this GPU is %d.%d): use impl naive", g.arch / 10, g.arch % 10);
         return -1;
     }
     if (p.HS != 64 && p.HS != 128) {
-        snprintf(err, errlen, "attention: head size %d has no CUDA flash kernel: use 64 or 128 "
-                 "(n_embd / n_head), or attention.impl = naive", p.HS);
+        snprintf(err, errlen, "attention: head size HS = %d has no CUDA flash kernel: use 64 or 128, "
+                 "or impl naive", p.HS);
         return -1;
     }
-    c->family = ATTN_KERNEL_SM80;
-    const char *force = getenv("FLASHGPT_ATTN_KERNEL");
-    if (force && *force && strcmp(force, "auto") != 0 && strcmp(force, "sm80") != 0) {
-        snprintf(err, errlen, "attention: FLASHGPT_ATTN_KERNEL=%s is not a kernel family: use auto or sm80", force);
-        return -1;
-    }
-    const bool sm80_forced = force && strcmp(force, "sm80") == 0;
-    if (arch == 90 && !c->extras && !(backward && p.deterministic) && !sm80_forced && flash_sm90_ok())
-        c->family = ATTN_KERNEL_SM90;
+    c->family = FAMILY_SM80;
+    if (g.kernel != ATTN_KERNEL_SM80 && g.arch == 90 && g.sm90_ok && !c->extras &&
+        !(backward && p.deterministic))
+        c->family = FAMILY_SM90;
     // HS 64: three warpgroups (BM 192) from 4K queries on, two below (short causal rows are
     // imbalanced over 192-row tiles); HS 128 fits two only.
     c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 ? 3 : 2;
@@ -110,28 +113,30 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
 // The sm90 backward always uses the fp32 dQ accumulator (attn_select_kernel keeps the
 // deterministic mode on the sm80 family).
 template <typename T, int HS>
-static void sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
+static void sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
+                     cudaStream_t s) {
     if (!backward) {
-        if (HS == 64 && c.fwd_wgs == 3) flash_fwd_sm90_launch<T, 64, 3>(p, s);
-        else flash_fwd_sm90_launch<T, HS, 2>(p, s);
+        if (HS == 64 && c.fwd_wgs == 3) flash_fwd_sm90_launch<T, 64, 3>(p, enc, s);
+        else flash_fwd_sm90_launch<T, HS, 2>(p, enc, s);
         return;
     }
     float *dq_accum = flash_ws_dq_accum(p), *dsum = flash_ws_dsum(p);
     flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
-    flash_bwd_sm90_launch<T, HS>(p, dsum, dq_accum, s);
+    flash_bwd_sm90_launch<T, HS>(p, dsum, dq_accum, enc, s);
     flash_bwd_convert_dq<T>(p, dq_accum, s);
 }
 
 template <typename T>
-static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
-    if (c.hs == 64) sm90_run<T, 64>(p, c, backward, s);
-    else sm90_run<T, 128>(p, c, backward, s);
+static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
+                             cudaStream_t s) {
+    if (c.hs == 64) sm90_run<T, 64>(p, c, backward, enc, s);
+    else sm90_run<T, 128>(p, c, backward, enc, s);
 }
 
-static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
+static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == DTYPE_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
-    else sm90_dispatch_hs<__half>(p, c, backward, s);
+    if (p.dtype == DTYPE_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, enc, s);
+    else sm90_dispatch_hs<__half>(p, c, backward, enc, s);
 }
 
 static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
@@ -140,27 +145,129 @@ static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int ba
     else sm80_dispatch_hs<__half>(p, c, backward, s);
 }
 
-static void attn_run_cuda(const AttnParams *p, int backward) {
-    char err[512];
-    if (attn_check(p, DEVICE_CUDA, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
-    if (backward && !p->out)
-        fatal(EXIT_USAGE, "attention: backward needs the forward output 'out' (for D = rowsum(dO * O))");
-    if (backward && (uintptr_t)p->workspace % 16 != 0)
-        fatal(EXIT_USAGE, "attention: the CUDA workspace must be 16-byte aligned (cudaMalloc's is)");
-    int dev, major, minor;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    AttnKernelChoice c;
-    if (attn_select_kernel(*p, major * 10 + minor, backward, &c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
-    if (c.family == ATTN_KERNEL_NAIVE) {
-        if (backward) naive_backward_cuda(*p);
-        else naive_forward_cuda(*p);
-        return;
+// The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda).
+static int find_tensor_map_encoder(TensorMapEncoder *out, char *err, size_t errlen) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                           cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
+        cudaGetLastError();
+        snprintf(err, errlen, "attention: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA "
+                 "12 or later) for the sm90 kernels: use kernel sm80");
+        return -1;
     }
-    if (c.family == ATTN_KERNEL_SM90) sm90_dispatch(*p, c, backward);
-    else sm80_dispatch(*p, c, backward);
+    *out = reinterpret_cast<TensorMapEncoder>(fn);
+    return 0;
 }
 
-extern "C" void attn_forward_cuda(const AttnParams *p) { attn_run_cuda(p, 0); }
-extern "C" void attn_backward_cuda(const AttnParams *p) { attn_run_cuda(p, 1); }
+extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, size_t errlen) {
+    int dev, major, minor;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        snprintf(err, errlen, "attention: no usable CUDA device (%s)", cudaGetErrorString(cudaGetLastError()));
+        return NULL;
+    }
+    AttnGpu *g = static_cast<AttnGpu *>(xcalloc(1, sizeof(AttnGpu)));
+    g->stream = static_cast<cudaStream_t>(stream);
+    g->kernel = kernel;
+    g->arch = major * 10 + minor;
+    g->sm90_ok = g->arch == 90 && flash_sm90_ok();
+    if (kernel == ATTN_KERNEL_SM90 && !g->sm90_ok) {
+        snprintf(err, errlen, "attention: kernel sm90 needs a Hopper GPU (compute capability 9.0) and a "
+                 "binary built with sm_90a code; this GPU is %d.%d%s: use kernel auto or sm80",
+                 major, minor, g->arch == 90 ? " and the binary has no sm_90a code" : "");
+        free(g);
+        return NULL;
+    }
+    if (g->sm90_ok && kernel != ATTN_KERNEL_SM80 && find_tensor_map_encoder(&g->encode, err, errlen) != 0) {
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
+extern "C" void attn_gpu_destroy(AttnGpu *g) {
+    if (!g) return;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    if (g->blas) CUBLAS_CHECK(cublasDestroy(g->blas));
+    CUDA_CHECK(cudaFree(g->ws));
+    free(g);
+}
+
+static bool same_key(const PlanKey &a, const PlanKey &b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+// The kernel choice for p, from the plan cache or the selection function (then cached, the
+// oldest slot replaced when all are taken).
+static int plan_for(AttnGpu *g, const AttnParams &p, int backward, AttnKernelChoice *c, char *err,
+                    size_t errlen) {
+    PlanKey k;
+    memset(&k, 0, sizeof k);   // padding too: keys are compared bytewise
+    k.backward = backward;
+    k.hs = p.HS;
+    k.extras = p.alibi_slopes != NULL || p.dropout_p > 0.f;
+    k.deterministic = p.deterministic;
+    k.naive = attn_runs_naive(&p, DEVICE_CUDA);
+    k.long_q = p.T_q >= 4096;
+    k.dtype = p.dtype;
+    for (int i = 0; i < g->n_plans; i++)
+        if (same_key(g->keys[i], k)) {
+            *c = g->plans[i];
+            return 0;
+        }
+    if (attn_select_kernel(*g, p, backward, c, err, errlen) != 0) return -1;
+    const int slot = g->n_plans < PLAN_SLOTS ? g->n_plans++ : g->next_slot++ % PLAN_SLOTS;
+    g->keys[slot] = k;
+    g->plans[slot] = *c;
+    return 0;
+}
+
+// The caller's workspace, or the context's own, grown (after the work queued on its stream
+// that may still read the old one) to what p needs.
+static int attach_workspace(AttnGpu *g, AttnParams *p, char *err, size_t errlen) {
+    const size_t need = attn_workspace_bytes(p, DEVICE_CUDA);
+    if (p->workspace) return 0;   // attn_check accepted its size
+    if (need > g->ws_bytes) {
+        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+        CUDA_CHECK(cudaFree(g->ws));
+        g->ws = NULL;
+        g->ws_bytes = 0;
+        if (cudaMalloc(&g->ws, need) != cudaSuccess) {
+            cudaGetLastError();
+            g->ws = NULL;
+            snprintf(err, errlen, "attention: no GPU memory for a workspace of %.1f MiB (B=%d, NH=%d, "
+                     "T_q=%d, T_k=%d)", need / 1048576.0, p->B, p->NH, p->T_q, p->T_k);
+            return -1;
+        }
+        g->ws_bytes = need;
+    }
+    p->workspace = g->ws;
+    p->workspace_bytes = g->ws_bytes;
+    return 0;
+}
+
+extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, size_t errlen) {
+    if (backward && !p->out) {
+        snprintf(err, errlen, "attention: backward needs the forward output 'out' (for D = rowsum(dO * O))");
+        return -1;
+    }
+    if (p->workspace && (uintptr_t)p->workspace % 16 != 0) {
+        snprintf(err, errlen, "attention: the CUDA workspace must be 16-byte aligned (cudaMalloc's is)");
+        return -1;
+    }
+    AttnKernelChoice c;
+    if (plan_for(g, *p, backward, &c, err, errlen) != 0) return -1;
+    AttnParams run = *p;   // the caller's params stay as they were given
+    run.stream = g->stream;
+    if (attach_workspace(g, &run, err, errlen) != 0) return -1;
+    if (c.family == FAMILY_NAIVE) {
+        if (!g->blas) CUBLAS_CHECK(cublasCreate(&g->blas));
+        if (backward) naive_backward_cuda(run, g->blas);
+        else naive_forward_cuda(run, g->blas);
+        return 0;
+    }
+    if (c.family == FAMILY_SM90) sm90_dispatch(run, c, backward, g->encode);
+    else sm80_dispatch(run, c, backward);
+    return 0;
+}

@@ -270,12 +270,12 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 }
 
 template <typename T, int HS>
-void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, cudaStream_t s) {
+void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
+                           cudaStream_t s) {
     using Tile = Sm90BwdTile<HS>;
     auto kernel = flash_bwd_sm90_kernel<T, HS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_k, Tile::BN), p.NKV, p.B);
-    const TensorMapEncoder enc = tensor_map_encoder();
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
     const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM);
     kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
@@ -283,7 +283,8 @@ void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_acc
 }
 
 #define INSTANTIATE_BWD_SM90(T, HS) \
-    template void flash_bwd_sm90_launch<T, HS>(const AttnParams &, const float *, float *, cudaStream_t);
+    template void flash_bwd_sm90_launch<T, HS>(const AttnParams &, const float *, float *, TensorMapEncoder, \
+                                               cudaStream_t);
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 64)
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 128)
 INSTANTIATE_BWD_SM90(__half, 64)

@@ -203,12 +203,13 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 #endif
 }
 
-template <typename T, int HS, int NWG> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s) {
+template <typename T, int HS, int NWG>
+void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
     using Tile = Sm90FwdTile<HS, NWG>;
     auto kernel = flash_fwd_sm90_kernel<T, HS, NWG>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
     dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
-    const QkvMaps m = qkv_tensor_maps(tensor_map_encoder(), p, Tile::BM, Tile::BN);
+    const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
     kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, m.q, m.k, m.v);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -222,8 +223,8 @@ bool flash_sm90_ok() {
 }
 
 #define INSTANTIATE_FWD_SM90(T)                                                    \
-    template void flash_fwd_sm90_launch<T, 64, 2>(const AttnParams &, cudaStream_t); \
-    template void flash_fwd_sm90_launch<T, 64, 3>(const AttnParams &, cudaStream_t); \
-    template void flash_fwd_sm90_launch<T, 128, 2>(const AttnParams &, cudaStream_t);
+    template void flash_fwd_sm90_launch<T, 64, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template void flash_fwd_sm90_launch<T, 64, 3>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template void flash_fwd_sm90_launch<T, 128, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t);
 INSTANTIATE_FWD_SM90(__nv_bfloat16)
 INSTANTIATE_FWD_SM90(__half)

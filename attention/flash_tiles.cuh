@@ -3,6 +3,8 @@
 // launchers that attention_cuda.cu's one selection function dispatches to.
 #pragma once
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <cublas_v2.h>
 #include <stddef.h>
 
 #include "attention/attention.h"
@@ -137,9 +139,13 @@ void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s)
 
 // sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; no ALiBi or dropout; the
 // backward only with the fp32 dQ accumulator, not the deterministic mode).
-template <typename T, int HS, int NWG> void flash_fwd_sm90_launch(const AttnParams &p, cudaStream_t s);
+// The driver's cuTensorMapEncodeTiled (looked up once per context, attention_cuda.cu).
+typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
+template <typename T, int HS, int NWG>
+void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s);
 template <typename T, int HS>
-void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, cudaStream_t s);
+void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
+                           cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
 // Backward helpers (flash_bwd_sm80.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not
@@ -148,7 +154,7 @@ template <typename T>
 void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
 template <typename T> void flash_bwd_convert_dq(const AttnParams &p, const float *dq_accum, cudaStream_t s);
 
-// Naive baseline (naive_cuda.cu): materialised scores through cuBLAS.
-void naive_forward_cuda(const AttnParams &p);
-void naive_backward_cuda(const AttnParams &p);
+// Naive baseline (naive_cuda.cu): materialised scores through cuBLAS (the context's handle).
+void naive_forward_cuda(const AttnParams &p, cublasHandle_t h);
+void naive_backward_cuda(const AttnParams &p, cublasHandle_t h);
 size_t naive_workspace_bytes(const AttnParams &p);

@@ -141,9 +141,8 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     if (p->dtype != DTYPE_F32 && p->dtype != DTYPE_BF16 && p->dtype != DTYPE_F16)
         return set_error(err, errlen, "attention: unknown dtype %d", (int)p->dtype);
     if (dev == DEVICE_CPU && p->dtype != DTYPE_F32)
-        return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got %s: use "
-                                 "precision.dtype = fp32 with --device cpu",
-                    dtype_name(p->dtype));
+        return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got dtype %s: "
+                                 "use fp32", dtype_name(p->dtype));
     if (dev == DEVICE_CUDA && (p->pos_explicit || p->accumulate || p->lse_batch_stride ||
                                p->lse_head_stride))
         return set_error(err, errlen,
@@ -209,8 +208,9 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     for (int i = 0; i < n; i++)
         if (check_tensor(&t[i], p, dev, err, errlen) != 0) return -1;
 
+    // A workspace the caller hands in must be large enough; without one the context uses its own.
     size_t need = attn_workspace_bytes(p, dev);
-    if (need > 0 && (!p->workspace || p->workspace_bytes < need))
+    if (need > 0 && p->workspace && p->workspace_bytes < need)
         return set_error(err, errlen, "attention: %s needs a workspace of %zu bytes, got %zu", devname, need,
                     p->workspace ? p->workspace_bytes : (size_t)0);
     return 0;
@@ -221,11 +221,15 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
 // fp32 dQ accumulator (B, NH, T_q rounded up to 64, HS); the naive kernels, which also run every
 // fp32 problem, add fp32 per-query-head dK and dV (B, NH, T_k, HS) under GQA and two
 // (B, NH, T_q, T_k) fp32 matrices (scores / P, then P_drop / dP).
+int attn_runs_naive(const AttnParams *p, Device dev) {
+    return dev == DEVICE_CUDA && (p->impl == ATTN_IMPL_NAIVE || p->dtype == DTYPE_F32);
+}
+
 size_t attn_workspace_bytes(const AttnParams *p, Device dev) {
     if (dev == DEVICE_CPU) return 0;
     size_t rows_q = (size_t)p->B * p->NH * p->T_q, rows_k = (size_t)p->B * p->NH * p->T_k;
     size_t floats = rows_q + attn_dq_acc_floats(p);
-    if (p->impl == ATTN_IMPL_NAIVE || p->dtype == DTYPE_F32) {
+    if (attn_runs_naive(p, dev)) {
         if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
         floats += 2 * rows_q * (size_t)p->T_k;
     }

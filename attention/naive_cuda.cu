@@ -261,29 +261,18 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
     }
 }
 
-// cuBLAS handle for one call: the API has no context slot for it, and the naive path is a
-// baseline whose cost is dominated by its (T_q x T_k) GEMMs, not by the handle.
-template <typename F> static void with_cublas(const AttnParams &p, F body) {
+void naive_forward_cuda(const AttnParams &p, cublasHandle_t h) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    cublasHandle_t h;
-    CUBLAS_CHECK(cublasCreate(&h));
     CUBLAS_CHECK(cublasSetStream(h, s));
-    body(h, s);
-    CUBLAS_CHECK(cublasDestroy(h));
+    if (p.dtype == DTYPE_BF16) naive_forward_t<__nv_bfloat16>(p, h, s);
+    else if (p.dtype == DTYPE_F16) naive_forward_t<__half>(p, h, s);
+    else naive_forward_t<float>(p, h, s);
 }
 
-void naive_forward_cuda(const AttnParams &p) {
-    with_cublas(p, [&](cublasHandle_t h, cudaStream_t s) {
-        if (p.dtype == DTYPE_BF16) naive_forward_t<__nv_bfloat16>(p, h, s);
-        else if (p.dtype == DTYPE_F16) naive_forward_t<__half>(p, h, s);
-        else naive_forward_t<float>(p, h, s);
-    });
-}
-
-void naive_backward_cuda(const AttnParams &p) {
-    with_cublas(p, [&](cublasHandle_t h, cudaStream_t s) {
-        if (p.dtype == DTYPE_BF16) naive_backward_t<__nv_bfloat16>(p, h, s);
-        else if (p.dtype == DTYPE_F16) naive_backward_t<__half>(p, h, s);
-        else naive_backward_t<float>(p, h, s);
-    });
+void naive_backward_cuda(const AttnParams &p, cublasHandle_t h) {
+    cudaStream_t s = static_cast<cudaStream_t>(p.stream);
+    CUBLAS_CHECK(cublasSetStream(h, s));
+    if (p.dtype == DTYPE_BF16) naive_backward_t<__nv_bfloat16>(p, h, s);
+    else if (p.dtype == DTYPE_F16) naive_backward_t<__half>(p, h, s);
+    else naive_backward_t<float>(p, h, s);
 }

@@ -7,21 +7,11 @@
 #include <cudaTypedefs.h>
 
 #include "attention/attention.h"
+#include "attention/flash_tiles.cuh"
 #include "attention/wgmma.cuh"
 
 // ---- tensor maps (host) -------------------------------------------------------------------
 
-typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
-
-// The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda).
-inline TensorMapEncoder tensor_map_encoder() {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult found;
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || !fn)
-        fatal(EXIT_RUNTIME, "attention: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12 or later)");
-    return reinterpret_cast<TensorMapEncoder>(fn);
-}
 
 // Map of a (B, rows, heads, HS) tensor of 16-bit elements with element strides `st`, read in
 // boxes of box_rows rows x 64 columns with the 128-byte swizzle (one SW128 column block of a

@@ -59,7 +59,8 @@ int cli_bench_main(int argc, char **argv) {
     free(rest);
     LaunchInfo li;
     if (launch_detect(&li, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
-    Backend *be = cli_open_backend(device, c.precision.dtype, li.local_rank);
+    Backend *be = cli_open_backend(device, c.precision.dtype, (AttnKernel)c.attention.kernel,
+                                   li.local_rank);
     if (attention) {   // each rank times its own device; rank 0 prints
         cli_bench_attention(&c, be, steps, li.rank == 0);
         be->destroy(be);

@@ -37,8 +37,7 @@ static double time_calls(Backend *be, AttnParams *p, int backward, long steps) {
     be->synchronize(be);
     const double t0 = now_seconds();
     for (long s = 0; s < steps; s++) {
-        if (backward) be->attention_backward(be, p);
-        else be->attention_forward(be, p);
+        backend_attention(be, p, backward);
     }
     be->synchronize(be);
     return (now_seconds() - t0) / (double)steps;
@@ -68,8 +67,8 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
     p.impl = (AttnImpl)c->attention.impl;
     p.deterministic = c->attention.deterministic;
 
-    be->attention_forward(be, &p);   // warm-up (and the workspace)
-    be->attention_backward(be, &p);
+    backend_attention(be, &p, 0);   // warm-up (and the workspace)
+    backend_attention(be, &p, 1);
     const double fwd = time_calls(be, &p, 0, steps), bwd = time_calls(be, &p, 1, steps);
     const double flops = 4.0 * B * NH * HS * visible_pairs(T, c->attention.window);
     if (print) {

@@ -33,7 +33,7 @@ double cli_parse_double(const char *opt, const char *v, double lo, double hi);
 const char *cli_device_arg(int argc, char **argv, int *i);  // --device cpu|cuda, checked
 // -c CONFIG [--set key=value ...] [--device ...] into a validated config (exits on --help).
 void cli_parse_train_args(int argc, char **argv, Config *c, const char **device);
-Backend *cli_open_backend(const char *device, DType dtype, int local_rank);
+Backend *cli_open_backend(const char *device, DType dtype, AttnKernel kernel, int local_rank);
 // The launch's communicator with the config's dist.timeout; exits 2 when li cannot be served.
 Comm *cli_open_comm(const LaunchInfo *li, Backend *be, const Config *c);
 

@@ -62,11 +62,11 @@ static int gpu_of(int local_rank) {
 // else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype) on the GPU of
 // `local_rank` (the launch's rank on this host); the cpu backend is fp32 only and says so when
 // another dtype was asked for.
-Backend *cli_open_backend(const char *device, DType dtype, int local_rank) {
+Backend *cli_open_backend(const char *device, DType dtype, AttnKernel kernel, int local_rank) {
     const int want_cuda = device && strcmp(device, "cuda") == 0;
 #ifdef FLASHGPT_CUDA
     if (want_cuda || (!device && backend_cuda_device_count() > 0))
-        return backend_cuda_create(dtype, gpu_of(local_rank));  // no GPU: exit 2
+        return backend_cuda_create(dtype, gpu_of(local_rank), kernel);  // no GPU: exit 2
     if (!device) fprintf(stderr, "notice: no CUDA GPU found: running on the CPU backend (fp32)\n");
 #else
     if (want_cuda)
@@ -219,7 +219,7 @@ Backend *cli_open_checkpoint(const char *dir, Config *c, const char *device) {
     char err[ERR_LEN];
     if (!is_dir(dir)) fatal(EXIT_USAGE, "--checkpoint '%s' is not a directory", dir);
     if (checkpoint_read_config(dir, c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
-    return cli_open_backend(device, c->precision.dtype, 0);
+    return cli_open_backend(device, c->precision.dtype, (AttnKernel)c->attention.kernel, 0);
 }
 
 // The model of checkpoint `dir` (config c from cli_open_checkpoint) on be, for batches up to B x T.

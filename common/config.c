@@ -28,12 +28,15 @@ typedef struct {
 
 // The names of the enum-valued keys, in the order of their enums (common/config.h, DType,
 // AttnImpl).
+// (AttnImpl and AttnKernel, attention/attention.h, which common may not include, have the
+// values of IMPL_NAMES and KERNEL_NAMES; model/backend.c checks that at compile time.)
 static const char *const POS_NAMES[] = {"learned", "rope", "alibi", NULL};
 static const char *const SYNTH_NAMES[] = {"none", "copy", "markov", "retrieval", "retrieval_spread", NULL};
 static const char *const RECOMPUTE_NAMES[] = {"none", "attn_gelu", "block", NULL};
 static const char *const SCHEDULE_NAMES[] = {"cosine", "linear", "constant", NULL};
 static const char *const DTYPE_NAMES[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const IMPL_NAMES[] = {"flash", "naive", NULL};
+static const char *const KERNEL_NAMES[] = {"auto", "sm90", "sm80", NULL};
 _Static_assert(DTYPE_F32 == 0 && DTYPE_BF16 == 1 && DTYPE_F16 == 2, "DTYPE_NAMES follows DType");
 _Static_assert(sizeof(PosEmbedding) == sizeof(int) && sizeof(DType) == sizeof(int),
                "enum-valued fields are stored as int");
@@ -108,6 +111,9 @@ static const CfgKey KEYS[] = {
 
     {"attention.impl", CFG_ENUM, OFF(attention.impl), "flash", 0, 0, IMPL_NAMES,
      "flash (tiled, memory linear in T) or naive (materialised scores)"},
+    {"attention.kernel", CFG_ENUM, OFF(attention.kernel), "auto", 0, 0, KERNEL_NAMES,
+     "CUDA flash kernel family: auto (the Hopper family where the GPU and the problem allow, "
+     "else sm80), sm90 (refused on a GPU without it), sm80 (everywhere, for comparisons)"},
     {"attention.window", CFG_INT, OFF(attention.window), "-1", -1, BIG, NULL,
      "sliding window: keys at most this far back; -1 = unbounded"},
     {"attention.window_every", CFG_INT, OFF(attention.window_every), "1", 1, 1024, NULL,
@@ -411,22 +417,33 @@ static int validate_context_parallel(const Config *c, char *err, size_t errlen) 
     return 0;
 }
 
-int config_validate(Config *c, char *err, size_t errlen) {
-    if (c->model.n_kv_head == 0) c->model.n_kv_head = c->model.n_head;
-    const int C = c->model.n_embd, NH = c->model.n_head, NKV = c->model.n_kv_head;
+int config_check_model(const ModelShape *m, char *err, size_t errlen) {
+    const int C = m->n_embd, NH = m->n_head, NKV = m->n_kv_head;
+    if (m->n_layer < 1 || NH < 1 || NKV < 1 || C < 1 || m->vocab_size < 2 || m->max_seq_len < 1)
+        return set_error(err, errlen, "model: n_layer, n_head, n_kv_head, n_embd and max_seq_len must be "
+                                      "positive and vocab_size at least 2");
     if (C % NH != 0)
         return set_error(err, errlen, "model.n_embd (%d) must be divisible by model.n_head (%d)", C, NH);
     if (NH % NKV != 0)
         return set_error(err, errlen, "model.n_head (%d) must be divisible by model.n_kv_head (%d)", NH, NKV);
-    if ((C / NH) % 2 != 0 && c->model.pos_embedding == POS_ROPE)
-        return set_error(err, errlen, "model.pos_embedding = rope needs an even head size, got %d", C / NH);
-    if (c->model.rope_dims != 0 && c->model.pos_embedding != POS_ROPE)
+    if (m->pos == POS_ROPE && ((C / NH) % 2 != 0 || !(m->rope_theta > 0.0f)))
+        return set_error(err, errlen, "model.pos_embedding = rope needs an even head size (got %d) and "
+                                      "model.rope_theta > 0 (got %g)", C / NH, (double)m->rope_theta);
+    if (m->rope_dims != 0 && m->pos != POS_ROPE)
         return set_error(err, errlen, "model.rope_dims = %d needs model.pos_embedding = rope (got %s): "
-                                   "set model.rope_dims to 0", c->model.rope_dims,
-                         POS_NAMES[c->model.pos_embedding]);
-    if (c->model.rope_dims % 2 != 0 || c->model.rope_dims > C / NH)
+                                   "set model.rope_dims to 0", m->rope_dims, POS_NAMES[m->pos]);
+    if (m->rope_dims < 0 || m->rope_dims % 2 != 0 || m->rope_dims > C / NH)
         return set_error(err, errlen, "model.rope_dims (%d) must be even and at most the head size "
-                                   "n_embd / n_head (%d); 0 rotates all", c->model.rope_dims, C / NH);
+                                   "n_embd / n_head (%d); 0 rotates all", m->rope_dims, C / NH);
+    return 0;
+}
+
+int config_validate(Config *c, char *err, size_t errlen) {
+    if (c->model.n_kv_head == 0) c->model.n_kv_head = c->model.n_head;
+    const ModelShape shape = {c->model.n_layer, c->model.n_head, c->model.n_kv_head, c->model.n_embd,
+                              c->model.vocab_size, c->model.max_seq_len, c->model.pos_embedding,
+                              c->model.rope_theta, c->model.rope_dims};
+    if (config_check_model(&shape, err, errlen) != 0) return -1;
     if (c->train.seq_len > c->model.max_seq_len)
         return set_error(err, errlen, "train.seq_len (%d) must not exceed model.max_seq_len (%d)",
                       c->train.seq_len, c->model.max_seq_len);

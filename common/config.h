@@ -52,6 +52,7 @@ typedef struct {
     } precision;
     struct {
         int impl;                            // an AttnImpl (attention/attention.h): 0 flash, 1 naive
+        int kernel;                          // an AttnKernel: 0 auto, 1 sm90, 2 sm80
         int window;                          // -1 = unbounded
         int window_every;                    // layer l uses the window iff l % window_every == 0
         int doc_mask;                        // packed documents split at data.eot_token
@@ -78,6 +79,16 @@ int config_load_json(Config *c, const char *json, const char *origin, char *err,
 int config_set(Config *c, const char *key_eq_value, char *err, size_t errlen);  // "a.b=v"
 // Cross-key rules; also resolves derived defaults (n_kv_head 0 -> n_head).
 int config_validate(Config *c, char *err, size_t errlen);
+// The model's own rules (positive sizes, heads dividing, RoPE's head size and rope_dims), the one
+// place they are written: config_validate applies them to a config, gpt_create to a model
+// description built without one. 0, or -1 with err naming the model.* keys.
+typedef struct {
+    int n_layer, n_head, n_kv_head, n_embd, vocab_size, max_seq_len;
+    PosEmbedding pos;
+    float rope_theta;
+    int rope_dims;
+} ModelShape;
+int config_check_model(const ModelShape *m, char *err, size_t errlen);
 // Returns 0 when a and b describe the same architecture (checkpoint compatibility), otherwise
 // -1 with the first differing key named in err.
 int config_same_model(const Config *a, const Config *b, char *err, size_t errlen);

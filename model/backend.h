@@ -28,6 +28,7 @@ struct Backend {
                                // (the optimizer, collectives); NULL on the CPU
     const char *device_name;   // the GPU's name ("NVIDIA H200"), or "cpu"
     int compute_capability;    // 10 * major + minor (90 for 9.0); 0 on the CPU
+    AttnContext *attn;         // the attention module's context on this device and stream
     void *ctx;                 // backend-private state (handles, workspaces)
 
     void (*destroy)(Backend *be);
@@ -77,13 +78,6 @@ struct Backend {
                             Epilogue epi);
     // out = a + b over n elements (out may alias a or b).
     void (*add)(Backend *be, void *out, const void *a, const void *b, size_t n);
-    // Attention through the attention module; the backend fills p->dtype, stream and workspace.
-    void (*attention_forward)(Backend *be, AttnParams *p);
-    void (*attention_backward)(Backend *be, AttnParams *p);
-    // attn_merge_cpu's combination of two partial results over disjoint key sets (acc becomes
-    // the result over both). NULL where the backend has none yet (CUDA: context parallelism is
-    // refused there).
-    void (*attention_merge)(Backend *be, const AttnParams *acc, const AttnParams *part);
     // Fused softmax cross-entropy over logits (N,Vp), of which the first V columns are real;
     // target < 0 means "ignore" (loss 0, no gradient). With dscale == 0: losses (N) fp32 receive
     // -log softmax[target] and lse (N) fp32 the log-sum-exp of each row; the logits are left
@@ -112,9 +106,21 @@ struct Backend {
                           int NH, int NKV, int HS);
 };
 
+// Attention forward (backward = 0) or backward on be's attention context, in be's dtype. A
+// problem the module refuses (its message names its own parameters) ends the run with exit 2
+// and the message told in the config's terms (model/backend.c).
+void backend_attention(Backend *be, AttnParams *p, int backward);
+// The exact merge of a partial attention result over other keys into acc (attn_merge), on be's
+// attention context; exits 2 with the module's message where the device has none.
+void backend_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part);
+// The attention context of a new backend; exits 2 with the module's message when the device
+// cannot serve `kernel`.
+AttnContext *backend_attention_context(Device dev, void *stream, AttnKernel kernel);
+
 Backend *backend_cpu_create(void);
 #ifdef FLASHGPT_CUDA
-Backend *backend_cuda_create(DType dtype, int device);
+// kernel: the attention kernel family (attention.kernel).
+Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel);
 // CUDA GPUs this process can use; 0 when there is none or no driver (never fails).
 int backend_cuda_device_count(void);
 #endif

@@ -181,17 +181,13 @@ GPTConfig gpt_config_from(const Config *c) {
     return g;
 }
 
-// A GPTConfig comes from a config that config_validate accepted (gpt_config_from): the model's
-// rules are checked there, once, with messages naming the keys; here they are invariants. Only
-// the batch shape is the caller's run-time choice.
+// The model's rules are config_check_model's (the ones config_validate applies, with the same
+// messages): a GPTConfig may also be built without a config. Bad input exits with code 2.
 static void check_config(const GPTConfig *g, int B, int T) {
-    CHECK(g->L >= 1 && g->NH >= 1 && g->C >= 1 && g->V >= 2 && g->maxT >= 1);
-    CHECK(g->C % g->NH == 0 && g->HS == g->C / g->NH);
-    CHECK(g->NKV >= 1 && g->NH % g->NKV == 0);
-    CHECK(g->Vp % 128 == 0 && g->Vp >= g->V);
-    CHECK(g->pos != POS_ROPE || (g->HS % 2 == 0 && g->rope_theta > 0.0f));
-    CHECK(g->rope_dims >= 0 && g->rope_dims % 2 == 0 && g->rope_dims <= g->HS);
-    CHECK(g->pos == POS_ROPE || g->rope_dims == 0);
+    const ModelShape shape = {g->L, g->NH, g->NKV, g->C, g->V, g->maxT, g->pos, g->rope_theta, g->rope_dims};
+    char err[ERR_LEN];
+    if (config_check_model(&shape, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    CHECK(g->HS == g->C / g->NH && g->Vp % 128 == 0 && g->Vp >= g->V);
     if (B < 1 || T < 1 || T > g->maxT)
         fatal(EXIT_USAGE, "batch %d x %d: need B >= 1 and 1 <= T <= model.max_seq_len (%d)", B, T,
               g->maxT);
@@ -469,11 +465,11 @@ static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
 // takes part), else on this process's keys alone. Decoding never uses the ring (ring = 0).
 static void attention_forward(GPT *m, AttnParams *p, int ring) {
     if (ring && m->ring) ring_attention_forward(m->ring, p);
-    else m->be->attention_forward(m->be, p);
+    else backend_attention(m->be, p, 0);
 }
 static void attention_backward(GPT *m, AttnParams *p) {
     if (m->ring) ring_attention_backward(m->ring, p);
-    else m->be->attention_backward(m->be, p);
+    else backend_attention(m->be, p, 1);
 }
 
 // One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe

@@ -152,9 +152,6 @@ static size_t block_bytes(const RingAttention *ra, const AttnParams *p) {
 void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 0);
-    if (!be->attention_merge)
-        fatal(EXIT_USAGE, "context parallelism: the %s backend has no attention merge yet: set "
-                          "dist.context_parallel = 1", be->name);
     const int size = ra->link.size, rank = ra->link.rank;
     const size_t bytes = block_bytes(ra, p);
     pack_block(ra, ra->kv[0], p);
@@ -171,7 +168,7 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
                 continue;
             }
             if (!have[qh[k]]) {
-                be->attention_forward(be, &a);
+                backend_attention(be, &a, 0);
                 have[qh[k]] = 1;
                 continue;
             }
@@ -180,8 +177,8 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
             a.o_st = (AttnStrides){(int64_t)ra->c * ra->NH * ra->HS, (int64_t)ra->NH * ra->HS, ra->HS};
             a.lse = ra->part_lse;
             a.lse_batch_stride = a.lse_head_stride = 0;
-            be->attention_forward(be, &a);
-            be->attention_merge(be, &acc, &a);
+            backend_attention(be, &a, 0);
+            backend_attention_merge(be, &acc, &a);
         }
         if (s < size - 1) ra->link.wait(ra->link.ctx);
     }
@@ -206,7 +203,7 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
                 continue;
             }
             a.accumulate = !(s == 0 && k < 2);  // the diagonals of step 0 start dQ (step_pairs)
-            be->attention_backward(be, &a);
+            backend_attention(be, &a, 1);
         }
         // The accumulator follows its block: after `size` sends it is back with its owner.
         ra->link.start(ra->link.ctx, ra->dkv[cur], ra->dkv[1 - cur], bytes);

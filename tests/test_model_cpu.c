@@ -396,12 +396,12 @@ static void test_attention(Backend *be, Rng *r) {
         p.impl = impl == 0 ? ATTN_IMPL_FLASH : ATTN_IMPL_NAIVE;
         memset(out, 0, sizeof out);
         memset(dqkv, 0, sizeof dqkv);
-        be->attention_forward(be, &p);
+        backend_attention(be, &p, 0);
         EXPECT(rel_err_d(out, out_ref, B * T * C) < OP_TOL, "attention out (impl %d) rel err %g", impl,
                rel_err_d(out, out_ref, B * T * C));
         EXPECT(rel_err_d(lse, lse_ref, B * NH * T) < OP_TOL, "attention lse rel err %g",
                rel_err_d(lse, lse_ref, B * NH * T));
-        be->attention_backward(be, &p);
+        backend_attention(be, &p, 1);
         EXPECT(rel_err_d(dqkv, dqkv_ref, B * T * OC) < OP_TOL, "attention dqkv (impl %d) rel err %g",
                impl, rel_err_d(dqkv, dqkv_ref, B * T * OC));
     }

@@ -8,11 +8,6 @@
 #include "common/check.h"
 #include "model/cpu/ops_cpu.h"
 
-typedef struct {
-    void *attn_ws;          // attention scratch, grown on demand; contents never outlive a call
-    size_t attn_ws_bytes;
-} CpuCtx;
-
 // Cache-line aligned so OpenMP chunks of COL_CHUNK floats never share a line across buffers.
 #define CPU_ALIGN 64
 
@@ -46,46 +41,13 @@ static void cpu_download_f32(Backend *be, float *host, const void *src, size_t n
     memcpy(host, src, n * sizeof(float));
 }
 
-// Fills the execution fields the model leaves to the backend and validates the problem once.
-static void cpu_attention_prepare(Backend *be, AttnParams *p, int backward) {
-    CpuCtx *ctx = be->ctx;
-    p->dtype = DTYPE_F32;
-    p->stream = NULL;
-    size_t need = attn_workspace_bytes(p, DEVICE_CPU);
-    if (need > ctx->attn_ws_bytes) {
-        free(ctx->attn_ws);
-        ctx->attn_ws = cpu_alloc(be, need);
-        ctx->attn_ws_bytes = need;
-    }
-    p->workspace = ctx->attn_ws;
-    p->workspace_bytes = ctx->attn_ws_bytes;
-    char err[256];
-    if (attn_check(p, DEVICE_CPU, backward, err, sizeof err) != 0) fatal(EXIT_USAGE, "attention: %s", err);
-}
-
-static void cpu_attention_forward(Backend *be, AttnParams *p) {
-    cpu_attention_prepare(be, p, 0);
-    attn_forward_cpu(p);
-}
-
-static void cpu_attention_backward(Backend *be, AttnParams *p) {
-    cpu_attention_prepare(be, p, 1);
-    attn_backward_cpu(p);
-}
-
-static void cpu_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part) {
-    attn_merge_cpu(acc, part);
-}
-
 static int cpu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
     *free_bytes = *used_bytes = 0;
     return 0;
 }
 
 static void cpu_destroy(Backend *be) {
-    CpuCtx *ctx = be->ctx;
-    free(ctx->attn_ws);
-    free(ctx);
+    attn_context_destroy(be->attn);
     free(be);
 }
 
@@ -98,7 +60,7 @@ Backend *backend_cpu_create(void) {
     be->dtype = DTYPE_F32;
     be->device = DEVICE_CPU;
     be->device_name = "cpu";
-    be->ctx = xcalloc(1, sizeof(CpuCtx));
+    be->attn = backend_attention_context(DEVICE_CPU, NULL, ATTN_KERNEL_AUTO);
     be->destroy = cpu_destroy;
     be->alloc = cpu_alloc;
     be->release = cpu_release;
@@ -118,9 +80,6 @@ Backend *backend_cpu_create(void) {
     be->matmul_forward = cpu_matmul_forward;
     be->matmul_backward = cpu_matmul_backward;
     be->add = cpu_add;
-    be->attention_forward = cpu_attention_forward;
-    be->attention_backward = cpu_attention_backward;
-    be->attention_merge = cpu_attention_merge;
     be->softmax_xent = cpu_softmax_xent;
     be->dropout = cpu_dropout;
     be->rope_forward = cpu_rope_forward;

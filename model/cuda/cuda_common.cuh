@@ -28,8 +28,6 @@ typedef struct {
     cublasLtHandle_t lt;
     void *lt_ws;                  // cuBLASLt workspace (lt_ws_bytes)
     size_t lt_ws_bytes;
-    void *attn_ws;                // attention scratch, grown on demand (attn_ws_bytes)
-    size_t attn_ws_bytes;
     void *scratch;                // op scratch (reduction partials, sort buffers, conversion
     size_t scratch_bytes;         // staging); contents never outlive one op
 } CudaCtx;

@@ -108,46 +108,12 @@ static void cu_download_f32(Backend *be, float *host, const void *src, size_t n)
     }
 }
 
-// ---- attention ----
-
-// Fills the execution fields the model leaves to the backend and validates the problem once.
-static void cu_attention_prepare(Backend *be, AttnParams *p, int backward) {
-    CudaCtx *ctx = cuda_ctx(be);
-    p->dtype = be->dtype;
-    p->stream = (void *)ctx->stream;
-    // fp32 has no flash kernel: the attention module runs the naive one, sized as such.
-    AttnParams sizing = *p;
-    if (p->dtype == DTYPE_F32) sizing.impl = ATTN_IMPL_NAIVE;
-    size_t need = attn_workspace_bytes(&sizing, DEVICE_CUDA);
-    if (need > ctx->attn_ws_bytes) {
-        CUDA_CHECK(cudaFree(ctx->attn_ws));  // waits for the kernels still using it
-        ctx->attn_ws = NULL;
-        ctx->attn_ws = cu_alloc(be, need);
-        ctx->attn_ws_bytes = need;
-    }
-    p->workspace = ctx->attn_ws;
-    p->workspace_bytes = ctx->attn_ws_bytes;
-    char err[256];
-    if (attn_check(p, DEVICE_CUDA, backward, err, sizeof err) != 0)
-        fatal(EXIT_USAGE, "attention: %s", err);
-}
-
-static void cu_attention_forward(Backend *be, AttnParams *p) {
-    cu_attention_prepare(be, p, 0);
-    attn_forward_cuda(p);
-}
-
-static void cu_attention_backward(Backend *be, AttnParams *p) {
-    cu_attention_prepare(be, p, 1);
-    attn_backward_cuda(p);
-}
-
 // ---- lifetime ----
 
 static void cu_destroy(Backend *be) {
     CudaCtx *ctx = cuda_ctx(be);
     CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
-    CUDA_CHECK(cudaFree(ctx->attn_ws));
+    attn_context_destroy(be->attn);
     CUDA_CHECK(cudaFree(ctx->scratch));
     CUDA_CHECK(cudaFree(ctx->lt_ws));
     CUBLAS_CHECK(cublasLtDestroy(ctx->lt));
@@ -196,7 +162,7 @@ static int cu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
     return 1;
 }
 
-Backend *backend_cuda_create(DType dtype, int device) {
+Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
     cu_select_device(ctx, dtype, device);
     CUDA_CHECK(cudaStreamCreate(&ctx->stream));
@@ -209,6 +175,7 @@ Backend *backend_cuda_create(DType dtype, int device) {
     be->dtype = dtype;
     be->device = DEVICE_CUDA;
     be->stream = (void *)ctx->stream;
+    be->attn = backend_attention_context(DEVICE_CUDA, be->stream, kernel);
     be->device_name = ctx->prop.name;
     be->compute_capability = 10 * ctx->prop.major + ctx->prop.minor;
     be->ctx = ctx;
@@ -231,8 +198,6 @@ Backend *backend_cuda_create(DType dtype, int device) {
     be->matmul_forward = cuda_matmul_forward;
     be->matmul_backward = cuda_matmul_backward;
     be->add = cuda_add;
-    be->attention_forward = cu_attention_forward;
-    be->attention_backward = cu_attention_backward;
     be->softmax_xent = cuda_softmax_xent;
     be->dropout = cuda_dropout;
     be->rope_forward = cuda_rope_forward;

@@ -1,7 +1,8 @@
-// GPU attention tests: attn_forward_cuda / attn_backward_cuda (flash and naive) against the CPU
+// GPU attention tests: attn_forward / attn_backward on a CUDA context (flash and naive) against the CPU
 // reference (attn_*_cpu, fp32) and a float64 reference, over odd shapes, GQA, strided fused QKV,
 // windows, ALiBi, documents, dropout, fully masked rows and the deterministic mode, on the
-// kernel family attn_select_kernel picks and again with FLASHGPT_ATTN_KERNEL=sm80.
+// kernel family attn_select_kernel picks (a context of kernel auto) and again on a context of
+// kernel sm80; then the context's own refusals, which leave the process running.
 //
 // Tolerance (STYLE.md, after flash-attention's tests): the GPU's error against float64 must stay
 // within 2x the error of a straightforward implementation in the same precision (float64
@@ -20,6 +21,7 @@
 
 #include "attention/attention.h"
 #include "attention/mask.h"
+#include "common/check.h"
 #include "common/rng.h"
 #include "tests/testlib.h"
 #include "tests/gpu/cuda_ok.h"
@@ -305,7 +307,8 @@ static int lse_ok(const float *lse, const double *ref, size_t n, double *worst) 
     return *worst < 1e-4;
 }
 
-static void run_case(const Case *c, Rng *rng) {
+static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
+    char err[ERR_LEN];
     const int B = c->B, Tq = c->T_q, Tk = c->T_k, NH = c->NH, NKV = c->NKV, HS = c->HS;
     const DType dt = c->dtype;
     Buf q, k, v, dq, dk, dv;
@@ -385,7 +388,6 @@ static void run_case(const Case *c, Rng *rng) {
     pc.out = out_c.h; pc.lse = lse_c; pc.dq = dq_c.h; pc.dk = dk_c.h; pc.dv = dv_c.h;
     pc.alibi_slopes = c->alibi ? slopes_h : NULL;
     pc.cu_seqlens = c->docs ? cu_h : NULL;
-    char err[512];
     int cpu_ok = attn_check(&pc, DEVICE_CPU, 1, err, sizeof err) == 0;
     EXPECT(cpu_ok, "%s: CPU reference rejects the case: %s", c->name, err);
     if (cpu_ok) {
@@ -414,7 +416,7 @@ static void run_case(const Case *c, Rng *rng) {
     CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes ? p.workspace_bytes : 16));
     CUDA_OK(cudaMemset(out.d, 0xFF, out.n * esize(dt)));
     CUDA_OK(cudaMemset(lse_d, 0xFF, nl * sizeof(float)));
-    attn_forward_cuda(&p);
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == 0, "%s: forward refused: %s", c->name, err);
     CUDA_OK(cudaGetLastError());
     if (c->fused) {
         CUDA_OK(cudaMemset(dqkv_all.d, 0xFF, dqkv_all.n * esize(dt)));
@@ -423,7 +425,7 @@ static void run_case(const Case *c, Rng *rng) {
         CUDA_OK(cudaMemset(dk.d, 0xFF, dk.n * esize(dt)));
         CUDA_OK(cudaMemset(dv.d, 0xFF, dv.n * esize(dt)));
     }
-    attn_backward_cuda(&p);
+    EXPECT(attn_backward(ctx, &p, err, sizeof err) == 0, "%s: backward refused: %s", c->name, err);
     CUDA_OK(cudaDeviceSynchronize());
 
     float *lse_g = malloc(nl * sizeof(float));
@@ -465,7 +467,7 @@ static void run_case(const Case *c, Rng *rng) {
     if (c->deterministic) {  // a second backward must give the same bits in dq, dk and dv
         size_t n1, n2;
         void *first = grads_bytes(c->fused ? &dqkv_all : NULL, &dq, &dk, &dv, dt, &n1);
-        attn_backward_cuda(&p);
+        EXPECT(attn_backward(ctx, &p, err, sizeof err) == 0, "%s: second backward refused: %s", c->name, err);
         CUDA_OK(cudaDeviceSynchronize());
         void *again = grads_bytes(c->fused ? &dqkv_all : NULL, &dq, &dk, &dv, dt, &n2);
         EXPECT(n1 == n2 && memcmp(first, again, n1) == 0, "%s: deterministic backward differs between two runs",
@@ -509,6 +511,34 @@ static void test_dropout_stats(void) {
                 for (int j = 0; j < p.T_k; j++, n++) kept += attn_dropout_keep(&p, b, h, i, j);
     double rate = (double)kept / n, sd = sqrt(0.2 * 0.8 / n);
     EXPECT(fabs(rate - 0.8) < 5 * sd, "keep rate %.5f, expected 0.8 +- %.5f", rate, 5 * sd);
+}
+
+// Refusals come back as a status and a message naming attention's parameter; the process (and
+// the context) carry on: a head size without a kernel, then a problem that runs.
+static void test_refusals(AttnContext *ctx) {
+    const int B = 1, T = 8, NH = 1, HS = 96;
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    void *buf;
+    float *lse;
+    CUDA_OK(cudaMalloc(&buf, (size_t)4 * B * T * NH * 128 * 2));
+    CUDA_OK(cudaMalloc((void **)&lse, (size_t)B * NH * T * sizeof(float)));
+    attn_fused_qkv(&p, buf, (char *)buf + (size_t)3 * B * T * NH * 128 * 2, B, T, NH, NH, HS, 2);
+    p.lse = lse;
+    p.causal = 1;
+    p.window_left = p.window_right = -1;
+    p.dtype = DTYPE_BF16;
+    char err[ERR_LEN] = "";
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "HS = 96"),
+           "head size 96: expected a refusal naming HS, got '%s'", err);
+    attn_fused_qkv(&p, buf, (char *)buf + (size_t)3 * B * T * NH * 128 * 2, B, T, NH, NH, 128, 2);
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == 0, "head size 128 after a refusal: %s", err);
+    p.window_left = -5;
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "window"),
+           "window -5: expected a refusal naming the window, got '%s'", err);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaFree(buf));
+    CUDA_OK(cudaFree(lse));
 }
 
 int main(int argc, char **argv) {
@@ -566,15 +596,20 @@ int main(int argc, char **argv) {
     printf("case: error vs float64 / bound (2 x same-precision error + %.0e) per output\n", ATOL);
     // Every case runs on the kernel family the selection picks (on Hopper the sm90 family where
     // it applies), then again with the sm80 family forced, so both stay covered on one GPU.
+    char err[ERR_LEN];
+    AttnContext *ctxs[2] = {attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_AUTO, err, sizeof err),
+                            attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_SM80, err, sizeof err)};
+    CHECK(ctxs[0] && ctxs[1]);
     for (int fam = 0; fam < 2; fam++) {
-        if (fam == 1) setenv("FLASHGPT_ATTN_KERNEL", "sm80", 1);
         for (int i = 0; i < n; i++) {
             char name[160];
             snprintf(name, sizeof name, "%s%s", fam ? "[sm80] " : "", list[i].name);
-            TEST_CASE(name, run_case(&list[i], &rng));
+            TEST_CASE(name, run_case(ctxs[fam], &list[i], &rng));
         }
     }
-    unsetenv("FLASHGPT_ATTN_KERNEL");
+    TEST_CASE("refusals return a status and leave the process running", test_refusals(ctxs[0]));
+    attn_context_destroy(ctxs[0]);
+    attn_context_destroy(ctxs[1]);
     TEST_CASE("dropout keep rate", test_dropout_stats());
     return TEST_SUMMARY();
 }

@@ -491,10 +491,10 @@ static void test_attention(Ctx *t) {
     pc.dout = dout, pc.dq = dq, pc.dk = dk, pc.dv = dv;
     pg.q = d_q, pg.k = d_k, pg.v = d_v, pg.out = d_out, pg.lse = d_lse;
     pg.dout = d_do, pg.dq = d_dq, pg.dk = d_dk, pg.dv = d_dv;
-    t->cpu->attention_forward(t->cpu, &pc);
-    t->gpu->attention_forward(t->gpu, &pg);
-    t->cpu->attention_backward(t->cpu, &pc);
-    t->gpu->attention_backward(t->gpu, &pg);
+    backend_attention(t->cpu, &pc, 0);
+    backend_attention(t->gpu, &pg, 0);
+    backend_attention(t->cpu, &pc, 1);
+    backend_attention(t->gpu, &pg, 1);
     float *g_out = fetch(t, d_out, nq), *g_lse = fetch_f32(t, d_lse, nl);
     float *g_dq = fetch(t, d_dq, nq), *g_dk = fetch(t, d_dk, nk), *g_dv = fetch(t, d_dv, nk);
     // Forward: P rounded before P V, then out: 2 roundings over K = T keys. Backward: P and dS
@@ -705,7 +705,7 @@ int main(int argc, char **argv) {
         memset(&t, 0, sizeof t);
         t.dt = dts[i];
         t.u = dtype_unit_roundoff(t.dt);
-        t.gpu = backend_cuda_create(t.dt, 0);
+        t.gpu = backend_cuda_create(t.dt, 0, ATTN_KERNEL_AUTO);
         t.cpu = backend_cpu_create();
         rng_seed(&t.rng, 1234 + (uint64_t)i);
         char name[64];

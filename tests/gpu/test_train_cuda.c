@@ -108,7 +108,7 @@ static void run_steps(Trainer *t, long long from, long long to, Rng *data, float
 static void test_loss_curve(DType dt) {
     Config c;
     small_config(&c, dt);
-    Backend *gpu = backend_cuda_create(dt, 0), *cpu = backend_cpu_create();
+    Backend *gpu = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO), *cpu = backend_cpu_create();
     GPT *mg, *mc;
     const size_t n = num_params(&c);
     float *w = xmalloc(n * sizeof(float)), *wc = xmalloc(n * sizeof(float));  // (n)
@@ -159,7 +159,7 @@ static void test_fp16_overflow(void) {
     Config c;
     small_config(&c, DTYPE_F16);
     c.precision.initial_loss_scale = 0x1p99f;
-    Backend *gpu = backend_cuda_create(DTYPE_F16, 0);
+    Backend *gpu = backend_cuda_create(DTYPE_F16, 0, ATTN_KERNEL_AUTO);
     GPT *m;
     float *w = xmalloc(num_params(&c) * sizeof(float));  // (n)
     Trainer *t = make_run(gpu, &c, &m, w);
@@ -201,7 +201,7 @@ static void test_determinism(DType dt) {
     float *w = xmalloc(n * sizeof(float));
     float losses[2][STEPS];
     for (int run = 0; run < 2; run++) {
-        Backend *gpu = backend_cuda_create(dt, 0);
+        Backend *gpu = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
         GPT *m;
         Trainer *t = make_run(gpu, &c, &m, w);
         Rng data;
@@ -232,7 +232,7 @@ static void test_resume(DType dt) {
     float full[END], resumed[END];
     char err[1024], path[4096];
 
-    Backend *gpu = backend_cuda_create(dt, 0);
+    Backend *gpu = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
     GPT *m;
     Trainer *t = make_run(gpu, &c, &m, w);
     Rng data;

@@ -1,0 +1,21 @@
+// attention_gpu: the CUDA half of an AttnContext (attention/attention_cuda.cu), behind
+// attention/context.c. Internal to attention/.
+#pragma once
+#include "attention/attention.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct AttnGpu AttnGpu;
+
+// Reads the current device's architecture and what this binary holds for it. NULL with err set
+// when `kernel` asks for a family the GPU or binary cannot run.
+AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, size_t errlen);
+void attn_gpu_destroy(AttnGpu *g);
+// Runs p (already accepted by attn_check) on the GPU. Returns 0, or -1 with err set.
+int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,86 @@
+// context: AttnContext and the two validated entry points of attention/attention.h. The CPU
+// runs the reference; CUDA runs through the GPU half (attention/attention_gpu.h).
+#include <stdlib.h>
+
+#include "attention/attention.h"
+#include "common/check.h"
+#ifdef FLASHGPT_CUDA
+#include "attention/attention_gpu.h"
+#endif
+
+struct AttnContext {
+    Device device;
+#ifdef FLASHGPT_CUDA
+    AttnGpu *gpu;   // DEVICE_CUDA only
+#endif
+};
+
+AttnContext *attn_context_create(Device dev, void *stream, AttnKernel kernel, char *err, size_t errlen) {
+    if (dev != DEVICE_CPU && dev != DEVICE_CUDA) {
+        set_error(err, errlen, "attention: unknown device %d", (int)dev);
+        return NULL;
+    }
+    if ((int)kernel < ATTN_KERNEL_AUTO || (int)kernel > ATTN_KERNEL_SM80) {
+        set_error(err, errlen, "attention: unknown kernel family %d: use auto, sm90 or sm80", (int)kernel);
+        return NULL;
+    }
+    AttnContext *ctx = xcalloc(1, sizeof *ctx);
+    ctx->device = dev;
+    if (dev == DEVICE_CUDA) {
+#ifdef FLASHGPT_CUDA
+        ctx->gpu = attn_gpu_create(stream, kernel, err, errlen);
+        if (!ctx->gpu) {
+            free(ctx);
+            return NULL;
+        }
+#else
+        set_error(err, errlen, "attention: this build has no CUDA kernels (nvcc was not found "
+                               "when it was built)");
+        free(ctx);
+        return NULL;
+#endif
+    }
+    return ctx;
+}
+
+void attn_context_destroy(AttnContext *ctx) {
+    if (!ctx) return;
+#ifdef FLASHGPT_CUDA
+    attn_gpu_destroy(ctx->gpu);
+#endif
+    free(ctx);
+}
+
+static int attn_run(AttnContext *ctx, AttnParams *p, int backward, char *err, size_t errlen) {
+    if (attn_check(p, ctx->device, backward, err, errlen) != 0) return -1;
+#ifdef FLASHGPT_CUDA
+    if (ctx->device == DEVICE_CUDA) return attn_gpu_run(ctx->gpu, p, backward, err, errlen);
+#endif
+    p->stream = NULL;
+    if (backward) attn_backward_cpu(p);
+    else attn_forward_cpu(p);
+    return 0;
+}
+
+int attn_forward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen) {
+    return attn_run(ctx, p, 0, err, errlen);
+}
+
+int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen) {
+    return attn_run(ctx, p, 1, err, errlen);
+}
+
+int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, char *err,
+               size_t errlen) {
+    if (ctx->device != DEVICE_CPU)
+        return set_error(err, errlen, "attention: the merge of partial results (context "
+                                      "parallelism's ring) runs on the cpu only so far");
+    if (acc->B != part->B || acc->T_q != part->T_q || acc->NH != part->NH || acc->HS != part->HS ||
+        !acc->out || !acc->lse || !part->out || !part->lse)
+        return set_error(err, errlen, "attention: merge of B=%d, T_q=%d, NH=%d, HS=%d into B=%d, "
+                                      "T_q=%d, NH=%d, HS=%d: the shapes must be the same and out, "
+                                      "lse set", part->B, part->T_q, part->NH, part->HS, acc->B,
+                         acc->T_q, acc->NH, acc->HS);
+    attn_merge_cpu(acc, part);
+    return 0;
+}
