@@ -7,7 +7,7 @@ BUILD   ?= build
 OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
 CFLAGS  = -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -fPIC -I. \
           -I$(OPENBLAS_INC) $(CFLAGS_EXTRA)
-LDLIBS  = -lcjson -lpcre2-8 -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
+LDLIBS  = -lcjson -lpcre2-8 -lz -lzstd -lopenblas -lm -lpthread $(LDFLAGS_EXTRA)
 
 # One layer per folder (docs/ARCHITECTURE.md says what each may include; make check-deps checks it).
 MODULES := common attention model model/cpu model/cuda optim data dist trainer convert

@@ -1,6 +1,7 @@
 // train_gpt: subcommand dispatch and the training loop. It composes the modules below and
 // holds no kernel or model code of its own.
 #include "cli/cli.h"               // defines: the other subcommands and what they share
+#include "cli/prepare.h"           // defines: the prepare subcommand (streams text into shards)
 #include "common/check.h"           // defines: fatal, exit codes, checked host I/O
 #include "common/config.h"          // defines: Config and the one table of config keys
 #include "common/fileio.h"          // defines: atomic writes, mkdir_p
@@ -8,7 +9,6 @@
 #include "common/rng.h"             // defines: serialisable RNG
 #include "common/timer.h"           // defines: now_seconds
 #include "data/dataset.h"           // defines: shards and synthetic tasks behind one batch interface
-#include "data/prepare.h"           // defines: the prepare subcommand
 #include "data/tokenizer.h"         // defines: llm.c tokenizer files (decode samples)
 #include "dist/comm.h"              // defines: collectives (single, MPI, NCCL) for data parallelism
 #include "dist/launch.h"            // defines: torchrun / mpirun / srun detection
@@ -310,7 +310,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0) return cli_eval_main(argc - 1, argv + 1);
     if (strcmp(cmd, "sample") == 0) return cli_sample_main(argc - 1, argv + 1);
-    if (strcmp(cmd, "prepare") == 0) return prepare_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "prepare") == 0) return cli_prepare_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cli_bench_main(argc - 1, argv + 1);
     if (strcmp(cmd, "export") == 0) return cli_export_main(argc - 1, argv + 1);
     if (strcmp(cmd, "import") == 0) return cli_import_main(argc - 1, argv + 1);

@@ -29,6 +29,33 @@ def bench_ours(config, steps, threads):
     return float(m.group(1)), float(m.group(2))
 
 
+def resolved_config(path):
+    """The config as train_gpt reads it: every key's default from `train_gpt train --help` (the C
+    side's one table of keys), then the file's values. RefGPT reads any key it needs, so a key
+    the file leaves out must still be there."""
+    r = subprocess.run([os.path.join(ROOT, "train_gpt"), "train", "--help"], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"train_gpt train --help failed:\n{r.stderr}")
+    cfg = {}
+    for key, kind, value in re.findall(r"^  (\w+\.\w+)\s+(.+?)\s+default (\S+)\s+range", r.stdout, re.M):
+        section, name = key.split(".")
+        if kind == "integer":
+            v = int(value)
+        elif kind == "number":
+            v = float(value)
+        elif kind == "true|false":
+            v = value == "true"
+        else:
+            v = "" if value == '""' else value
+        cfg.setdefault(section, {})[name] = v
+    if not cfg:
+        sys.exit("train_gpt train --help lists no config keys: cannot read the defaults")
+    with open(path) as f:
+        for section, values in json.load(f).items():
+            cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
 def bench_torch(cfg, steps, threads):
     import numpy as np
     import torch
@@ -37,8 +64,7 @@ def bench_torch(cfg, steps, threads):
     torch.set_num_threads(threads)
     m, t = cfg["model"], cfg["train"]
     C, L, V, maxT = m["n_embd"], m["n_layer"], m["vocab_size"], m["max_seq_len"]
-    m.setdefault("n_kv_head", m["n_head"])
-    cfg.setdefault("attention", {}).setdefault("window", -1)
+    m["n_kv_head"] = m["n_kv_head"] or m["n_head"]   # 0 means "as many as the query heads"
     HS = C // m["n_head"]
     qkv = (m["n_head"] + 2 * m["n_kv_head"]) * HS
     rng = np.random.default_rng(0)
@@ -79,7 +105,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
-    cfg = json.load(open(os.path.join(ROOT, args.config)))
+    cfg = resolved_config(os.path.join(ROOT, args.config))
     ours_ms, ours_tps = bench_ours(args.config, args.steps, args.threads)
     torch_ms, torch_tps = bench_torch(cfg, args.steps, args.threads)
     print(f"config {args.config}, {args.threads} threads, {args.steps} timed steps after 1 warm-up")

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # Builds .deps/ (ignored by git): the headers and shared libraries that a GPU machine without a
-# package registry lacks (cJSON, PCRE2 headers, OpenBLAS, OpenSSL's headers and libcrypto), small
-# enough to travel with a run (about 50 MB). Run it here, carry .deps, and on the GPU machine build and test with
+# package registry lacks (cJSON, PCRE2 headers, OpenBLAS, zlib and zstd, OpenSSL's headers and
+# libcrypto), small enough to travel with a run (about 50 MB). Run it here, carry .deps, and on
+# the GPU machine build and test with
 #   source scripts/device_env.sh && make -j16 test-gpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 ../shared/device/fetch-deps.sh "$tmp" libcjson1 libcjson-dev libpcre2-dev libpcre2-8-0 libopenblas0-pthread \
-    libopenblas-pthread-dev libopenblas-dev libgfortran5 libssl-dev libssl3 >/dev/null
+    libopenblas-pthread-dev libopenblas-dev libgfortran5 libssl-dev libssl3 zlib1g zlib1g-dev libzstd1 \
+    libzstd-dev >/dev/null
 rm -rf .deps
 mkdir -p .deps/include .deps/lib
 src=$tmp/usr
-cp -r "$src/include/cjson" "$src/include/pcre2.h" .deps/include/
+cp -r "$src/include/cjson" "$src/include/pcre2.h" "$src"/include/{zlib.h,zconf.h,zstd.h,zstd_errors.h} .deps/include/
 mkdir -p .deps/include/openblas
 cp "$src"/include/x86_64-linux-gnu/openblas-pthread/{cblas.h,openblas_config.h,f77blas.h} .deps/include/openblas/
 lib=$src/lib/x86_64-linux-gnu
-cp -P "$lib"/libcjson.so* "$lib"/libpcre2-8.so* "$lib"/libgfortran.so.5* .deps/lib/
+cp -P "$lib"/libcjson.so* "$lib"/libpcre2-8.so* "$lib"/libgfortran.so.5* "$lib"/libzstd.so* .deps/lib/
+cp -L "$tmp/lib/x86_64-linux-gnu/libz.so.1" .deps/lib/libz.so.1   # zlib1g installs under /lib
+ln -sf libz.so.1 .deps/lib/libz.so
 cp -L "$lib/openblas-pthread/libopenblas.so.0" .deps/lib/libopenblas.so.0
 ln -sf libopenblas.so.0 .deps/lib/libopenblas.so
 # OpenSSL: its headers (the architecture's configuration.h beside the others) and a libcrypto

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what flashgpt needs on a Debian/Ubuntu machine (as root, or with sudo): compilers,
-# cJSON, OpenBLAS, PCRE2, OpenMPI, OpenSSL's libcrypto, and for the tests Debian's python3 with
-# torch, numpy, pytest, matplotlib, plus tiktoken from PyPI. Idempotent: installs only what is missing.
+# cJSON, OpenBLAS, PCRE2, zlib and zstd (prepare's compressed inputs), OpenMPI, OpenSSL's
+# libcrypto, and for the tests Debian's python3 with torch, numpy, pytest, matplotlib, plus
+# tiktoken from PyPI. Idempotent: installs only what is missing.
 set -euo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS=(build-essential libcjson-dev libopenblas-dev libpcre2-dev openmpi-bin libopenmpi-dev libssl-dev
-      python3 python3-numpy python3-torch python3-pytest python3-matplotlib python3-pip)
+PKGS=(build-essential libcjson-dev libopenblas-dev libpcre2-dev zlib1g-dev libzstd-dev openmpi-bin
+      libopenmpi-dev libssl-dev python3 python3-numpy python3-torch python3-pytest python3-matplotlib
+      python3-pip)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
