@@ -15,7 +15,10 @@ struct RingAttention {
     int NH, NKV, HS;
     size_t ds;            // bytes per element
     int kvw;              // elements per token of a block: [k (NKV * HS) | v (NKV * HS)]
-    void *kv[2], *dkv[2]; // (B, T, kvw) each: the block held and the one arriving
+    // (B, T, kvw) each: the block held and the one arriving. dkv is in the backend's dtype,
+    // fp32 on the CPU (the only backend that runs the ring so far); a 16-bit backend must keep
+    // these accumulators in fp32, or every ring step rounds the running dK/dV sums.
+    void *kv[2], *dkv[2];
     void *part_out;       // (B, c, NH * HS) one chunk pair's output before it is merged
     float *part_lse;      // (B, NH, c) its lse
 };
