@@ -67,6 +67,7 @@ typedef struct {
     // Data the guard skips: when the next global batch would start at stream index skip_from,
     // it starts at skip_to instead (the windows the bad steps read); skip_to 0: none.
     uint64_t skip_from, skip_to;
+    CpLayout cp;          // dist.context_parallel's groups: the data-parallel slice is the group's
 } Run;
 // One forward and backward of a zero batch on the GPU (evaluation mode: no dropout, so the run's
 // dropout stream is untouched) before anything is written: an unsupported head size or a batch
@@ -110,11 +111,14 @@ static void open_run(Run *r, const char *device) {
     Config *c = &r->cfg;
     const int B = c->train.batch_size, T = c->train.seq_len;
     const int rank = r->launch.rank, world = r->launch.world;
-    r->train = dataset_open(c, SPLIT_TRAIN, B, T, rank, world, err, sizeof err);
+    // Context parallelism: the ranks of a group read the same sequences (their data-parallel
+    // slice) and each runs its part of every one. The device is checked again once it is open.
+    if (cp_layout(c, rank, world, DEVICE_CPU, &r->cp, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    r->train = dataset_open(c, SPLIT_TRAIN, B, T, r->cp.dp_rank, r->cp.dp, err, sizeof err);
     if (!r->train) fatal(EXIT_USAGE, "%s", err);
     r->val = NULL;
     if (c->data.synthetic != SYNTH_NONE || c->data.val[0]) {
-        r->val = dataset_open(c, SPLIT_VAL, B, T, rank, world, err, sizeof err);
+        r->val = dataset_open(c, SPLIT_VAL, B, T, r->cp.dp_rank, r->cp.dp, err, sizeof err);
         if (!r->val) fatal(EXIT_USAGE, "%s", err);
     } else {
         fprintf(stderr, "notice: data.val is empty: no evaluation\n");
@@ -124,10 +128,11 @@ static void open_run(Run *r, const char *device) {
     // Each rank binds the GPU of its local rank.
     r->be = cli_open_backend(device, c->precision.dtype, (AttnKernel)c->attention.kernel,
                              r->launch.local_rank);
+    if (cp_layout(c, rank, world, r->be->device, &r->cp, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     r->comm = cli_open_comm(&r->launch, r->be, c);
     // Every rank starts from the same weights (the same seed) and sees the same checkpoints.
     GPTConfig gc = gpt_config_from(c);
-    r->model = gpt_create(&gc, r->be, B, T, c);
+    r->model = gpt_create(&gc, r->be, B, cp_local_len(c), c);
     if (r->be->device == DEVICE_CUDA) probe_device(r->model, B, T);
     r->trainer = trainer_create_dist(r->model, c, r->comm);
     memset(&r->state, 0, sizeof r->state);
@@ -192,16 +197,17 @@ static void close_run(Run *r) {
 static void run_eval(Run *r, long long step) {
     const Config *c = &r->cfg;
     const int B = c->train.batch_size, T = c->train.seq_len;
-    // Every rank evaluates its slice of each global batch of B x world sequences.
-    const int world = r->launch.world;
-    long long n_batches = eval_batches(r->val, B * world, T, c->log.eval_tokens);
+    // Every group evaluates its slice of each global batch of B x DP sequences.
+    const int dp = r->cp.dp;
+    long long n_batches = eval_batches(r->val, B * dp, T, c->log.eval_tokens);
     double t0 = now_seconds();
-    double loss = eval_loss(r->model, r->val, B, T, n_batches, r->comm);
+    double loss = eval_loss(r->model, r->val, B, T, n_batches, r->comm,
+                            trainer_context_parallel(r->trainer));
     double floor = dataset_loss_floor(r->val);
     if (floor >= 0) printf("eval step %lld | val loss %.4f (task floor %.4f) | %.1f s\n", step, loss, floor, now_seconds() - t0);
     else printf("eval step %lld | val loss %.4f | %.1f s\n", step, loss, now_seconds() - t0);
     metrics_write(&r->metrics, "eval", step, "val_loss", 'd', loss, "tokens", 'i',
-                  (long long)(n_batches * B * world * T), "tokens_seen", 'i', r->state.tokens_seen,
+                  (long long)(n_batches * B * dp * T), "tokens_seen", 'i', r->state.tokens_seen,
                   NULL);
 }
 
@@ -290,19 +296,23 @@ static int cmd_train(int argc, char **argv) {
     if (r.cfg.train.divergence_steps > 0 && !checkpoint_find_latest(r.cfg.log.dir, newest, sizeof newest))
         run_checkpoint(&r);
     const Config *c = &r.cfg;
-    const int world = r.launch.world;
+    const int world = r.launch.world, dp = r.cp.dp;
     const long long total = c->train.steps;
     const long long tokens_per_step =
-        (long long)c->train.batch_size * c->train.seq_len * c->train.grad_accum * world;
+        (long long)c->train.batch_size * c->train.seq_len * c->train.grad_accum * dp;
     if (world > 1)
-        printf("data parallel: %d ranks (%s, %s collectives), each reads batch %d of every step\n",
-               world, launch_kind_name(r.launch.kind), r.comm->name, c->train.batch_size);
+        printf("data parallel: %d ranks (%s, %s collectives), each %s reads batch %d of every "
+               "step\n", world, launch_kind_name(r.launch.kind), r.comm->name,
+               r.cp.cp > 1 ? "group" : "rank", c->train.batch_size);
+    if (r.cp.cp > 1)
+        printf("context parallel: %d groups of %d ranks, each rank holds %d of the %d tokens of "
+               "every sequence (ring attention)\n", dp, r.cp.cp, cp_local_len(c), c->train.seq_len);
     printf("model: %d layers, %d heads (%d kv), width %d, vocab %d, %.2fM parameters\n", c->model.n_layer,
            c->model.n_head, c->model.n_kv_head, c->model.n_embd, c->model.vocab_size,
            gpt_num_params(r.model) / 1e6);
-    printf("training: %lld steps of %lld tokens (batch %d x seq %d x accum %d x ranks %d), log.dir "
+    printf("training: %lld steps of %lld tokens (batch %d x seq %d x accum %d x %s %d), log.dir "
            "%s\n", total, tokens_per_step, c->train.batch_size, c->train.seq_len, c->train.grad_accum,
-           world, c->log.dir);
+           r.cp.cp > 1 ? "groups" : "ranks", dp, c->log.dir);
 
     const double flops_per_step =
         cli_flops_per_token(c, gpt_num_params(r.model)) * (double)tokens_per_step;

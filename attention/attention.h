@@ -32,14 +32,18 @@ typedef struct {
     const void *k;   // (B, T_k, NKV, HS) by k_st
     const void *v;   // (B, T_k, NKV, HS) by v_st
     void *out;       // (B, T_q, NH, HS)  by o_st
-    float *lse;      // (B, NH, T_q) fp32, contiguous: log-sum-exp of the scaled, masked scores
-                     // (+INFINITY for a fully masked row, whose output is 0)
+    float *lse;      // (B, NH, T_q) fp32: log-sum-exp of the scaled, masked scores (+INFINITY
+                     // for a fully masked row, whose output is 0); element (b, h, i) at
+                     // lse[b * lse_batch_stride + h * lse_head_stride + i]
+    int64_t lse_batch_stride, lse_head_stride;  // both 0: contiguous (NH * T_q, T_q)
     AttnStrides q_st, k_st, v_st, o_st;
 
     // --- backward tensors (attn_backward only) ---
     const void *dout;      // like out, by do_st
-    void *dq, *dk, *dv;    // like q, k, v, by dq_st, dk_st, dv_st; OVERWRITTEN (not accumulated)
+    void *dq, *dk, *dv;    // like q, k, v, by dq_st, dk_st, dv_st; OVERWRITTEN, or with
+                           // accumulate set ADDED to (one part of a sum over key or query chunks)
     AttnStrides do_st, dq_st, dk_st, dv_st;
+    int accumulate;
 
     // --- sizes ---
     int B, T_q, T_k;
@@ -50,7 +54,13 @@ typedef struct {
     // --- masking ---
     // Query i (0-based in T_q) is aligned to key position i + (T_k - T_q) ("bottom-right"
     // alignment, as in flash-attention), so causal with T_q == T_k is the usual lower triangle.
+    // With pos_explicit, query i sits at position q_pos0 + i and key j at k_pos0 + j instead: a
+    // chunk of queries against a chunk of keys of one longer sequence (context parallelism).
+    // Causal, window and ALiBi then compare these positions; any T_q, T_k is accepted, and a
+    // chunk pair with nothing visible gives fully masked rows.
     int causal;
+    int pos_explicit;
+    int64_t q_pos0, k_pos0;
     int window_left, window_right;  // key j is visible to aligned query position p only if
                                     // p - window_left <= j <= p + window_right; -1 = unbounded
     const float *alibi_slopes;      // (NH) or NULL: adds -slope * |p - j| to each score
@@ -120,7 +130,25 @@ int attn_runs_naive(const AttnParams *p, Device dev);
 // CPU context, and what the oracle tests drive directly. impl picks the tiled flash version or
 // the materialised naive one.
 void attn_forward_cpu(const AttnParams *p);
-void attn_backward_cpu(const AttnParams *p);   // needs out and lse from the forward
+// Needs out and lse from the forward. The flash backward is exact for any subset of the keys as
+// long as out and lse are those of the attention over ALL keys (D = rowsum(dO * O) and P =
+// exp(S - lse) then are the full softmax's): a ring of key chunks runs it once per chunk with
+// accumulate. The naive backward recomputes its softmax over the keys it is given, so it
+// refuses accumulate.
+void attn_backward_cpu(const AttnParams *p);
+
+// Partial results over disjoint key sets of the same queries combine exactly through their
+// log-sum-exp: acc's out and lse (B, T_q, NH, HS and B, NH, T_q, by their strides) become those
+// of the attention over both key sets, given part's out and lse for the other set:
+//   lse = log(exp(lse_acc) + exp(lse_part)),
+//   out = out_acc * exp(lse_acc - lse) + out_part * exp(lse_part - lse),
+// computed in fp32 from the larger lse down (no overflow); an lse of +INFINITY (no visible key)
+// contributes nothing. Only out, lse, their strides and B, T_q, NH, HS of acc and part are read.
+// On the context's device: the CPU so far (fp32); CUDA returns -1 with a message.
+int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, char *err,
+               size_t errlen);
+// The CPU merge itself, on params attn_merge accepted.
+void attn_merge_cpu(const AttnParams *acc, const AttnParams *part);
 
 // Helpers shared by every implementation (attention/mask.c): whether key j is visible to query
 // i of batch row b under the params' causal/window/document rules, and the ALiBi bias.

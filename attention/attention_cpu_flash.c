@@ -127,7 +127,7 @@ static void row_pointers(const float **rows, const void *x, AttnStrides st, int 
 static void tile_scores(const AttnParams *p, float *s, const float *kt, int b, int h, int i0, int br,
                         int j0, int bc, const AttnKeyRange *rng) {
     tile_matmul_t(s, p->q, p->q_st, b, h, i0, br, kt, bc, p->HS);
-    const int shift = p->T_k - p->T_q;
+    const int shift = (int)attn_query_shift(p);  // positions fit an int (train.seq_len <= 2^22)
     const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
     int full = 1;  // every (r, c) visible: the bulk of the tiles skips the per-element mask
     for (int r = 0; r < br; r++) full &= rng[r].lo <= j0 && rng[r].hi >= j0 + bc;
@@ -197,7 +197,7 @@ static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int
     }
     for (int r = 0; r < br; r++) {
         float *o = attn_cpu_row_mut(p->out, p->o_st, b, i0 + r, h);
-        float *lse = p->lse + ((int64_t)b * p->NH + h) * p->T_q + i0 + r;
+        float *lse = p->lse + attn_lse_offset(p, b, h) + i0 + r;
         const float *ar = acc + r * HS;
         if (w->l[r] > 0.0f) {
             const float inv = 1.0f / w->l[r];
@@ -236,7 +236,7 @@ static void backward_pair(const AttnParams *p, FlashScratch *w, const float *D, 
                           int i0, int br, int j0, int bc) {
     const int HS = p->HS;
     const float keep_scale = attn_cpu_keep_scale(p);
-    const float *lse = p->lse + ((int64_t)b * p->NH + h) * p->T_q;
+    const float *lse = p->lse + attn_lse_offset(p, b, h);
     tile_matmul_t(w->dp, p->dout, p->do_st, b, h, i0, br, w->vt, bc, HS);  // dO V^T (br, bc)
     for (int r = 0; r < br; r++) {
         const int i = i0 + r;
@@ -284,7 +284,7 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
             double dsum = 0.0;
             for (int d = 0; d < HS; d++) dsum += (double)dout[d] * o[d];
             rows->D[(int64_t)hh * p->T_q + i] = (float)dsum;
-            memset(attn_cpu_row_mut(p->dq, p->dq_st, b, i, h), 0, sizeof(float) * HS);
+            if (!p->accumulate) memset(attn_cpu_row_mut(p->dq, p->dq_st, b, i, h), 0, sizeof(float) * HS);
         }
     }
     for (int j0 = 0; j0 < p->T_k; j0 += FLASH_BC) {
@@ -306,10 +306,16 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
         for (int c = 0; c < bc; c++) {
             float *dk = attn_cpu_row_mut(p->dk, p->dk_st, b, j0 + c, g);
             float *dv = attn_cpu_row_mut(p->dv, p->dv_st, b, j0 + c, g);
-            for (int d = 0; d < HS; d++) {
-                dk[d] = p->scale * w->acc[c * HS + d];
-                dv[d] = w->dv[c * HS + d];
-            }
+            if (p->accumulate)
+                for (int d = 0; d < HS; d++) {
+                    dk[d] += p->scale * w->acc[c * HS + d];
+                    dv[d] += w->dv[c * HS + d];
+                }
+            else
+                for (int d = 0; d < HS; d++) {
+                    dk[d] = p->scale * w->acc[c * HS + d];
+                    dv[d] = w->dv[c * HS + d];
+                }
         }
     }
 }

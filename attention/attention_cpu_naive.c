@@ -25,7 +25,7 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, int
 // P (T_q, T_k) = softmax of the scaled, biased, masked scores of head h; lse (T_q) of each row
 // (+inf and a zero row when every key is masked).
 static void softmax_rows(const AttnParams *p, float *P, float *lse, int b, int h) {
-    const int g = h / (p->NH / p->NKV), shift = p->T_k - p->T_q;
+    const int g = h / (p->NH / p->NKV), shift = (int)attn_query_shift(p);
     const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
     for (int i = 0; i < p->T_q; i++) {
         float *pr = P + (int64_t)i * p->T_k;
@@ -66,7 +66,7 @@ static void dropout_row(const AttnParams *p, float *row, int b, int h, int i) {
 
 static void forward_head(const AttnParams *p, float *P, int b, int h) {
     const int g = h / (p->NH / p->NKV);
-    softmax_rows(p, P, p->lse + ((int64_t)b * p->NH + h) * p->T_q, b, h);
+    softmax_rows(p, P, p->lse + attn_lse_offset(p, b, h), b, h);
     for (int i = 0; i < p->T_q; i++) {
         float *pr = P + (int64_t)i * p->T_k;
         if (p->dropout_p > 0.0f) dropout_row(p, pr, b, h, i);
@@ -115,7 +115,7 @@ static void backward_head(const AttnParams *p, float *P, float *dP, float *lse, 
         for (int j = 0; j < p->T_k; j++) rs += (double)pr[j] * dpr[j];
         const float *q = attn_cpu_row(p->q, p->q_st, b, i, h);
         float *dq = attn_cpu_row_mut(p->dq, p->dq_st, b, i, h);
-        memset(dq, 0, sizeof(float) * HS);
+        if (!p->accumulate) memset(dq, 0, sizeof(float) * HS);
         for (int j = 0; j < p->T_k; j++) {
             float ds = pr[j] * (dpr[j] - (float)rs) * p->scale;
             if (ds == 0.0f) continue;
@@ -135,7 +135,7 @@ void attn_cpu_naive_backward(const AttnParams *p) {
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
             for (int g = 0; g < p->NKV; g++) {
-                for (int j = 0; j < p->T_k; j++) {
+                for (int j = 0; j < p->T_k && !p->accumulate; j++) {
                     memset(attn_cpu_row_mut(p->dk, p->dk_st, b, j, g), 0, sizeof(float) * p->HS);
                     memset(attn_cpu_row_mut(p->dv, p->dv_st, b, j, g), 0, sizeof(float) * p->HS);
                 }

@@ -2,6 +2,7 @@
 // around the shared mask and dropout rules of attention/mask.h.
 #include "attention/mask.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -142,7 +143,37 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     if (dev == DEVICE_CPU && p->dtype != DTYPE_F32)
         return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got dtype %s: "
                                  "use fp32", dtype_name(p->dtype));
-    if (p->causal && p->T_q > p->T_k)
+    if (dev == DEVICE_CUDA && (p->pos_explicit || p->accumulate || p->lse_batch_stride ||
+                               p->lse_head_stride))
+        return set_error(err, errlen,
+                    "attention: explicit positions, accumulated gradients and a strided lse (what "
+                    "context parallelism's ring needs) are implemented on the cpu only so far: use "
+                    "--device cpu, or dist.context_parallel = 1 on the GPU");
+    if (backward && p->accumulate && p->impl == ATTN_IMPL_NAIVE)
+        return set_error(err, errlen,
+                    "attention: accumulate (a sum over key chunks) needs the flash implementation, "
+                    "whose backward starts from the saved lse of all keys; the naive one "
+                    "renormalises over the keys it is given");
+    if (p->pos_explicit && (p->q_pos0 < 0 || p->k_pos0 < 0 || p->q_pos0 + p->T_q > INT_MAX ||
+                            p->k_pos0 + p->T_k > INT_MAX))
+        return set_error(err, errlen,
+                    "attention: explicit positions must lie in [0, 2^31): q_pos0 %lld, k_pos0 %lld",
+                    (long long)p->q_pos0, (long long)p->k_pos0);
+    if (p->pos_explicit && p->cu_seqlens)
+        return set_error(err, errlen,
+                    "attention: documents (cu_seqlens) index the flattened batch and cannot be "
+                    "combined with explicit chunk positions");
+    if (p->lse_batch_stride < 0 || p->lse_head_stride < 0 ||
+        ((p->lse_batch_stride || p->lse_head_stride) &&
+         !strides_disjoint((AttnStrides){p->lse_batch_stride ? p->lse_batch_stride
+                                                             : (int64_t)p->NH * p->T_q,
+                                         0, p->lse_head_stride ? p->lse_head_stride : p->T_q},
+                           p->B, 1, p->NH, p->T_q)))
+        return set_error(err, errlen,
+                    "attention: lse strides (batch %lld, head %lld) make elements overlap for B=%d, "
+                    "NH=%d, T_q=%d", (long long)p->lse_batch_stride,
+                    (long long)p->lse_head_stride, p->B, p->NH, p->T_q);
+    if (p->causal && p->T_q > p->T_k && !p->pos_explicit)
         return set_error(err, errlen,
                     "attention: causal attention needs T_q <= T_k (queries align to the last keys), "
                     "got T_q=%d, T_k=%d",

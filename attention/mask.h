@@ -14,6 +14,17 @@ typedef struct {
 
 // Key position that query i is aligned to: bottom-right alignment (i + T_k - T_q).
 ATTN_HD int attn_aligned_pos(int T_q, int T_k, int i) { return i + (T_k - T_q); }
+// The same for any params, in key-index coordinates: query i sits where key i + shift would;
+// bottom-right alignment or, with pos_explicit, the difference of the chunks' first positions.
+ATTN_HD int64_t attn_query_shift(const AttnParams *p) {
+    return p->pos_explicit ? p->q_pos0 - p->k_pos0 : (int64_t)p->T_k - p->T_q;
+}
+// Offset of lse element (b, h, 0) (attention.h: contiguous when both strides are 0).
+ATTN_HD int64_t attn_lse_offset(const AttnParams *p, int b, int h) {
+    const int64_t hs = p->lse_head_stride ? p->lse_head_stride : p->T_q;
+    const int64_t bs = p->lse_batch_stride ? p->lse_batch_stride : (int64_t)p->NH * p->T_q;
+    return (int64_t)b * bs + (int64_t)h * hs;
+}
 
 // The document [*start, *end) of flattened token index g (b*T + t): cu_seqlens[0..n_docs] are
 // non-decreasing cumulative offsets from 0 to B*T, so the document is the last d with
@@ -33,7 +44,7 @@ ATTN_HD void attn_doc_bounds(const int *cu_seqlens, int n_docs, int64_t g, int64
 // The visible key range of query i in batch row b. 64-bit intermediates: window_right may be
 // large enough that p + window_right + 1 overflows an int.
 ATTN_HD AttnKeyRange attn_key_range(const AttnParams *p, int b, int i) {
-    int64_t pos = attn_aligned_pos(p->T_q, p->T_k, i);
+    int64_t pos = (int64_t)i + attn_query_shift(p);
     int64_t lo = 0, hi = p->T_k;
     if (p->causal && pos + 1 < hi) hi = pos + 1;
     if (p->window_left >= 0 && pos - p->window_left > lo) lo = pos - p->window_left;

@@ -70,7 +70,7 @@ int cli_bench_main(int argc, char **argv) {
     Comm *comm = cli_open_comm(&li, be, &c);
     GPTConfig gc = gpt_config_from(&c);
     const int B = c.train.batch_size, T = c.train.seq_len;
-    GPT *m = gpt_create(&gc, be, B, T, &c);
+    GPT *m = gpt_create(&gc, be, B, cp_local_len(&c), &c);   // context parallelism: a part of T
     Trainer *t = trainer_create_dist(m, &c, comm);
     float *host = xmalloc(gpt_num_params(m) * sizeof(float));
     gpt_init_weights_host(m, host, (uint64_t)c.train.seed);
@@ -85,7 +85,8 @@ int cli_bench_main(int argc, char **argv) {
     be->synchronize(be);
     comm->barrier(comm);
     double dt = (now_seconds() - t0) / (double)steps;
-    double tokens = (double)B * T * c.train.grad_accum * li.world;
+    // Each context-parallel group of ranks trains on B whole sequences.
+    double tokens = (double)B * T * c.train.grad_accum * (li.world / c.dist.context_parallel);
     const double gib = cli_gpu_memory_gib(be);
     if (li.rank == 0) {
         printf("bench: %s backend (%s), %.2fM parameters, batch %d x seq %d x accum %d", be->name,

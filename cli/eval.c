@@ -34,7 +34,7 @@ int cli_eval_main(int argc, char **argv) {
     Dataset *d = dataset_open(&c, SPLIT_VAL, B, T, 0, 1, err, sizeof err);
     if (!d) fatal(EXIT_USAGE, "%s", err);
     long long n_batches = eval_batches(d, B, T, tokens > 0 ? tokens : (long long)dataset_num_tokens(d));
-    printf("val_loss: %.6f\n", eval_loss(m, d, B, T, n_batches, NULL));
+    printf("val_loss: %.6f\n", eval_loss(m, d, B, T, n_batches, NULL, NULL));
     dataset_close(d);
     gpt_free(m);
     be->destroy(be);

@@ -142,6 +142,11 @@ static const CfgKey KEYS[] = {
      "seconds a rank waits for the others before it ends the job with a message naming the "
      "operation (the environment variable FLASHGPT_DIST_TIMEOUT overrides)"},
 
+    {"dist.context_parallel", CFG_INT, OFF(dist.context_parallel), "1", 1, 4096, NULL,
+     "context parallelism: ranks that share each sequence (ring attention, zigzag split of "
+     "train.seq_len into 2 x CP chunks); groups are consecutive ranks, world size = data-"
+     "parallel size x this; 1 = off"},
+
     {"log.dir", CFG_STR, OFF(log.dir), "runs/default", 0, 0, NULL,
      "run directory: metrics.jsonl, config.json and checkpoints"},
     {"log.every", CFG_INT, OFF(log.every), "10", 1, BIG, NULL, "print a progress line every N steps"},
@@ -400,6 +405,28 @@ int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
     return rc;
 }
 
+// dist.context_parallel against the keys it cannot serve (the world size is checked at launch).
+static int validate_context_parallel(const Config *c, char *err, size_t errlen) {
+    const int cp = c->dist.context_parallel;
+    if (cp == 1) return 0;
+    if (c->train.seq_len % (2 * cp) != 0)
+        return set_error(err, errlen, "dist.context_parallel = %d cuts train.seq_len into 2 x %d "
+                                      "equal chunks: train.seq_len (%d) must be a multiple of %d",
+                         cp, cp, c->train.seq_len, 2 * cp);
+    if (c->attention.impl == choice_index(find_key("attention.impl"), "naive"))
+        return set_error(err, errlen, "dist.context_parallel = %d needs attention.impl = flash "
+                                      "(naive materialises the whole score matrix)", cp);
+    if (c->attention.doc_mask)
+        return set_error(err, errlen, "dist.context_parallel = %d does not support "
+                                      "attention.doc_mask yet: set attention.doc_mask = false or "
+                                      "dist.context_parallel = 1", cp);
+    if (c->attention.dropout > 0.0f)
+        return set_error(err, errlen, "dist.context_parallel = %d does not support "
+                                      "attention.dropout yet: set attention.dropout = 0 or "
+                                      "dist.context_parallel = 1", cp);
+    return 0;
+}
+
 int config_check_model(const ModelShape *m, char *err, size_t errlen) {
     const int C = m->n_embd, NH = m->n_head, NKV = m->n_kv_head;
     if (m->n_layer < 1 || NH < 1 || NKV < 1 || C < 1 || m->vocab_size < 2 || m->max_seq_len < 1)
@@ -442,6 +469,7 @@ int config_validate(Config *c, char *err, size_t errlen) {
     if (c->attention.window_every > 1 && c->attention.window < 0)
         return set_error(err, errlen, "attention.window_every = %d needs a sliding window: set "
                                    "attention.window >= 0", c->attention.window_every);
+    if (validate_context_parallel(c, err, errlen) != 0) return -1;
     if (c->data.eot_token >= c->model.vocab_size)
         return set_error(err, errlen, "data.eot_token (%d) must be below model.vocab_size (%d)",
                       c->data.eot_token, c->model.vocab_size);

@@ -64,6 +64,7 @@ typedef struct {
     struct {
         float bucket_mb;                     // MiB of gradients per reduction bucket; 0 = none
         float timeout;                       // seconds a rank waits for the others
+        int context_parallel;                // ranks per sequence (CP); world = DP x CP
     } dist;
     struct {
         char dir[CFG_PATH_MAX];

@@ -1,7 +1,8 @@
-// comm_mpi: the communicator over MPI_COMM_WORLD for host buffers (the CPU backend). Every
-// collective is non-blocking and polled against the deadline, so a dead or hung peer ends the
-// job through MPI_Abort after the timeout instead of blocking this rank forever. Gradient
-// buckets (reduce_scatter_start) stay in flight until wait(), advanced by every later start.
+// comm_mpi: the communicator over MPI_COMM_WORLD (or a group of it made by split) for host
+// buffers (the CPU backend). Every collective is non-blocking and polled against the deadline,
+// so a dead or hung peer ends the job through MPI_Abort after the timeout instead of blocking
+// this rank forever. Gradient buckets (reduce_scatter_start) and point-to-point exchanges
+// (sendrecv_start) stay in flight until wait(), advanced by every later start.
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -27,13 +28,20 @@ typedef struct {
     size_t bytes;
 } Started;
 
+// Messages larger than this go as several (MPI counts are ints); between two ranks they keep
+// their order, so the pieces reassemble.
+#define P2P_PIECE ((size_t)1 << 30)
+
 typedef struct {
+    MPI_Comm comm;  // MPI_COMM_WORLD, or a group of it this comm frees (split)
     int finalize;  // this comm initialised MPI and finalizes it
     void *tmp;     // reduce-scatter receive buffer
     size_t tmp_bytes;
     int *icounts, *displs;  // (world) counts and offsets of the last segment layout
     Started *started;       // (n_started) in the order they were started
     int n_started, cap_started;
+    MPI_Request *p2p;       // (n_p2p) point-to-point sends and receives in flight
+    int n_p2p, cap_p2p;
 } MpiCtx;
 
 static MPI_Datatype mpi_type(DType t) {
@@ -49,6 +57,8 @@ static int to_int(size_t n) {
         fatal(EXIT_RUNTIME, "MPI collective of %zu elements: more than MPI's int count allows", n);
     return (int)n;
 }
+
+static Comm *wrap(MPI_Comm comm, int finalize, double timeout_s);
 
 static void mpi_abort(Comm *c) {
     MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
@@ -79,8 +89,9 @@ static void set_layout(Comm *c, const size_t *counts) {
 }
 
 static void mpi_allreduce(Comm *c, void *buf, size_t count, DType t) {
+    MpiCtx *x = c->ctx;
     MPI_Request req;
-    MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req);
+    MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), mpi_type(t), MPI_SUM, x->comm, &req);
     wait_bounded(c, &req, "all-reduce");
 }
 
@@ -90,7 +101,7 @@ static void mpi_reduce_scatter(Comm *c, void *buf, const size_t *counts, DType t
     const size_t es = dtype_size(t), mine = counts[c->rank] * es;
     if (x->tmp_bytes < mine) x->tmp = xrealloc(x->tmp, x->tmp_bytes = mine);
     MPI_Request req;
-    MPI_Ireduce_scatter(buf, x->tmp, x->icounts, mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req);
+    MPI_Ireduce_scatter(buf, x->tmp, x->icounts, mpi_type(t), MPI_SUM, x->comm, &req);
     wait_bounded(c, &req, "reduce-scatter");
     memcpy((char *)buf + (size_t)x->displs[c->rank] * es, x->tmp, mine);
 }
@@ -126,7 +137,7 @@ static void mpi_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t c
     s->dst = (char *)buf + (offset + mine) * es;
     free(parts);
     MPI_Ireduce_scatter((char *)buf + offset * es, s->recv, s->parts, mpi_type(t), MPI_SUM,
-                        MPI_COMM_WORLD, &s->req);
+                        x->comm, &s->req);
     progress_started(x);
 }
 
@@ -135,19 +146,21 @@ static void mpi_allgather(Comm *c, void *buf, const size_t *counts, DType t) {
     set_layout(c, counts);
     MPI_Request req;
     MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, x->icounts, x->displs, mpi_type(t),
-                    MPI_COMM_WORLD, &req);
+                    x->comm, &req);
     wait_bounded(c, &req, "all-gather");
 }
 
 static void mpi_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+    MpiCtx *x = c->ctx;
     MPI_Request req;
-    MPI_Ibcast(buf, to_int(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req);
+    MPI_Ibcast(buf, to_int(bytes), MPI_BYTE, root, x->comm, &req);
     wait_bounded(c, &req, "broadcast");
 }
 
 static void mpi_barrier(Comm *c) {
+    MpiCtx *x = c->ctx;
     MPI_Request req;
-    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    MPI_Ibarrier(x->comm, &req);
     wait_bounded(c, &req, "barrier");
 }
 
@@ -155,7 +168,30 @@ static void mpi_allreduce_host(Comm *c, double *buf, size_t count) {
     mpi_allreduce(c, buf, count, DTYPE_F64);
 }
 
-// Finishes the started reductions in their order and stores each rank's parts.
+static MPI_Request *p2p_slot(MpiCtx *x) {
+    if (x->n_p2p == x->cap_p2p) {
+        x->cap_p2p = x->cap_p2p ? 2 * x->cap_p2p : 16;
+        x->p2p = xrealloc(x->p2p, (size_t)x->cap_p2p * sizeof(MPI_Request));
+    }
+    return &x->p2p[x->n_p2p++];
+}
+
+static void mpi_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
+                               size_t bytes) {
+    MpiCtx *x = c->ctx;
+    size_t off = 0;
+    do {
+        const int n = to_int(bytes - off < P2P_PIECE ? bytes - off : P2P_PIECE);
+        // The receive is posted first, so a rank exchanging with itself cannot stall.
+        MPI_Irecv((char *)recv + off, n, MPI_BYTE, src, 0, x->comm, p2p_slot(x));
+        MPI_Isend((const char *)send + off, n, MPI_BYTE, dst, 0, x->comm, p2p_slot(x));
+        off += (size_t)n;
+    } while (off < bytes);
+    progress_started(x);
+}
+
+// Finishes the started reductions in their order and stores each rank's parts, then the
+// point-to-point exchanges.
 static void mpi_wait(Comm *c) {
     MpiCtx *x = c->ctx;
     for (int i = 0; i < x->n_started; i++) {
@@ -166,12 +202,16 @@ static void mpi_wait(Comm *c) {
         free(s->parts);
     }
     x->n_started = 0;
+    for (int i = 0; i < x->n_p2p; i++) wait_bounded(c, &x->p2p[i], "ring send/receive");
+    x->n_p2p = 0;
 }
 
 static void mpi_destroy(Comm *c) {
     MpiCtx *x = c->ctx;
+    mpi_wait(c);   // before MPI_Finalize: nothing may be in flight once MPI is gone
+    if (x->comm != MPI_COMM_WORLD) MPI_Comm_free(&x->comm);
     if (x->finalize) MPI_Finalize();
-    mpi_wait(c);
+    free(x->p2p);
     free(x->started);
     free(x->tmp);
     free(x->icounts);
@@ -194,8 +234,26 @@ Comm *comm_mpi_create(const LaunchInfo *li, double timeout_s, char *err, size_t 
                   rank, world, launch_kind_name(li->kind), li->rank, li->world);
         return NULL;
     }
+    return wrap(MPI_COMM_WORLD, !inited, timeout_s);
+}
+
+static Comm *mpi_split(Comm *c, int color, int key, char *err, size_t errlen) {
+    MpiCtx *x = c->ctx;
+    MPI_Comm sub;
+    if (MPI_Comm_split(x->comm, color, key, &sub) != MPI_SUCCESS) {
+        set_error(err, errlen, "MPI_Comm_split (color %d, key %d) failed", color, key);
+        return NULL;
+    }
+    return wrap(sub, 0, c->timeout_s);
+}
+
+static Comm *wrap(MPI_Comm comm, int finalize, double timeout_s) {
+    int rank, world;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
     MpiCtx *x = xcalloc(1, sizeof *x);
-    x->finalize = !inited;
+    x->comm = comm;
+    x->finalize = finalize;
     x->icounts = xcalloc((size_t)world, sizeof(int));
     x->displs = xcalloc((size_t)world, sizeof(int));
     Comm *c = xcalloc(1, sizeof *c);
@@ -212,6 +270,8 @@ Comm *comm_mpi_create(const LaunchInfo *li, double timeout_s, char *err, size_t 
                 .barrier = mpi_barrier,
                 .allreduce_host_f64 = mpi_allreduce_host,
                 .wait = mpi_wait,
+                .sendrecv_start = mpi_sendrecv_start,
+                .split = mpi_split,
                 .destroy = mpi_destroy,
                 .abort = mpi_abort};
     return c;

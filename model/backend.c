@@ -27,6 +27,11 @@ void backend_attention(Backend *be, AttnParams *p, int backward) {
     if (rc != 0) attention_fail(err);
 }
 
+void backend_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part) {
+    char err[ERR_LEN];
+    if (attn_merge(be->attn, acc, part, err, sizeof err) != 0) attention_fail(err);
+}
+
 AttnContext *backend_attention_context(Device dev, void *stream, AttnKernel kernel) {
     char err[ERR_LEN];
     AttnContext *ctx = attn_context_create(dev, stream, kernel, err, sizeof err);

@@ -38,6 +38,10 @@ struct Backend {
     void (*release)(Backend *be, void *p);
     void (*fill_zero)(Backend *be, void *p, size_t bytes);
     void (*copy)(Backend *be, void *dst, const void *src, size_t bytes);           // within backend
+    // rows blocks of width bytes, from src every src_pitch bytes to dst every dst_pitch bytes
+    // (within backend; the regions must not overlap): one column block of a row-major matrix.
+    void (*copy_2d)(Backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t width, size_t rows);
     void (*upload)(Backend *be, void *dst, const void *host, size_t bytes);        // raw bytes
     void (*download)(Backend *be, void *host, const void *src, size_t bytes);      // raw bytes
     void (*upload_f32)(Backend *be, void *dst, const float *host, size_t n);       // fp32 -> dtype
@@ -106,6 +110,9 @@ struct Backend {
 // problem the module refuses (its message names its own parameters) ends the run with exit 2
 // and the message told in the config's terms (model/backend.c).
 void backend_attention(Backend *be, AttnParams *p, int backward);
+// The exact merge of a partial attention result over other keys into acc (attn_merge), on be's
+// attention context; exits 2 with the module's message where the device has none.
+void backend_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part);
 // The attention context of a new backend; exits 2 with the module's message when the device
 // cannot serve `kernel`.
 AttnContext *backend_attention_context(Device dev, void *stream, AttnKernel kernel);

@@ -14,6 +14,10 @@
 // positions given to wpe or RoPE restart at 0 in each document. The eot token itself ends its
 // document, so it is the last token the document sees.
 //
+// Context parallelism (gpt_set_ring): the batch holds this rank's zigzag part of each sequence,
+// positions are the tokens' global ones, and training attention runs around the ring
+// (model/ring_attention.h); the loss mean divides by the whole ring's target count.
+//
 // Dropout (training forwards with targets only): attention.dropout on the attention
 // probabilities, model.dropout on the embedding sum and on the proj and fcproj outputs before
 // their residual adds, as nanoGPT. Every mask is Philox keyed by train.seed at an offset that is
@@ -33,6 +37,7 @@
 
 #include "common/check.h"
 #include "common/rng.h"
+#include "model/ring_attention.h"
 
 // The per-layer tensors, in the order they appear in the flat parameter vector.
 enum {
@@ -81,6 +86,8 @@ struct GPT {
     void *grad_ready_ctx;
     float *alibi;                 // (NH) backend fp32, or NULL
     float *rope;                  // (maxT, HS/2, 2) backend fp32 [cos, sin] per position, or NULL
+    RingAttention *ring;          // context parallelism (gpt_set_ring), or NULL
+    int *ring_pos;                // (B, T) backend int32: global positions of the local tokens
 
     // every backend allocation, released by gpt_free
     void **allocs;
@@ -109,6 +116,8 @@ struct GPT {
 
     // last forward
     int last_B, last_T, n_valid, has_targets, logits_valid;
+    long long n_loss;             // targets the loss is a mean over (gpt_set_loss_tokens)
+    double loss_sum;              // sum of the last forward's counted losses
     int drop_attn, drop_resid;    // it applied attention / residual dropout
     int n_docs;                   // documents in the batch (doc_mask), else 0
     const int *pos;               // doc_pos when doc_mask, else NULL (pos = t)
@@ -363,6 +372,7 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
 
 void gpt_free(GPT *m) {
     if (!m) return;
+    ring_attention_free(m->ring);
     for (int i = 0; i < m->n_allocs; i++) m->be->release(m->be, m->allocs[i]);
     free(m->allocs);
     free(m->acts);
@@ -451,6 +461,17 @@ static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
     return p;
 }
 
+// The layer's attention: through the ring under context parallelism (every rank of the ring
+// takes part), else on this process's keys alone. Decoding never uses the ring (ring = 0).
+static void attention_forward(GPT *m, AttnParams *p, int ring) {
+    if (ring && m->ring) ring_attention_forward(m->ring, p);
+    else backend_attention(m->be, p, 0);
+}
+static void attention_backward(GPT *m, AttnParams *p) {
+    if (m->ring) ring_attention_backward(m->ring, p);
+    else backend_attention(m->be, p, 1);
+}
+
 // One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe
 // the attention with q/out/lse in `a`; with kv_row set (decoding), this token's k and v are
 // first copied there (p's k and v already point into the cache). pos (N) backend int32 gives
@@ -470,7 +491,7 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
     if (kv_row)
         be->copy(be, kv_row, at(a->qkv, (size_t)m->cfg.NH * m->cfg.HS, m->ds),
                  (size_t)2 * m->cfg.NKV * m->cfg.HS * m->ds);
-    backend_attention(be, p, 0);
+    attention_forward(m, p, kv_row == NULL);   // kv_row: decoding, over this process's cache
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
     if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_PROJ);
@@ -514,6 +535,9 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     if (B < 1 || T < 1 || B > m->B || T > m->T)
         fatal(EXIT_USAGE, "gpt_forward: batch %d x %d does not fit the %d x %d the model was built "
                           "for", B, T, m->B, m->T);
+    if (m->ring && T != m->T)
+        fatal(EXIT_USAGE, "gpt_forward: under context parallelism every batch holds the %d local "
+                          "tokens of each sequence, got %d", m->T, T);
     const int N = B * T, C = g->C;
     check_ids(m, tokens, B, T, 0);
     if (targets) check_ids(m, targets, B, T, 1);
@@ -526,6 +550,7 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
         be->upload(be, m->cu_seqlens, m->cu_host, (size_t)(m->n_docs + 1) * sizeof(int));
         m->pos = m->doc_pos;
     }
+    if (m->ring) m->pos = m->ring_pos;
 
     const int train = targets && m->training;
     m->drop_attn = train && m->attn_dropout > 0.0f;
@@ -562,7 +587,39 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
             sum += m->losses_host[i];
             m->n_valid++;
         }
+    m->loss_sum = sum;
+    m->n_loss = m->n_valid;
     return m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
+}
+
+double gpt_loss_sum(const GPT *m, int *count) {
+    *count = m->n_valid;
+    return m->loss_sum;
+}
+
+void gpt_set_loss_tokens(GPT *m, long long n) { m->n_loss = n; }
+
+void gpt_set_ring(GPT *m, const RingLink *link) {
+    const GPTConfig *g = &m->cfg;
+    if (m->eot >= 0 || m->attn_dropout > 0.0f)
+        fatal(EXIT_USAGE, "context parallelism supports neither attention.doc_mask nor "
+                          "attention.dropout yet: set them to false and 0, or "
+                          "dist.context_parallel = 1");
+    if (m->impl == ATTN_IMPL_NAIVE)
+        fatal(EXIT_USAGE, "context parallelism needs attention.impl = flash (the naive attention "
+                          "materialises the whole score matrix and has no chunked backward)");
+    if (m->T % 2 != 0 || (long long)m->T * link->size > g->maxT)
+        fatal(EXIT_USAGE, "context parallelism: %d ranks x %d local tokens must be an even split "
+                          "within model.max_seq_len (%d)", link->size, m->T, g->maxT);
+    CHECK(!m->ring);
+    m->ring = ring_attention_create(m->be, link, m->B, m->T, g->NH, g->NKV, g->HS);
+    int *pos = xmalloc((size_t)m->B * m->T * sizeof(int));  // (B, T)
+    for (int b = 0; b < m->B; b++)
+        for (int t = 0; t < m->T; t++)
+            pos[(size_t)b * m->T + t] = ring_global_pos(link->rank, link->size, m->T, t);
+    m->ring_pos = balloc(m, (size_t)m->B * m->T * sizeof(int));
+    m->be->upload(m->be, m->ring_pos, pos, (size_t)m->B * m->T * sizeof(int));
+    free(pos);
 }
 
 void gpt_set_grad_ready_hook(GPT *m, GradReadyFn fn, void *ctx) {
@@ -593,7 +650,10 @@ void gpt_backward(GPT *m, float grad_scale) {
         fatal(EXIT_RUNTIME, "gpt_backward needs a preceding gpt_forward with targets (each forward "
                             "allows one backward)");
     m->logits_valid = 0;
-    if (m->n_valid == 0) {   // every target ignored: no gradient, but every block is final
+    // Every target ignored: no gradient, but every block is final. Under context parallelism
+    // n_loss counts the whole ring's targets, so the ranks agree and the ring runs on every rank
+    // (its keys carry gradient for the others' queries) unless none has a target.
+    if (m->n_loss == 0) {
         report_grads(m, m->lnf_i, 2);
         for (int l = m->cfg.L - 1; l >= 0; l--)
             report_layer(m, l);
@@ -608,7 +668,7 @@ void gpt_backward(GPT *m, float grad_scale) {
 
     // dlogits (N, Vp) = grad_scale / n_valid * (softmax - onehot), in place of the logits.
     be->softmax_xent(be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp,
-                     grad_scale / (float)m->n_valid);
+                     (float)((double)grad_scale / (double)m->n_loss));
     be->matmul_backward(be, m->dln, tensor_ptr(m, dw, m->wte_i), NULL, m->logits, NULL, m->lnf,
                         tensor_ptr(m, w, m->wte_i), N, C, g->Vp, EPI_NONE);
     be->fill_zero(be, m->dres, NC);
@@ -626,7 +686,7 @@ void gpt_backward(GPT *m, float grad_scale) {
             block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, T, m->pos, &p, NULL,
                           m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
-            backend_attention(be, &p, 0);
+            attention_forward(m, &p, 1);
             be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                                layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
         }
@@ -647,7 +707,7 @@ void gpt_backward(GPT *m, float grad_scale) {
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
         attn_fused_qkv_grads(&p, m->dqkv, m->datty, m->ds);
-        backend_attention(be, &p, 1);
+        attention_backward(m, &p);
         if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
                             NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);

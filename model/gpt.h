@@ -6,6 +6,7 @@
 
 #include "common/config.h"
 #include "model/backend.h"
+#include "model/ring_attention.h"
 
 
 typedef struct {
@@ -59,6 +60,20 @@ void gpt_get_grads_f32(GPT *m, float *host);
 // model/gpt.c): attention stays inside each document and positions restart in each.
 // Logits of the last forward are available through gpt_logits_f32.
 float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T);
+// The sum of the last forward's per-token losses over its counted targets (double), and their
+// number in *count.
+double gpt_loss_sum(const GPT *m, int *count);
+// The number of targets the loss of the last forward is a mean over, for its backward: by
+// default its own count; under context parallelism the whole ring's (each rank holds part of
+// each sequence, and the loss is the mean over all of its tokens). 0 = no gradient.
+void gpt_set_loss_tokens(GPT *m, long long n);
+// Context parallelism: this process holds the local tokens of ring rank link->rank of
+// link->size (model/ring_attention.h's zigzag layout) of every sequence, T (gpt_create's) of
+// them, T even. Positions (learned, RoPE, ALiBi) become the tokens' global positions and every
+// training forward and backward runs its attention around the ring, so every rank of the ring
+// must make the same calls. Decoding stays local. Exits 2 with doc_mask, attention dropout or
+// the naive attention.
+void gpt_set_ring(GPT *m, const RingLink *link);
 // Backward of the last forward with targets; gradients ACCUMULATE into gpt_grads, scaled by
 // grad_scale (1/grad_accum times the loss scale). Returns nothing; call gpt_zero_grad first.
 void gpt_backward(GPT *m, float grad_scale);

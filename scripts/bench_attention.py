@@ -17,7 +17,8 @@ warm-up calls. After --rounds rounds it prints, per shape, the median over round
 TFLOP/s, the ratio B/A (the median of the per-round ratios: each ratio pairs A and B measured
 in the same round, so a slow drift of the GPU's clock cancels) and the lowest and highest
 per-round ratio (the spread). PyTorch's backends and the memory table are not timed in this mode.
-Both libraries must take this script's AttnParams layout (attention/attention.h of this checkout).
+Both libraries must take this script's AttnParams layout (attention/attention.h of this checkout)
+or the one before context parallelism (told apart by attn_merge).
 To measure a change, build the commit before it in a worktree and pass that build as A, the
 changed one as B (B/A > 1: the change made it faster):
 
@@ -51,20 +52,33 @@ class Strides(C.Structure):
     _fields_ = [("batch", C.c_int64), ("row", C.c_int64), ("head", C.c_int64)]
 
 
-class AttnParams(C.Structure):  # attention/attention.h, field for field
-    _fields_ = [
+def params_type(ring):
+    """attention/attention.h's AttnParams, field for field; ring=False: the layout of builds from
+    before context parallelism added the lse strides, accumulate and explicit positions (told
+    apart by their lack of attn_merge), so --ab still loads them."""
+    ring_lse = [("lse_batch_stride", C.c_int64), ("lse_head_stride", C.c_int64)] if ring else []
+    ring_acc = [("accumulate", C.c_int)] if ring else []
+    ring_pos = [("pos_explicit", C.c_int), ("q_pos0", C.c_int64), ("k_pos0", C.c_int64)] if ring else []
+    fields = [
         ("q", C.c_void_p), ("k", C.c_void_p), ("v", C.c_void_p), ("out", C.c_void_p), ("lse", C.c_void_p),
+        *ring_lse,
         ("q_st", Strides), ("k_st", Strides), ("v_st", Strides), ("o_st", Strides),
         ("dout", C.c_void_p), ("dq", C.c_void_p), ("dk", C.c_void_p), ("dv", C.c_void_p),
         ("do_st", Strides), ("dq_st", Strides), ("dk_st", Strides), ("dv_st", Strides),
+        *ring_acc,
         ("B", C.c_int), ("T_q", C.c_int), ("T_k", C.c_int), ("NH", C.c_int), ("NKV", C.c_int), ("HS", C.c_int),
         ("scale", C.c_float),
-        ("causal", C.c_int), ("window_left", C.c_int), ("window_right", C.c_int),
+        ("causal", C.c_int), *ring_pos,
+        ("window_left", C.c_int), ("window_right", C.c_int),
         ("alibi_slopes", C.c_void_p), ("cu_seqlens", C.c_void_p), ("n_docs", C.c_int),
         ("dropout_p", C.c_float), ("seed", C.c_uint64), ("offset", C.c_uint64),
         ("dtype", C.c_int), ("impl", C.c_int), ("deterministic", C.c_int),
         ("stream", C.c_void_p), ("workspace", C.c_void_p), ("workspace_bytes", C.c_size_t),
     ]
+    return type("AttnParams" if ring else "AttnParamsBeforeRing", (C.Structure,), {"_fields_": fields})
+
+
+AttnParams, AttnParamsBeforeRing = params_type(True), params_type(False)
 
 
 def strides(t):  # (B, T, H, D) tensor -> element strides
@@ -78,22 +92,23 @@ class Ours:
         # RTLD_LOCAL: a second build loaded beside this one (--ab) keeps its own symbols.
         self.path = lib_path
         self.lib = C.CDLL(os.path.abspath(lib_path), mode=os.RTLD_LOCAL)
+        self.P = AttnParams if hasattr(self.lib, "attn_merge") else AttnParamsBeforeRing
         self.lib.attn_workspace_bytes.restype = C.c_size_t
-        self.lib.attn_workspace_bytes.argtypes = [C.POINTER(AttnParams), C.c_int]
+        self.lib.attn_workspace_bytes.argtypes = [C.POINTER(self.P), C.c_int]
         self.ctx = None
         self.err = C.create_string_buffer(1024)
         if hasattr(self.lib, "attn_context_create"):
             self.lib.attn_context_create.restype = C.c_void_p
             self.lib.attn_context_create.argtypes = [C.c_int, C.c_void_p, C.c_int, C.c_char_p, C.c_size_t]
             for name in ("attn_forward", "attn_backward"):
-                getattr(self.lib, name).argtypes = [C.c_void_p, C.POINTER(AttnParams), C.c_char_p, C.c_size_t]
+                getattr(self.lib, name).argtypes = [C.c_void_p, C.POINTER(self.P), C.c_char_p, C.c_size_t]
             self.ctx = self.lib.attn_context_create(ATTN_CUDA, torch.cuda.current_stream().cuda_stream,
                                                     ATTN_KERNEL_AUTO, self.err, len(self.err))
             if not self.ctx:
                 raise RuntimeError(f"{lib_path}: {self.err.value.decode()}")
         else:
-            self.lib.attn_forward_cuda.argtypes = [C.POINTER(AttnParams)]
-            self.lib.attn_backward_cuda.argtypes = [C.POINTER(AttnParams)]
+            self.lib.attn_forward_cuda.argtypes = [C.POINTER(self.P)]
+            self.lib.attn_backward_cuda.argtypes = [C.POINTER(self.P)]
 
     def run(self, p, backward):
         if self.ctx is None:
@@ -104,7 +119,7 @@ class Ours:
             raise RuntimeError(f"{self.path}: {self.err.value.decode()}")
 
     def params(self, q, k, v, out, lse, causal, impl=ATTN_IMPL_FLASH, deterministic=False):
-        p = AttnParams()
+        p = self.P()
         p.q, p.k, p.v, p.out, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
         p.q_st, p.k_st, p.v_st, p.o_st = strides(q), strides(k), strides(v), strides(out)
         p.B, p.T_q, p.NH, p.HS = q.shape[0], q.shape[1], q.shape[2], q.shape[3]

@@ -10,6 +10,45 @@ static int load(Config *c, const char *json, char *err) {
     return config_load_json(c, json, "test.json", err, 512);
 }
 
+// dist.context_parallel's own rules, and the configs that use it.
+static void test_context_parallel(void) {
+    char err[512];
+    Config c;
+    config_defaults(&c);
+    EXPECT(c.dist.context_parallel == 1, "default %d", c.dist.context_parallel);
+    config_set(&c, "data.synthetic=copy", err, sizeof err);
+    EXPECT(config_set(&c, "dist.context_parallel=0", err, sizeof err) != 0 &&
+               strstr(err, "dist.context_parallel"), "0: %s", err);
+    config_set(&c, "dist.context_parallel=4", err, sizeof err);
+    EXPECT(config_validate(&c, err, sizeof err) == 0, "1024 = 8 chunks of 128: %s", err);
+    config_set(&c, "train.seq_len=1020", err, sizeof err);
+    EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "train.seq_len (1020)") &&
+               strstr(err, "multiple of 8"), "seq_len: %s", err);
+    config_set(&c, "train.seq_len=1024", err, sizeof err);
+    const char *bad[][2] = {{"attention.impl=naive", "attention.impl = flash"},
+                            {"attention.dropout=0.1", "attention.dropout"},
+                            {"attention.doc_mask=true", "attention.doc_mask"}};
+    config_set(&c, "data.eot_token=0", err, sizeof err);
+    for (int i = 0; i < 3; i++) {
+        Config d = c;
+        config_set(&d, bad[i][0], err, sizeof err);
+        EXPECT(config_validate(&d, err, sizeof err) != 0 && strstr(err, bad[i][1]) &&
+                   strstr(err, "dist.context_parallel"), "%s: %s", bad[i][0], err);
+    }
+    // The long-context configs that need GPUs to run still validate here.
+    const char *files[] = {"configs/long_256k_cp2.json", "configs/long_1m_cp8.json"};
+    const int cps[] = {2, 8}, seqs[] = {262144, 1048576};
+    for (int i = 0; i < 2; i++) {
+        config_defaults(&c);
+        EXPECT(config_load_file(&c, files[i], err, sizeof err) == 0 &&
+                   config_validate(&c, err, sizeof err) == 0, "%s: %s", files[i], err);
+        EXPECT(c.dist.context_parallel == cps[i] && c.train.seq_len == seqs[i] &&
+                   c.model.max_seq_len == seqs[i] && c.model.pos_embedding == POS_ROPE &&
+                   c.model.n_layer == 12 && c.model.n_embd == 768,
+               "%s: not the GPT-2 124M RoPE shape at the intended length", files[i]);
+    }
+}
+
 int main(void) {
     char err[512];
     Config c;
@@ -107,6 +146,8 @@ int main(void) {
         config_set(&c, "model.rope_dims=0", err, sizeof err);
         EXPECT(config_validate(&c, err, sizeof err) == 0, "rope_dims 0 with alibi: %s", err);
     });
+
+    TEST_CASE("dist.context_parallel", test_context_parallel());
 
     TEST_CASE("to_json round trip", {
         config_defaults(&c);

@@ -161,6 +161,16 @@ static void test_single_comm(void) {
     c->allreduce_host_f64(c, x, 2);
     EXPECT(c->world == 1 && x[0] == 1.5 && x[1] == -2, "single: all-reduce is the identity");
     EXPECT(comm_all_ok(c, 1) == 1 && comm_all_ok(c, 0) == 0, "single: agreement");
+    // A group of one, and a ring of one: the exchange with itself is a copy.
+    char err[256];
+    c->timeout_s = 7;
+    Comm *g = c->split(c, 0, 0, err, sizeof err);
+    EXPECT(g && g->world == 1 && g->rank == 0 && g->timeout_s == 7, "single: split %s", err);
+    float send[3] = {1, 2, 3}, recv[3] = {0};
+    g->sendrecv_start(g, send, 0, recv, 0, sizeof send);
+    g->wait(g);
+    EXPECT(recv[0] == 1 && recv[1] == 2 && recv[2] == 3, "single: sendrecv to itself copies");
+    comm_close(g);
     comm_close(c);
 }
 

@@ -4,11 +4,15 @@
 #include "data/dataset.h"
 #include "dist/comm.h"
 #include "model/gpt.h"
+#include "trainer/context_parallel.h"
 
 // Batches of B x T that cover at most `tokens` tokens of d without reading a window twice (at
 // least 1); synthetic data (0 tokens) is unbounded.
 long long eval_batches(const Dataset *d, int B, int T, long long tokens);
 // Mean loss over the non-ignored targets of n_batches batches from the start of d, over every
-// rank of comm (NULL: this process alone; each rank reads its slice of every batch). Leaves the
-// model in training mode.
-double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm);
+// rank of comm (NULL: this process alone; each rank reads its slice of every batch). T is the
+// whole sequence; with cp (NULL: none) each rank runs its part of each (the model built for
+// cp_local_len tokens), and the sum over comm counts every token once. Leaves the model in
+// training mode.
+double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm,
+                 const ContextParallel *cp);

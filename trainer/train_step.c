@@ -17,6 +17,8 @@ struct Trainer {
     Config c;
     Comm *comm;             // NULL: one process
     int rank, world;
+    ContextParallel *cp;    // dist.context_parallel's group, or NULL
+    int dp;                 // data-parallel replicas: world / CP
     size_t n;               // elements of the flat parameter vector
     size_t shard_off, shard_n;   // this rank's optimizer shard of the flat vector
     size_t *counts;         // (world) every rank's shard length
@@ -31,8 +33,9 @@ struct Trainer {
     LossScaler scaler;
     int timing;             // trainer_set_timing
     int (*stop_poll)(void); // trainer_set_stop_poll; NULL: never
-    int B, T;
+    int B, T, TL;           // batch, whole sequence, the tokens of it this rank holds
     int *inputs, *targets;  // (B, T) host, the current micro-batch
+    int *local_in, *local_tg;  // (B, TL) host, this rank's part of it (context parallelism)
 };
 
 const char *const STEP_PHASE_NAMES[N_STEP_PHASES] = {"forward+backward", "reduction after backward",
@@ -130,11 +133,21 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     t->n = gpt_num_params(m);
     t->counts = xmalloc((size_t)t->world * sizeof(size_t));
     comm_shard(t->n, t->world, t->rank, &t->shard_off, &t->shard_n, t->counts);
+    if (c->dist.context_parallel > 1 && !t->comm) {
+        char err[ERR_LEN];
+        CpLayout lay;
+        if (cp_layout(c, 0, 1, be->device, &lay, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    }
+    t->cp = t->comm ? cp_open(t->comm, c, m) : NULL;
+    t->dp = t->cp ? cp_get_layout(t->cp)->dp : t->world;
     if (t->comm) t->bucket_n = bucket_elems(c->dist.bucket_mb, dtype_size(be->dtype));
     t->B = c->train.batch_size;
     t->T = c->train.seq_len;
+    t->TL = t->cp ? cp_local_len(c) : t->T;
     t->inputs = xmalloc((size_t)t->B * t->T * sizeof(int));
     t->targets = xmalloc((size_t)t->B * t->T * sizeof(int));
+    t->local_in = xmalloc((size_t)t->B * t->TL * sizeof(int));
+    t->local_tg = xmalloc((size_t)t->B * t->TL * sizeof(int));
     OptimSpan *spans;
     const int n_spans = shard_spans(t, &spans);
     optimizer_open(t, spans, n_spans);
@@ -150,6 +163,9 @@ Trainer *trainer_create(GPT *m, const Config *c) { return trainer_create_dist(m,
 void trainer_free(Trainer *t) {
     if (!t) return;
     t->opt->destroy(t->opt);
+    cp_close(t->cp);
+    free(t->local_in);
+    free(t->local_tg);
     free(t->host_state);
     free(t->counts);
     free(t->inputs);
@@ -207,6 +223,25 @@ void trainer_optim_state_commit(Trainer *t) {
     if (t->view.master) gpt_set_params_f32(t->m, t->view.master);
 }
 
+ContextParallel *trainer_context_parallel(Trainer *t) { return t->cp; }
+
+// Forward of the micro-batch in t->inputs / t->targets; returns its mean loss. Under context
+// parallelism this rank runs its part of each sequence, and the mean is over the whole group's
+// tokens (the sum and count over the group), which the backward then divides by as well: the
+// group together is one process with the whole sequences.
+static float micro_forward(Trainer *t) {
+    if (!t->cp) return gpt_forward(t->m, t->inputs, t->targets, t->B, t->T);
+    cp_take_local(t->cp, t->inputs, t->local_in, t->B, t->T);
+    cp_take_local(t->cp, t->targets, t->local_tg, t->B, t->T);
+    gpt_forward(t->m, t->local_in, t->local_tg, t->B, t->TL);
+    int n;
+    double sums[2] = {gpt_loss_sum(t->m, &n), 0};
+    sums[1] = n;
+    cp_group_sum(t->cp, sums, 2);
+    gpt_set_loss_tokens(t->m, (long long)sums[1]);
+    return sums[1] > 0 ? (float)(sums[0] / sums[1]) : 0.0f;
+}
+
 StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) {
     GPT *m = t->m;
     const int accum = t->c.train.grad_accum;
@@ -226,11 +261,12 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
         // ones, and ranks draw different ones.
         gpt_set_rng_step(m, ((uint64_t)step * (uint64_t)accum + (uint64_t)k) * (uint64_t)t->world +
                                 (uint64_t)t->rank);
-        loss_sum += gpt_forward(m, t->inputs, t->targets, t->B, t->T);
+        loss_sum += micro_forward(t);
         if (bucketed && k == accum - 1) gpt_set_grad_ready_hook(m, bucket_add, t);
-        // Each micro-batch's mean loss weighs 1/(accum * world), so the step's gradient summed
-        // over ranks is that of the mean over the global batch, multiplied by the loss scale.
-        gpt_backward(m, st.loss_scale / (float)(accum * t->world));
+        // Each micro-batch's mean loss weighs 1/(accum * DP), so the step's gradient summed
+        // over ranks is that of the mean over the global batch, multiplied by the loss scale
+        // (under context parallelism the CP ranks of a group each hold part of one mean).
+        gpt_backward(m, st.loss_scale / (float)(accum * t->dp));
     }
     if (bucketed) {
         bucket_flush(t);

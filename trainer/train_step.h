@@ -10,8 +10,8 @@
 //
 // Data parallel (a Comm of world size W > 1, dist/comm.h): every rank runs its own micro-batches
 // (its slice of each global batch); after the last micro-step the gradients are reduce-scattered
-// (summed; each rank's backward already weighs its loss by 1/W, so the sum is the mean over the
-// global batch), so rank r holds the gradient of its shard of the flat vector (comm_shard).
+// (summed; each rank's backward already weighs its loss by 1/DP, so the sum is the mean over
+// the global batch), so rank r holds the gradient of its shard of the flat vector (comm_shard).
 // The reduction overlaps backward: on the last micro-step gpt's grad-ready hook hands over each
 // layer's gradient block as soon as it is final, and buckets of adjacent blocks (about
 // dist.bucket_mb MiB, default 25; 0 = one reduce-scatter after backward) start their
@@ -28,12 +28,18 @@
 // of token shards, the synthetic tasks); with ignored targets spread unevenly, the ranks' means
 // weigh equally rather than per token. Dropout masks differ per rank: the rng step is
 // (step * grad_accum + micro-step) * W + rank.
+// Context parallelism (dist.context_parallel = CP, trainer/context_parallel.h): W = DP x CP
+// ranks, the CP ranks of a group each run their part of the group's sequences; a group's loss
+// is the mean over all of its counted targets (per token across the group, so uneven ignored
+// targets do not matter inside a group) and each rank's backward weighs it by 1/(accum x DP):
+// the sum over all W ranks is again the mean over the global batch.
 #pragma once
 #include <stdint.h>
 
 #include "common/config.h"
 #include "dist/comm.h"
 #include "trainer/checkpoint.h"
+#include "trainer/context_parallel.h"
 #include "model/gpt.h"
 #include "optim/optim.h"
 
@@ -72,8 +78,14 @@ extern const char *const STEP_PHASE_NAMES[N_STEP_PHASES];
 Trainer *trainer_create(GPT *m, const Config *c);
 // The data-parallel trainer: comm (not owned; NULL or world 1 = one process) carries the
 // gradient reduce-scatter, the parameter all-gather and the global loss and norm. Every rank
-// must call trainer_step (and trainer_optim_state) the same number of times.
+// must call trainer_step (and trainer_optim_state) the same number of times. With
+// dist.context_parallel > 1 it opens the groups (trainer/context_parallel.h) and gives m its
+// ring: m must then be built for cp_local_len(c) tokens per sequence; next() still fills whole
+// sequences, of which each rank takes its part. Exits 2 when the launch cannot serve it.
 Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm);
+// The context-parallel group the trainer opened (evaluation slices its batches the same way),
+// or NULL.
+ContextParallel *trainer_context_parallel(Trainer *t);
 void trainer_free(Trainer *t);
 // Runs optimizer step `step` (0-based) of c->train.steps.
 StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);

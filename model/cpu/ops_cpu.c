@@ -25,6 +25,12 @@ static void cpu_fill_zero(Backend *be, void *p, size_t bytes) { memset(p, 0, byt
 static void cpu_copy(Backend *be, void *dst, const void *src, size_t bytes) {
     memmove(dst, src, bytes);
 }
+static void cpu_copy_2d(Backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                        size_t width, size_t rows) {
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
 static void cpu_synchronize(Backend *be) {}
 
 static void cpu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
@@ -60,6 +66,7 @@ Backend *backend_cpu_create(void) {
     be->release = cpu_release;
     be->fill_zero = cpu_fill_zero;
     be->copy = cpu_copy;
+    be->copy_2d = cpu_copy_2d;
     be->upload = cpu_copy;
     be->download = cpu_copy;
     be->upload_f32 = cpu_upload_f32;

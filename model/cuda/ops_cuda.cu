@@ -57,6 +57,12 @@ static void cu_copy(Backend *be, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx(be)->stream));
 }
 
+static void cu_copy_2d(Backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                       size_t width, size_t rows) {
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                 cudaMemcpyDeviceToDevice, cuda_ctx(be)->stream));
+}
+
 static void cu_synchronize(Backend *be) { CUDA_CHECK(cudaStreamSynchronize(cuda_ctx(be)->stream)); }
 
 // The caller may reuse `host` as soon as this returns, so the copy is waited for.
@@ -178,6 +184,7 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->release = cu_release;
     be->fill_zero = cu_fill_zero;
     be->copy = cu_copy;
+    be->copy_2d = cu_copy_2d;
     be->upload = cu_upload;
     be->download = cu_download;
     be->upload_f32 = cu_upload_f32;

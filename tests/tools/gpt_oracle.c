@@ -11,6 +11,9 @@
 // Usage: gpt_oracle OUT.safetensors [--init WEIGHTS.safetensors] [--set section.key=value ...]
 // --init takes the initial weights from a file with one F32 tensor per gpt_tensor name (written
 // by the Python side: this also checks st_read against an independent writer).
+// Context parallelism: under mpirun -np N with --set dist.context_parallel=N every rank holds its
+// zigzag part of each sequence (the same batches on every rank); the logits, loss and gradients
+// written (by rank 0) are the whole group's, so the file compares with one process's directly.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,8 @@
 #include "common/config.h"
 #include "common/rng.h"
 #include "common/safetensors.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
 #include "model/gpt.h"
 #include "trainer/train_step.h"
 
@@ -105,6 +110,41 @@ static void add_named(StFile *f, char (*names)[128], int *k, const char *prefix,
     st_add(f, names[(*k)++], DTYPE_F32, t->ndim, shape, data + t->offset);
 }
 
+// One forward and backward of the first batch (B, T) by the context-parallel group: each rank
+// runs its part, the loss is the mean over the group's tokens, and the whole group's logits (B,
+// T, V) and gradients (summed over the ranks) land in every rank's buffers. Returns the loss.
+static float group_forward_backward(GPT *m, ContextParallel *cp, Comm *world, const int *inputs,
+                                    const int *targets, int B, int T, int V, float *logits,
+                                    float *grads) {
+    const CpLayout *lay = cp_get_layout(cp);
+    const int TL = T / lay->cp;
+    int *lin = xmalloc((size_t)B * TL * sizeof(int)), *ltg = xmalloc((size_t)B * TL * sizeof(int));
+    float *llog = xmalloc((size_t)B * TL * V * sizeof(float));  // (B, TL, V)
+    cp_take_local(cp, inputs, lin, B, T);
+    cp_take_local(cp, targets, ltg, B, T);
+    gpt_forward(m, lin, ltg, B, TL);
+    int n;
+    double sums[2] = {gpt_loss_sum(m, &n), 0};
+    sums[1] = n;
+    cp_group_sum(cp, sums, 2);
+    gpt_set_loss_tokens(m, (long long)sums[1]);
+    gpt_logits_f32(m, llog);
+    // Each element of the whole logits comes from exactly one rank (the others add 0).
+    memset(logits, 0, (size_t)B * T * V * sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < TL; t++)
+            memcpy(logits + ((size_t)b * T + ring_global_pos(lay->cp_rank, lay->cp, TL, t)) * V,
+                   llog + ((size_t)b * TL + t) * V, (size_t)V * sizeof(float));
+    world->allreduce_sum(world, logits, (size_t)B * T * V, DTYPE_F32);
+    gpt_backward(m, 1.0f);
+    gpt_get_grads_f32(m, grads);
+    world->allreduce_sum(world, grads, gpt_num_params(m), DTYPE_F32);
+    free(lin);
+    free(ltg);
+    free(llog);
+    return (float)(sums[0] / sums[1]);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || argv[1][0] == '-') {
         fprintf(stderr, "usage: gpt_oracle OUT.safetensors [--init WEIGHTS.safetensors] [--set key=value ...]\n");
@@ -132,7 +172,17 @@ int main(int argc, char **argv) {
     const int n_batches = steps > 0 ? steps * c.train.grad_accum : 1;
     const GPTConfig g = gpt_config_from(&c);
     Backend *be = backend_cpu_create();
-    GPT *m = gpt_create(&g, be, B, T, &c);
+    Comm *world = NULL;
+    if (c.dist.context_parallel > 1) {
+        LaunchInfo li;
+        if (launch_detect(&li, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+        if (li.world != c.dist.context_parallel)
+            fatal(EXIT_USAGE, "gpt_oracle: launch exactly dist.context_parallel = %d ranks (one "
+                              "group: every rank reads the same batches)", c.dist.context_parallel);
+        world = comm_open(&li, DEVICE_CPU, NULL, 300.0, err, sizeof err);
+        if (!world) fatal(EXIT_USAGE, "%s", err);
+    }
+    GPT *m = gpt_create(&g, be, B, world ? cp_local_len(&c) : T, &c);
     const size_t np = gpt_num_params(m), BT = (size_t)B * T;
     const int nt = gpt_num_tensors(m);
 
@@ -153,13 +203,21 @@ int main(int argc, char **argv) {
     else random_weights(m, params0, (uint64_t)c.train.seed);
     gpt_set_params_f32(m, params0);
 
+    // The trainer takes the weights as they are now (the forward below does not change them)
+    // and, with context parallelism, opens the group and gives the model its ring.
+    Trainer *tr = trainer_create_dist(m, &c, world);
+    ContextParallel *cp = trainer_context_parallel(tr);
     gpt_zero_grad(m);
-    float loss = gpt_forward(m, inputs, targets, B, T);
-    gpt_logits_f32(m, logits);
-    gpt_backward(m, 1.0f);
-    gpt_get_grads_f32(m, grads);
+    float loss;
+    if (cp) {
+        loss = group_forward_backward(m, cp, world, inputs, targets, B, T, g.V, logits, grads);
+    } else {
+        loss = gpt_forward(m, inputs, targets, B, T);
+        gpt_logits_f32(m, logits);
+        gpt_backward(m, 1.0f);
+        gpt_get_grads_f32(m, grads);
+    }
 
-    Trainer *tr = trainer_create(m, &c);
     Batches batches = {inputs, targets, (int)BT, 0};
     for (int s = 0; s < steps; s++) {
         StepStats st = trainer_step(tr, s, next_batch, &batches);
@@ -169,6 +227,13 @@ int main(int argc, char **argv) {
         norms[s] = st.grad_norm;
     }
     gpt_get_params_f32(m, params1);
+    if (world && world->rank != 0) {   // rank 0 writes for the group
+        trainer_free(tr);
+        gpt_free(m);
+        comm_close(world);
+        be->destroy(be);
+        return EXIT_OK;
+    }
 
     StFile f;
     st_init(&f);
@@ -206,6 +271,7 @@ int main(int argc, char **argv) {
     free(decayed);
     trainer_free(tr);
     gpt_free(m);
+    comm_close(world);
     be->destroy(be);
     free(params0);
     free(grads);
