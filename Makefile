@@ -187,6 +187,7 @@ FUZZ_CC      ?= $(shell command -v clang-14 2>/dev/null || command -v clang 2>/d
 FUZZ_BUILD   ?= build/fuzz
 FUZZ_SECONDS ?= 20
 fuzz:
+	@test -n "$(FUZZ_CC)" || { echo "make fuzz needs clang with libFuzzer (scripts/setup.sh installs clang-14)"; exit 2; }
 	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) NO_CUDA=1 NO_MPI=1 \
 	    CFLAGS_EXTRA="$(SAN_FLAGS) -fsanitize=fuzzer-no-link -Wno-unknown-warning-option -Wno-pass-failed" fuzz-bins
 fuzz-bins: $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/%)
