@@ -137,8 +137,8 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HDR) $(BUILD)/libflashgpt.a
 	$(call say,FUZZ,$@)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
 # The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
-# It needs only common/check.o from the rest of common (no cJSON, so it loads on machines
-# without it); -fopenmp links libgomp for the CPU reference's parallel loops.
+# It needs only common/check.o and common/dtype.o from the rest of common (no cJSON, so it loads
+# on machines without it); -fopenmp links libgomp for the CPU reference's parallel loops.
 libattention: $(BUILD)/libattention.so
 $(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/check.o $(BUILD)/common/dtype.o
 	$(call say,LINK,$@)$(CC) -shared -fopenmp $^ -o $@ $(LDLIBS)
@@ -187,6 +187,7 @@ FUZZ_CC      ?= $(shell command -v clang-14 2>/dev/null || command -v clang 2>/d
 FUZZ_BUILD   ?= build/fuzz
 FUZZ_SECONDS ?= 20
 fuzz:
+	@test -n "$(FUZZ_CC)" || { echo "make fuzz needs clang with libFuzzer (scripts/setup.sh installs clang-14)"; exit 2; }
 	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) NO_CUDA=1 NO_MPI=1 \
 	    CFLAGS_EXTRA="$(SAN_FLAGS) -fsanitize=fuzzer-no-link -Wno-unknown-warning-option -Wno-pass-failed" fuzz-bins
 fuzz-bins: $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/%)

@@ -1,6 +1,9 @@
-// fuzz_tokenizer: llm.c's tokenizer file (tokenizer_parse). Input: a tokenizer file. Promises:
-// every id decodes to 1..255 bytes and encodes back (greedy longest match) to ids whose bytes
-// are the same; encoding the file's own bytes, when it succeeds, decodes back to them.
+// fuzz_tokenizer: llm.c's tokenizer file (tokenizer_parse), and the char vocabulary that
+// `prepare --tokenizer char` builds from a text (tokenizer_build_char). Input: a tokenizer file,
+// read as a text too. Promises: every id decodes to 1..255 bytes and encodes back (greedy
+// longest match) to ids whose bytes are the same; encoding the input with the file's vocabulary,
+// when it succeeds, decodes back to it; a char vocabulary built from the input (valid UTF-8)
+// encodes all of it, one id per character, and decodes back to it.
 #include "common/check.h"
 #include "data/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
@@ -17,8 +20,28 @@ static int decodes_to(const Tokenizer *t, const int *ids, long n, const unsigned
     return pos == len;
 }
 
+static void check_char_vocabulary(const uint8_t *data, size_t size) {
+    char err[ERR_LEN];
+    Tokenizer *t = tokenizer_build_char((const char *)data, size, err, sizeof err);
+    if (!t) {
+        FUZZ_ASSERT(err[0] != '\0');
+        return;
+    }
+    int *ids = malloc(size * sizeof(int));
+    const long k = tokenizer_encode_bytes(t, (const char *)data, size, ids, (long)size);
+    FUZZ_ASSERT(k >= 1 && decodes_to(t, ids, k, data, size));
+    for (long i = 0; i < k; i++) {   // one id per character, in code point order
+        int len;
+        const unsigned char *b = tokenizer_decode(t, ids[i], &len);
+        FUZZ_ASSERT(tokenizer_utf8_char_len((const char *)b, (size_t)len) == len);
+    }
+    free(ids);
+    tokenizer_free(t);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[ERR_LEN];
+    check_char_vocabulary(data, size);
     Tokenizer *t = tokenizer_parse(data, size, "fuzz.bin", err, sizeof err);
     if (!t) {
         FUZZ_ASSERT(err[0] != '\0');
