@@ -47,6 +47,8 @@ DocStream *doc_stream_open(const InputList *in, const DocStreamOptions *o) {
     d->sep_len = o->separator ? strlen(o->separator) : 0;
     d->file = -1;
     d->split_pending = o->format == DOCS_TEXT && o->split_after != UINT64_MAX;
+    // The window is never NULL, so the memmove/memchr on an empty one are defined behaviour.
+    bytebuf_reserve(&d->win, DOC_STREAM_BLOCK);
     return d;
 }
 
