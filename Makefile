@@ -194,7 +194,7 @@ fuzz-bins: $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/%)
 fuzz-run: fuzz
 	@bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
-# Data parallelism on 2 GPUs (nvidia-h200-x2): NCCL under torchrun and mpirun, faults.
+# Data parallelism on 2 GPUs of one host: NCCL under torchrun and mpirun, faults.
 test-gpu-dist: $(BIN)
 	$(PYTHON) -m pytest -s -q -p no:cacheprovider tests/gpu/test_dist_gpu.py
 

@@ -1,4 +1,4 @@
-"""Data parallelism on 2 GPUs with NCCL (run on nvidia-h200-x2 by `make test-gpu-dist`): the CPU
+"""Data parallelism on 2 GPUs with NCCL (run on 2 x H200 by `make test-gpu-dist`): the CPU
 suite's comparisons (tests/test_dist.py) repeated on the CUDA backend, for torchrun and mpirun
 launches: 2 GPUs x batch B against 1 GPU x batch 2B, gradient buckets reduced on NCCL's side
 stream during backward against one reduce-scatter after it (bitwise), gradient accumulation,
@@ -39,7 +39,7 @@ def gpu_count():
 @pytest.fixture(scope="module", autouse=True)
 def two_gpus():
     # This suite exists for a 2-GPU machine: fewer GPUs is a failure, not a skip.
-    assert gpu_count() >= 2, "test_dist_gpu.py needs 2 GPUs (nvidia-h200-x2)"
+    assert gpu_count() >= 2, "test_dist_gpu.py needs 2 GPUs"
     assert MPIRUN and TORCHRUN, "mpirun and torchrun must be installed"
 
 
