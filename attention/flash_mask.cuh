@@ -8,6 +8,8 @@
 // document edges, ragged tails: masked per element). The rules themselves are mask.h's, shared
 // with the CPU reference.
 #pragma once
+#include <type_traits>
+
 #include "attention/flash_common.cuh"
 #include "attention/mask.h"
 
@@ -25,6 +27,15 @@ __device__ __forceinline__ TileClass tile_class(RowRange first, RowRange last, i
     if (n1 <= first.lo || n0 >= last.hi) return TILE_EMPTY;
     if (n0 >= last.lo && n1 <= first.hi) return TILE_FULL;
     return TILE_PARTIAL;
+}
+
+// The tile class as a compile-time parameter of a kernel's tile step: the step is written once
+// as a template (a generic lambda taking `auto masked`) whose Masked<true> instance masks per
+// element and whose Masked<false> instance, the full tiles of the bulk, has no masking code.
+template <bool M> using Masked = std::integral_constant<bool, M>;
+template <typename Step> __device__ __forceinline__ void step_by_class(bool partial, Step &&step) {
+    if (partial) step(Masked<true>());
+    else step(Masked<false>());
 }
 
 // Query rows [q_begin, q_end) that see at least one key of [n0, n1) (binary searches on the

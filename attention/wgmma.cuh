@@ -37,10 +37,8 @@ template <int ROWS> __device__ __forceinline__ int sw128_offset(int row, int col
     return (int)((c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7));
 }
 
-// The first 1024-byte boundary at or after p (the kernels ask for 1024 extra bytes).
-__device__ __forceinline__ unsigned char *smem_align1024(unsigned char *p) {
-    return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
-}
+// The first 1024-byte boundary at or after p (where an SW128 tile starts).
+__device__ __forceinline__ unsigned char *smem_align1024(unsigned char *p) { return smem_align<1024>(p); }
 
 // Stores rows [row0, row0 + NROWS) of an SW128 tile of ROWS rows to global memory (row r of the
 // tile to dst + (r - row0) * row_stride), skipping rows at or beyond row0 + n_valid.
