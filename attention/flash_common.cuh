@@ -83,6 +83,24 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) 
                  : "r"(addr));
 }
 
+// acc[mt][2n] and acc[mt][2n + 1] += a[mt] B_n for every n < N / 2 and the MT m16 tiles: B_n
+// holds the two n8 tiles of one ldmatrix.x4 (.trans when TRANS) at shared address baddr(n), so
+// each B fragment read from shared memory feeds 2 MT MMAs.
+template <typename T, bool TRANS, int MT, int N, typename Addr>
+__device__ __forceinline__ void mma_pairs(float (&acc)[MT][N][4], const uint32_t (&a)[MT][4], Addr baddr) {
+#pragma unroll
+    for (int np = 0; np < N / 2; np++) {
+        uint32_t bf[4];
+        if (TRANS) ldmatrix_x4_trans(bf, baddr(np));
+        else ldmatrix_x4(bf, baddr(np));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            mma_16816<T>(acc[mt][2 * np], a[mt], bf[0], bf[1]);
+            mma_16816<T>(acc[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+        }
+    }
+}
+
 // 16-byte asynchronous global->shared copy; src_bytes = 0 writes zeros (ragged tile rows).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -192,6 +210,15 @@ __device__ __forceinline__ void atomic_add_pair(float *acc, float x, float y) {
     atomicAdd(acc, x);
     atomicAdd(acc + 1, y);
 #endif
+}
+
+// acc[0..1] += (x, y) in global fp32 memory (8-byte aligned) that this thread alone updates:
+// the accumulate mode's read-add-write of gradients a block owns (attention.h).
+__device__ __forceinline__ void add_pair(float *acc, float x, float y) {
+    float2 v = *reinterpret_cast<const float2 *>(acc);
+    v.x += x;
+    v.y += y;
+    *reinterpret_cast<float2 *>(acc) = v;
 }
 
 // Converts the fp32 C fragments of two adjacent n8 tiles into the A fragment of their 16x16 union.

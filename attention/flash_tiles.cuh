@@ -154,16 +154,16 @@ template <int HS> struct Sm90BwdTile {
     static constexpr int BN = 64 * NWG, BM = HS <= 64 ? 128 : 64;
     static_assert(HS % 64 == 0 && BM % 64 == 0, "SW128 tiles are whole 64-column blocks");
 };
-// K and V (at the end the staging areas of dK and dV), two stages of Q and of dO, dS^T (keys x
+// Two stages of Q and of dO, K and V (at the end the staging areas of dK and dV), dS^T (keys x
 // queries), every tile SW128 and a multiple of 1 KB (so each stays 1024-byte aligned); a 64 x 64
 // fp32 dQ block per MMA warpgroup; two stages of LSE, D and the visible key ranges of the rows;
 // and per stage the mbarrier on which its copies land.
 template <typename T, int HS> struct Sm90BwdSmem {
     using Tile = Sm90BwdTile<HS>;
-    alignas(1024) T k[Tile::BN * HS];
-    T v[Tile::BN * HS];
-    T q[2][Tile::BM * HS];
+    alignas(1024) T q[2][Tile::BM * HS];
     T dout[2][Tile::BM * HS];
+    T k[Tile::BN * HS];
+    T v[Tile::BN * HS];
     T ds[Tile::BN * Tile::BM];
     float dq[Tile::NWG][4096];
     float lse[2][Tile::BM];
