@@ -24,8 +24,8 @@ struct RingAttention {
     float *dkv_in[2];     // (B, T, kvw) fp32: another rank's part of this rank's dK/dV
     float *out_acc;       // (B, T, qw) fp32: the merged output; (B, T, qw) fp32 dQ in backward
     float *lse_inf;       // (B, NH, T) fp32 +INFINITY: "no key seen yet" for the merge
-    void *part_out;       // (B, c, qw) one chunk pair's output before it is merged
-    float *part_lse;      // (B, NH, c) its lse
+    void *part_out;       // (B, T, qw) one call's output (up to two chunks) before its merge
+    float *part_lse;      // (B, NH, T) its lse
 };
 
 static int chunk_of(int rank, int size, int half) { return half ? 2 * size - 1 - rank : rank; }
@@ -71,8 +71,8 @@ RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, i
     ra->lse_inf = be->alloc(be, n_lse * sizeof(float));
     be->upload(be, ra->lse_inf, inf, n_lse * sizeof(float));
     free(inf);
-    ra->part_out = be->alloc(be, (size_t)B * ra->c * ra->qw * ra->ds);
-    ra->part_lse = be->alloc(be, (size_t)B * NH * ra->c * sizeof(float));
+    ra->part_out = be->alloc(be, (size_t)B * T_local * ra->qw * ra->ds);
+    ra->part_lse = be->alloc(be, (size_t)B * NH * T_local * sizeof(float));
     return ra;
 }
 
@@ -119,15 +119,22 @@ static AttnStrides acc_strides(const RingAttention *ra) {
     return (AttnStrides){(int64_t)ra->T * ra->qw, ra->qw, ra->HS};
 }
 
-// Chunk pair k (0..3) of the queries of ring rank `rank` against the block of ring rank
-// `origin` held in kv (its fp32 dK/dV accumulator in dkv, backward only): p narrowed to the
-// pair, with explicit positions. lse is the local one (query half qh of p's); forward writes
-// into the fp32 output accumulator's rows of that half, backward reads p's out and adds into
-// the fp32 dQ accumulator's rows.
-static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int rank, int origin,
-                              int k, const void *kv, float *dkv) {
-    const int c = ra->c, size = ra->link.size, qh = k >> 1, kh = k & 1;
-    const int64_t q0 = (int64_t)qh * c, k0 = (int64_t)kh * c * ra->kvw;
+// A call of a ring step: query halves [qh, qh + nq) of the local tokens against key halves
+// [kh, kh + nk) of a block (each half one chunk of c tokens).
+typedef struct {
+    int qh, nq, kh, nk;
+} Span;
+
+// The span of the queries of ring rank `rank` against the block of ring rank `origin` held in
+// kv (its fp32 dK/dV accumulator in dkv, backward only): p narrowed to it. One chunk against one
+// chunk takes explicit positions; a span of two (their positions are not contiguous) is only
+// made of pairs in which every query sees every key (step_spans), so it runs unmasked. lse is
+// the local one (the span's query rows of p's); forward writes into the fp32 output
+// accumulator's rows, backward reads p's out and adds into the fp32 dQ accumulator's rows.
+static AttnParams span_params(const RingAttention *ra, const AttnParams *p, int rank, int origin,
+                              Span sp, const void *kv, float *dkv) {
+    const int c = ra->c, size = ra->link.size;
+    const int64_t q0 = (int64_t)sp.qh * c, k0 = (int64_t)sp.kh * c * ra->kvw;
     const int64_t kv_off = (int64_t)ra->NKV * ra->HS;
     AttnParams a = *p;
     a.q = at(p->q, q0 * p->q_st.row, ra->ds);
@@ -139,10 +146,16 @@ static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int 
     a.k = at(kv, k0, ra->ds);
     a.v = at(kv, k0 + kv_off, ra->ds);
     a.k_st = a.v_st = block_strides(ra);
-    a.T_q = a.T_k = c;
-    a.pos_explicit = 1;
-    a.q_pos0 = (int64_t)chunk_of(rank, size, qh) * c;
-    a.k_pos0 = (int64_t)chunk_of(origin, size, kh) * c;
+    a.T_q = sp.nq * c;
+    a.T_k = sp.nk * c;
+    if (sp.nq == 1 && sp.nk == 1) {
+        a.pos_explicit = 1;
+        a.q_pos0 = (int64_t)chunk_of(rank, size, sp.qh) * c;
+        a.k_pos0 = (int64_t)chunk_of(origin, size, sp.kh) * c;
+    } else {
+        a.causal = 0;
+        a.window_left = a.window_right = -1;
+    }
     if (dkv) {
         a.dout = at(p->dout, q0 * p->do_st.row, ra->ds);
         a.dq = ra->out_acc + q0 * ra->qw;
@@ -155,6 +168,12 @@ static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int 
     return a;
 }
 
+// Chunk pair k (0..3): query half k / 2 against key half k % 2.
+static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int rank, int origin,
+                              int k, const void *kv, float *dkv) {
+    return span_params(ra, p, rank, origin, (Span){k >> 1, 1, k & 1, 1}, kv, dkv);
+}
+
 // Whether any query of the pair sees any key. The mask depends only on positions here (no
 // documents), so batch row 0 stands for all.
 static int pair_visible(const AttnParams *a) {
@@ -163,6 +182,42 @@ static int pair_visible(const AttnParams *a) {
         if (r.lo < r.hi) return 1;
     }
     return 0;
+}
+
+// Whether every query of the pair sees every key: the key ranges only grow along the rows, so
+// the first row's end and the last row's start tell.
+static int pair_full(const AttnParams *a) {
+    return attn_key_range(a, 0, 0).hi >= a->T_k && attn_key_range(a, 0, a->T_q - 1).lo <= 0;
+}
+
+// The calls of the step of the queries of `rank` against the block of `origin`: its visible
+// chunk pairs, where two fully visible pairs that share a query or a key half (and no ALiBi,
+// which depends on positions) run as one unmasked call over both. Under the causal zigzag every
+// step but the first is such a pair of pairs. Returns how many (at most 4).
+static int step_spans(const RingAttention *ra, const AttnParams *p, int rank, int origin,
+                      Span sp[4]) {
+    int vis = 0, full = 0;  // bit k: chunk pair k is visible, fully visible
+    for (int k = 0; k < 4; k++) {
+        const AttnParams a = pair_params(ra, p, rank, origin, k, ra->kv_own, NULL);
+        if (pair_visible(&a)) vis |= 1 << k;
+        if ((vis >> k & 1) && pair_full(&a)) full |= 1 << k;
+    }
+    if (!p->alibi_slopes && vis == full) {
+        for (int h = 0; h < 2; h++) {
+            if (vis == (1 << h | 1 << (2 + h))) {  // both query halves against key half h
+                sp[0] = (Span){0, 2, h, 1};
+                return 1;
+            }
+            if (vis == (3 << (2 * h))) {  // query half h against both key halves
+                sp[0] = (Span){h, 1, 0, 2};
+                return 1;
+            }
+        }
+    }
+    int n = 0;
+    for (int k = 0; k < 4; k++)
+        if (vis >> k & 1) sp[n++] = (Span){k >> 1, 1, k & 1, 1};
+    return n;
 }
 
 // Whether the queries of ring rank `rank` see any key of the block of ring rank `origin`: what
@@ -214,12 +269,13 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
         if (s > 0) ra->link.wait(ra->link.ctx);  // the block of step s has arrived
         if (s + 1 < size) start_step(ra, p, s + 1, ra->kv_own, ra->kv_in[(s + 1) & 1], bytes);
         const int origin = ring_rank(ra, rank - s);
-        for (int k = 0; k < 4; k++) {
-            const AttnParams acc = pair_params(ra, p, rank, origin, k, step_block(ra, s), NULL);
-            if (!pair_visible(&acc)) continue;
+        Span sp[4];
+        const int n = step_spans(ra, p, rank, origin, sp);
+        for (int k = 0; k < n; k++) {
+            const AttnParams acc = span_params(ra, p, rank, origin, sp[k], step_block(ra, s), NULL);
             AttnParams a = acc;
             a.out = ra->part_out;
-            a.o_st = (AttnStrides){(int64_t)ra->c * ra->qw, ra->qw, ra->HS};
+            a.o_st = (AttnStrides){(int64_t)a.T_q * ra->qw, ra->qw, ra->HS};
             a.lse = ra->part_lse;
             a.lse_batch_stride = a.lse_head_stride = 0;
             backend_attention(be, &a, 0);
@@ -246,9 +302,11 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
         const int origin = ring_rank(ra, rank - s);
         float *dkv = s == 0 ? ra->dkv_own : ra->dkv_out[s & 1];
         if (s > 0) be->fill_zero(be, dkv, n * sizeof(float));
-        for (int k = 0; k < 4; k++) {
-            AttnParams a = pair_params(ra, p, rank, origin, k, step_block(ra, s), dkv);
-            if (pair_visible(&a)) backend_attention(be, &a, 1);
+        Span sp[4];
+        const int n_sp = step_spans(ra, p, rank, origin, sp);
+        for (int k = 0; k < n_sp; k++) {
+            AttnParams a = span_params(ra, p, rank, origin, sp[k], step_block(ra, s), dkv);
+            backend_attention(be, &a, 1);
         }
         // This rank's part of origin's dK/dV goes back to it; rank + s's part of ours arrives.
         if (s > 0) {

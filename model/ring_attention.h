@@ -19,7 +19,7 @@
 //
 // Memory per rank: its own K/V block and two received ones of (B, T_local, 2 * NKV * HS), fp32
 // dK/dV (own, two outgoing, two incoming) of the same shape, an fp32 output and dQ of (B,
-// T_local, NH * HS) and one partial output of (B, c, NH * HS): O(T / size).
+// T_local, NH * HS) and one partial output of the same shape: O(T / size).
 #pragma once
 #include <stddef.h>
 
