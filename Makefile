@@ -71,6 +71,7 @@ BUILD_FLAGS := $(CC) $(CFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDLIBS)
 $(shell mkdir -p $(BUILD) && (echo '$(BUILD_FLAGS)' | cmp -s - $(BUILD)/flags || echo '$(BUILD_FLAGS)' > $(BUILD)/flags))
 
 TEST_SRC     := $(wildcard tests/test_*.c)
+TEST_HDR     := $(wildcard tests/*.h)   # the harness headers the C tests share
 TEST_BIN     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # Small programs the Python oracle tests drive (they link the same library as train_gpt).
 TOOL_SRC     := $(wildcard tests/tools/*.c)
@@ -111,7 +112,7 @@ $(BUILD)/libflashgpt.a: $(OBJ)
 $(BIN): $(BUILD)/train_gpt.o $(CLI_OBJ) $(BUILD)/libflashgpt.a
 	$(call say,LINK,$@)$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/testlib.h $(BUILD)/libflashgpt.a
+$(BUILD)/tests/%: tests/%.c $(TEST_HDR) $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(call say,TEST,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
@@ -119,11 +120,11 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(call say,TOOL,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(TEST_HDR) tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(call say,TEST,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/testlib.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu $(TEST_HDR) tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(call say,TEST,$@)$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
 	$(Q)$(CC) $(CFLAGS) $@.o $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)

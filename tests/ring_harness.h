@@ -14,66 +14,14 @@
 #include "common/rng.h"
 #include "model/backend.h"
 #include "model/ring_attention.h"
+#include "ring_hub.h"
 #include "testlib.h"
 
 #ifndef RING_HS
 #define RING_HS 16  // head size; the GPU test sets 64 (a flash kernel's)
 #endif
-enum { RB = 2, RNH = 4, RNKV = 2, RHS = RING_HS, RMAXP = 4, RMAXQ = 8 };
+enum { RB = 2, RNH = 4, RNKV = 2, RHS = RING_HS };
 #define RW ((RNH + 2 * RNKV) * RHS)  // elements per token of the fused qkv row
-
-// The in-memory ring: start() queues a rank's (send to dst, receive from src) pair; wait()
-// finishes the rank's own queued work, meets every rank at a barrier, copies into each of its
-// receives the matching send queued for it (the k-th receive from src takes src's k-th send to
-// this rank), and meets again so that no send buffer changes before every copy from it is done.
-typedef struct {
-    pthread_barrier_t bar;
-    int P;
-    struct {
-        const void *send;
-        void *recv;
-        int dst, src;
-        size_t bytes;
-    } q[RMAXP][RMAXQ];
-    int n[RMAXP];
-    int sent[RMAXP];  // blocks each rank has sent, over the whole run
-} Hub;
-
-typedef struct {
-    Hub *hub;
-    Backend *be;
-    int rank;
-} Port;
-
-static void hub_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
-    Port *pt = ctx;
-    Hub *h = pt->hub;
-    CHECK(h->n[pt->rank] < RMAXQ && (send || recv));
-    h->q[pt->rank][h->n[pt->rank]++] = (typeof(h->q[0][0])){send, recv, dst, src, bytes};
-    h->sent[pt->rank] += send != NULL;
-}
-
-static void hub_wait(void *ctx) {
-    Port *pt = ctx;
-    Hub *h = pt->hub;
-    const int me = pt->rank;
-    pt->be->synchronize(pt->be);
-    pthread_barrier_wait(&h->bar);
-    int taken[RMAXP] = {0};  // sends of each rank to this one already matched
-    for (int i = 0; i < h->n[me]; i++) {
-        if (!h->q[me][i].recv) continue;
-        const int src = h->q[me][i].src;
-        int k = 0, found = -1;
-        for (int j = 0; j < h->n[src] && found < 0; j++)
-            if (h->q[src][j].send && h->q[src][j].dst == me && k++ == taken[src]) found = j;
-        CHECK(found >= 0 && h->q[src][found].bytes == h->q[me][i].bytes);
-        taken[src]++;
-        pt->be->copy(pt->be, h->q[me][i].recv, h->q[src][found].send, h->q[me][i].bytes);
-    }
-    pt->be->synchronize(pt->be);
-    pthread_barrier_wait(&h->bar);
-    h->n[me] = 0;
-}
 
 typedef struct {
     int P, c, window, alibi;        // ranks, tokens per chunk, attention.window (-1: none), ALiBi
@@ -84,7 +32,7 @@ typedef struct {
     float slopes[RNH];
     Hub hub;
     // per rank results on the local tokens: (B, TL, NH*HS), (B, NH, TL), (B, TL, W)
-    float *out[RMAXP], *lse[RMAXP], *dqkv[RMAXP];
+    float *out[HUB_MAXP], *lse[HUB_MAXP], *dqkv[HUB_MAXP];
 } RingCase;
 
 // The layer's attention over the fused buffer, as the model describes it.
@@ -144,7 +92,7 @@ static void *ring_rank_main(void *arg) {
     float *slopes_d = be->alloc(be, sizeof r->slopes);
     be->upload(be, slopes_d, r->slopes, sizeof r->slopes);
     Port port = {&r->hub, be, j->rank};
-    const RingLink link = {.ctx = &port, .rank = j->rank, .size = r->P, .start = hub_start, .wait = hub_wait};
+    const RingLink link = hub_link(&port);
     RingAttention *ra = ring_attention_create(be, &link, RB, TL, RNH, RNKV, RHS);
     AttnParams p = ring_fused(r, qkv_d, out_d, lse_d, TL, slopes_d, es);
     ring_attention_forward(ra, &p);
@@ -192,22 +140,16 @@ static void ring_inputs(RingCase *rc, Backend *round_be, uint64_t seed) {
 // sent by all ranks together (3 P (P - 1) when every pair is visible: K/V forward and backward,
 // dK/dV parts back).
 static int ring_results(RingCase *rc) {
-    memset(&rc->hub, 0, sizeof rc->hub);
-    rc->hub.P = rc->P;
-    pthread_barrier_init(&rc->hub.bar, NULL, (unsigned)rc->P);
-    pthread_t th[RMAXP];
-    RingJob jobs[RMAXP];
+    hub_init(&rc->hub, rc->P);
+    pthread_t th[HUB_MAXP];
+    RingJob jobs[HUB_MAXP];
     for (int r = 0; r < rc->P; r++) {
         jobs[r] = (RingJob){rc, r};
         pthread_create(&th[r], NULL, ring_rank_main, &jobs[r]);
     }
-    int sent = 0;
-    for (int r = 0; r < rc->P; r++) {
-        pthread_join(th[r], NULL);
-        sent += rc->hub.sent[r];
-    }
+    for (int r = 0; r < rc->P; r++) pthread_join(th[r], NULL);
     pthread_barrier_destroy(&rc->hub.bar);
-    return sent;
+    return hub_sent(&rc->hub);
 }
 
 // One attention call over the whole sequence on be: out (B, T, NH*HS), lse transposed to
