@@ -33,7 +33,7 @@ typedef struct {
     int rank;
 } Port;
 
-static void hub_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
+static inline void hub_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
     Port *pt = ctx;
     Hub *h = pt->hub;
     CHECK(h->n[pt->rank] < HUB_MAXQ && (send || recv));
@@ -41,7 +41,7 @@ static void hub_start(void *ctx, const void *send, int dst, void *recv, int src,
     h->sent[pt->rank] += send != NULL;
 }
 
-static void hub_wait(void *ctx) {
+static inline void hub_wait(void *ctx) {
     Port *pt = ctx;
     Hub *h = pt->hub;
     const int me = pt->rank;
@@ -64,20 +64,20 @@ static void hub_wait(void *ctx) {
 }
 
 
-static void hub_init(Hub *h, int P) {
+static inline void hub_init(Hub *h, int P) {
     memset(h, 0, sizeof *h);
     h->P = P;
     pthread_barrier_init(&h->bar, NULL, (unsigned)P);
 }
 
 // Blocks sent by all ranks together since hub_init.
-static int hub_sent(const Hub *h) {
+static inline int hub_sent(const Hub *h) {
     int n = 0;
     for (int r = 0; r < h->P; r++) n += h->sent[r];
     return n;
 }
 
-static RingLink hub_link(Port *port) {
+static inline RingLink hub_link(Port *port) {
     return (RingLink){.ctx = port, .rank = port->rank, .size = port->hub->P, .start = hub_start,
                       .wait = hub_wait};
 }
