@@ -34,6 +34,7 @@ import launch
 from doc_commands import commands_of, doc_commands, repo_files
 
 ROOT = data_files.ROOT
+
 # Smaller runs of the doc's training commands: a 1-layer model of width 32 on 2 x 32 tokens.
 TINY_MODEL = ("--set model.n_layer=1 --set model.n_embd=32 --set train.batch_size=2 --set train.seq_len=32"
               " --set log.eval_tokens=2048")
@@ -167,15 +168,15 @@ NOT_RUN = [
     (r"^for i in 1 2 3; do for b in OLD/train_gpt \./train_gpt; do \$b bench -c configs/gpt2_124m\.json \$B; ",
      f"{GPU} ($B, set on the line before, holds --device cuda)"),
     (r"^python3 scripts/long_context_table\.py\b", f"{GPU} (--device cuda by default)"),
-    (r"^scripts/long_copy_proof\.sh \d+", f"{GPU} (bf16 model of configs/long_retrieval_4k.json, hours of training)"),
-    (r"^scripts/long_retrieval_proof\.sh \d+", f"{GPU} (bf16 model of configs/long_retrieval_4k.json, hours of training)"),
+    (r"^scripts/long_(copy|retrieval)_proof\.sh \d+", f"{GPU} (trains configs/long_retrieval_4k.json's model in bf16)"),
     (r"^python3 scripts/bench_dist\.py\b", "needs 2 GPUs (NCCL under torchrun)"),
     (r"^bash scripts/device_deps\.sh$", "downloads Debian packages into .deps/, for building on a GPU machine "
                                         "without them"),
     (r"^train_gpt prepare --tokenizer gpt2\|char\|byte --input INPUT ", "a usage synopsis, not a command"),
     (r"^python3 -c \"import json, pyarrow\.parquet as pq;",
      "needs pyarrow, which is not among the project's dependencies (Debian 12 has no package of it)"),
-    (r"^source scripts/device_env\.sh && make -j16 test-gpu-sanitize ", f"{GPU} (compute-sanitizer over the GPU tests)"),
+    (r"^source scripts/device_env\.sh && make -j16 test-gpu-sanitize ",
+     f"{GPU} (compute-sanitizer over the GPU tests)"),
     (r"^(bash )?tests/fuzz/run\.sh build/fuzz ", "needs make fuzz's libFuzzer builds (clang): CI runs make fuzz-run "
                                               "after make test"),
 ]
@@ -241,14 +242,15 @@ class Clone:
         os.symlink(sys.executable, os.path.join(bindir, "python3"))
         os.symlink(launch.BIN, os.path.join(bindir, "train_gpt"))
         self.env = launch.env(**EXTRA_ENV, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-        self.commands = {c.text: c for c in doc_commands()}
         self.helps = {}  # help command -> its output
 
     def help_of(self, args):
         line = shlex.join(args + ["--help"])
         if line not in self.helps:
             rc, out, err = self.shell(line, 60)
-            self.helps[line] = out if rc == 0 else f"`{line}` failed ({rc}): {err}"
+            if rc != 0:
+                pytest.fail(f"`{line}` (in {self.box}) exited with {rc}:\n{tail(err)}", pytrace=False)
+            self.helps[line] = out
         return self.helps[line]
 
     def unknown_options(self, text):
@@ -292,7 +294,7 @@ class Clone:
     def _run(self, cmd, entry):
         head = f"{cmd.where()}: `{cmd.text}`"
         for pattern in entry.after:
-            deps = [c for t, c in self.commands.items() if re.search(pattern, t)]
+            deps = [c for c in COMMANDS if re.search(pattern, c.text)]
             if len(deps) != 1:
                 return f"{head}: its entry's `after` pattern {pattern!r} matches {len(deps)} doc commands, not 1"
             dep_entry, why = classify(deps[0])
@@ -337,7 +339,8 @@ def test_doc_command(clone, cmd):
     assert not missing, f"{cmd.where()}: `{cmd.text}` names {', '.join(missing)}, which the checkout does not have"
     if entry is not None:
         problem = clone.run(cmd, entry)
-        assert problem is None, problem
+        if problem:
+            pytest.fail(problem, pytrace=False)
     else:
         unknown = clone.unknown_options(cmd.text)
         assert not unknown, (f"{cmd.where()}: `{cmd.text}` gives {', '.join(unknown)}, which its program's --help "
