@@ -174,7 +174,7 @@ NOT_RUN = [
                                         "without them"),
     (r"^train_gpt prepare --tokenizer gpt2\|char\|byte --input INPUT ", "a usage synopsis, not a command"),
     (r"^python3 -c \"import json, pyarrow\.parquet as pq;",
-     "needs pyarrow, which is not among the project's dependencies (Debian 12 has no package of it)"),
+     "needs pyarrow, which is not among the dependencies scripts/setup.sh installs"),
     (r"^source scripts/device_env\.sh && make -j16 test-gpu-sanitize ",
      f"{GPU} (compute-sanitizer over the GPU tests)"),
     (r"^(bash )?tests/fuzz/run\.sh build/fuzz ", "needs make fuzz's libFuzzer builds (clang): CI runs make fuzz-run "
