@@ -153,7 +153,8 @@ RUN = [
 
 GPU = "needs a GPU"
 NOT_RUN = [
-    (r"^bash scripts/setup\.sh && make test$", "runs the whole test suite, this test among them"),
+    (r"^bash scripts/setup\.sh && make test$",
+     "runs the whole test suite, this test among them (scripts/setup.sh runs here in scripts/quickstart.sh)"),
     (r"^torchrun --nproc_per_node=2 ", "needs 2 GPUs (NCCL)"),
     (r"^mpirun -np 2 \./train_gpt train -c configs/gpt2_124m\.json$", "needs 2 GPUs (NCCL)"),
     (r"^sbatch ", "needs a Slurm cluster"),
@@ -275,7 +276,8 @@ class Clone:
     def shell(self, line, timeout):
         """(exit code or None on timeout, stdout, stderr) of bash running line in the clone."""
         p = subprocess.Popen(["bash", "-o", "pipefail", "-c", line], cwd=self.box, env=self.env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
         try:
             out, err = p.communicate(timeout=timeout)
             return p.returncode, out, err
