@@ -1,6 +1,7 @@
 # flashgpt build. `make` builds train_gpt (CUDA backend too when nvcc is found; NO_CUDA=1 skips
-# it), `make test` runs the CPU test suite and the PyTorch oracle tests, `make test-gpu` the GPU
-# tests, `make libattention` the attention kernels as a shared library for scripts/bench_attention.py.
+# it), `make test` runs the CPU test suite and the PyTorch oracle tests (`make test-docs` only the
+# commands the docs show), `make test-gpu` the GPU tests, `make libattention` the attention
+# kernels as a shared library for scripts/bench_attention.py.
 # `make test-asan` runs the C tests and the CLI tests under AddressSanitizer and UBSan, `make fuzz`
 # builds the libFuzzer harnesses (tests/fuzz/) and `make fuzz-run` runs each for FUZZ_SECONDS,
 # `make test-gpu-sanitize` runs the GPU tests' quick subsets under compute-sanitizer.
@@ -93,7 +94,7 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2);
 endif
 
-.PHONY: all test test-gpu test-gpu-dist test-gpu-sanitize test-asan asan-run fuzz fuzz-bins fuzz-run \
+.PHONY: all test test-docs test-gpu test-gpu-dist test-gpu-sanitize test-asan asan-run fuzz fuzz-bins fuzz-run \
         bench libattention check-deps clean
 all: $(BIN)
 
@@ -150,6 +151,11 @@ check-deps:
 
 test: check-deps $(BIN) $(TEST_BIN) $(TOOL_BIN) $(REPLAY_BIN)
 	@bash tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN)
+
+# The commands README.md and docs/ show, each run on tiny inputs or listed with the reason it is
+# not (tests/test_doc_commands.py, part of make test), alone.
+test-docs: $(BIN) $(TOOL_BIN)
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_doc_commands.py
 
 test-gpu: $(BIN) $(GPU_TEST_BIN)
 	@bash tests/run_tests.sh --gpu $(GPU_TEST_BIN)
