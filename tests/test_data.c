@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "data/synthetic.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "tests/testlib.h"
 
 typedef struct {
@@ -592,15 +593,15 @@ static void test_tokenizer_bad_files(const Tmp *tmp) {
 }
 
 static void test_utf8(void) {
-    EXPECT(tokenizer_utf8_char_len("a", 1) == 1, "ascii");
-    EXPECT(tokenizer_utf8_char_len("\xC3\xA9", 2) == 2, "2 bytes");
-    EXPECT(tokenizer_utf8_char_len("\xE2\x82\xAC", 3) == 3, "3 bytes");
-    EXPECT(tokenizer_utf8_char_len("\xF0\x9F\x98\x80", 4) == 4, "4 bytes");
-    EXPECT(tokenizer_utf8_char_len("\xE2\x82", 2) == -1, "cut short");
-    EXPECT(tokenizer_utf8_char_len("\xED\xA0\x80", 3) == -1, "surrogate");
-    EXPECT(tokenizer_utf8_char_len("\xE0\x80\x80", 3) == -1, "overlong");
-    EXPECT(tokenizer_utf8_char_len("\xF4\x90\x80\x80", 4) == -1, "above U+10FFFF");
-    EXPECT(tokenizer_utf8_char_len("\x80", 1) == -1, "stray continuation byte");
+    EXPECT(utf8_char_len("a", 1, NULL) == 1, "ascii");
+    EXPECT(utf8_char_len("\xC3\xA9", 2, NULL) == 2, "2 bytes");
+    EXPECT(utf8_char_len("\xE2\x82\xAC", 3, NULL) == 3, "3 bytes");
+    EXPECT(utf8_char_len("\xF0\x9F\x98\x80", 4, NULL) == 4, "4 bytes");
+    EXPECT(utf8_char_len("\xE2\x82", 2, NULL) == -1, "cut short");
+    EXPECT(utf8_char_len("\xED\xA0\x80", 3, NULL) == -1, "surrogate");
+    EXPECT(utf8_char_len("\xE0\x80\x80", 3, NULL) == -1, "overlong");
+    EXPECT(utf8_char_len("\xF4\x90\x80\x80", 4, NULL) == -1, "above U+10FFFF");
+    EXPECT(utf8_char_len("\x80", 1, NULL) == -1, "stray continuation byte");
 }
 
 int main(void) {
