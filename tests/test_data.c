@@ -96,31 +96,38 @@ static void expect_bad_shard(const char *path, int vocab, const char *want) {
     EXPECT(strstr(err, want) != NULL, "message lacks '%s': %s", want, err);
 }
 
+// Shards with one thing wrong each (write_shard_raw's arguments), the vocabulary they are
+// opened with and what the message must say.
+typedef struct {
+    const char *name;
+    int32_t magic, version, count;
+    int n, vocab;
+    const char *want;
+} BadShard;
+
+static const BadShard BAD_SHARDS[] = {
+    {"magic.bin", 12345, 1, 10, 10, 100, "bad magic 12345"},
+    {"version.bin", 20240520, 2, 10, 10, 100, "found version 2"},
+    {"version7.bin", 20240801, 1, 10, 10, 100, "found version 1"},
+    {"truncated.bin", 20240520, 1, 10, 9, 100, "truncated"},
+    {"trailing.bin", 20240520, 1, 9, 10, 100, "trailing"},
+    {"range.bin", 20240520, 1, 10, 10, 5, "token offset 5"},   // tokens 0..9: 5 is the first >= vocab 5
+};
+
 static void test_shard_bad_input(const Tmp *tmp) {
     char path[512];
     path_in(tmp, path, "missing.bin");
     expect_bad_shard(path, 100, "No such file");
-    path_in(tmp, path, "magic.bin");
-    write_shard_raw(path, 12345, 1, 10, 10);
-    expect_bad_shard(path, 100, "bad magic 12345");
-    path_in(tmp, path, "version.bin");
-    write_shard_raw(path, 20240520, 2, 10, 10);
-    expect_bad_shard(path, 100, "found version 2");
-    path_in(tmp, path, "version7.bin");
-    write_shard_raw(path, 20240801, 1, 10, 10);
-    expect_bad_shard(path, 100, "found version 1");
-    path_in(tmp, path, "truncated.bin");
-    write_shard_raw(path, 20240520, 1, 10, 9);
-    expect_bad_shard(path, 100, "truncated");
     path_in(tmp, path, "short_header.bin");
     write_raw(path, "abc", 3);
     expect_bad_shard(path, 100, "truncated");
-    path_in(tmp, path, "trailing.bin");
-    write_shard_raw(path, 20240520, 1, 9, 10);
-    expect_bad_shard(path, 100, "trailing");
+    for (size_t i = 0; i < sizeof BAD_SHARDS / sizeof BAD_SHARDS[0]; i++) {
+        const BadShard *b = &BAD_SHARDS[i];
+        path_in(tmp, path, b->name);
+        write_shard_raw(path, b->magic, b->version, b->count, b->n);
+        expect_bad_shard(path, b->vocab, b->want);
+    }
     path_in(tmp, path, "range.bin");
-    write_shard_raw(path, 20240520, 1, 10, 10);   // tokens 0..9: 5 is the first >= vocab 5
-    expect_bad_shard(path, 5, "token offset 5");
     Shard s;
     char err[512];
     EXPECT(shard_open(&s, path, 10, err, sizeof err) == 0, "tokens 0..9 fit vocab 10: %s", err);
@@ -556,34 +563,37 @@ static void expect_bad_tokenizer(const char *path, const char *want) {
     tokenizer_free(t);
 }
 
+// Tokenizer files with one thing wrong each (write_tok_raw's arguments) and what the message
+// must say.
+typedef struct {
+    const char *name;
+    uint32_t magic, version, n, eot;
+    const char *body;
+    size_t body_len;
+    const char *want;
+} BadTokenizer;
+
+static const BadTokenizer BAD_TOKENIZERS[] = {
+    {"tok_magic.bin", 1234, 2, 2, 0xFFFFFFFF, "\1a\1b", 4, "bad magic"},
+    {"tok_version.bin", TOKENIZER_MAGIC, 3, 2, 0xFFFFFFFF, "\1a\1b", 4, "version 3"},
+    {"tok_v1.bin", TOKENIZER_MAGIC, 1, 2, 0, "\1a\1b", 4, "GPT-2"},
+    {"tok_eot.bin", TOKENIZER_MAGIC, 2, 2, 2, "\1a\1b", 4, "end-of-text id 2"},
+    {"tok_zero.bin", TOKENIZER_MAGIC, 2, 2, 0xFFFFFFFF, "\1a\0x", 4, "length 0"},
+    {"tok_trunc.bin", TOKENIZER_MAGIC, 2, 3, 0xFFFFFFFF, "\1a\3bc", 5, "truncated"},
+    {"tok_count.bin", TOKENIZER_MAGIC, 2, 1000000, 0xFFFFFFFF, "\1a\1b", 4, "truncated"},
+    {"tok_trailing.bin", TOKENIZER_MAGIC, 2, 2, 0xFFFFFFFF, "\1a\1bxyz", 7, "after its last token"},
+};
+
 static void test_tokenizer_bad_files(const Tmp *tmp) {
     char path[512];
     path_in(tmp, path, "tok_missing.bin");
     expect_bad_tokenizer(path, "No such file");
-    path_in(tmp, path, "tok_magic.bin");
-    write_tok_raw(path, 1234, 2, 2, 0xFFFFFFFF, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "bad magic");
-    path_in(tmp, path, "tok_version.bin");
-    write_tok_raw(path, 20240328, 3, 2, 0xFFFFFFFF, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "version 3");
-    path_in(tmp, path, "tok_v1.bin");
-    write_tok_raw(path, 20240328, 1, 2, 0, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "GPT-2");
-    path_in(tmp, path, "tok_eot.bin");
-    write_tok_raw(path, 20240328, 2, 2, 2, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "end-of-text id 2");
-    path_in(tmp, path, "tok_zero.bin");
-    write_tok_raw(path, 20240328, 2, 2, 0xFFFFFFFF, "\1a\0x", 4);
-    expect_bad_tokenizer(path, "length 0");
-    path_in(tmp, path, "tok_trunc.bin");
-    write_tok_raw(path, 20240328, 2, 3, 0xFFFFFFFF, "\1a\3bc", 5);
-    expect_bad_tokenizer(path, "truncated");
-    path_in(tmp, path, "tok_count.bin");
-    write_tok_raw(path, 20240328, 2, 1000000, 0xFFFFFFFF, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "truncated");
-    path_in(tmp, path, "tok_trailing.bin");
-    write_tok_raw(path, 20240328, 2, 2, 0xFFFFFFFF, "\1a\1bxyz", 7);
-    expect_bad_tokenizer(path, "after its last token");
+    for (size_t i = 0; i < sizeof BAD_TOKENIZERS / sizeof BAD_TOKENIZERS[0]; i++) {
+        const BadTokenizer *b = &BAD_TOKENIZERS[i];
+        path_in(tmp, path, b->name);
+        write_tok_raw(path, b->magic, b->version, b->n, b->eot, b->body, b->body_len);
+        expect_bad_tokenizer(path, b->want);
+    }
     path_in(tmp, path, "tok_header.bin");
     write_raw(path, "short", 5);
     expect_bad_tokenizer(path, "truncated");
