@@ -107,11 +107,12 @@ typedef struct {
 
 static const BadShard BAD_SHARDS[] = {
     {"magic.bin", 12345, 1, 10, 10, 100, "bad magic 12345"},
-    {"version.bin", 20240520, 2, 10, 10, 100, "found version 2"},
-    {"version7.bin", 20240801, 1, 10, 10, 100, "found version 1"},
-    {"truncated.bin", 20240520, 1, 10, 9, 100, "truncated"},
-    {"trailing.bin", 20240520, 1, 9, 10, 100, "trailing"},
-    {"range.bin", 20240520, 1, 10, 10, 5, "token offset 5"},   // tokens 0..9: 5 is the first >= vocab 5
+    {"version.bin", SHARD_MAGIC_U16, 2, 10, 10, 100, "found version 2"},
+    {"version7.bin", SHARD_MAGIC_U32, 1, 10, 10, 100, "found version 1"},
+    {"truncated.bin", SHARD_MAGIC_U16, 1, 10, 9, 100, "truncated"},
+    {"trailing.bin", SHARD_MAGIC_U16, 1, 9, 10, 100, "trailing"},
+    // tokens 0..9: 5 is the first >= vocab 5
+    {"range.bin", SHARD_MAGIC_U16, 1, 10, 10, 5, "token offset 5"},
 };
 
 static void test_shard_bad_input(const Tmp *tmp) {
