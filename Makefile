@@ -111,7 +111,7 @@ $(BUILD)/libflashgpt.a: $(OBJ)
 $(BIN): $(BUILD)/train_gpt.o $(CLI_OBJ) $(BUILD)/libflashgpt.a
 	$(call say,LINK,$@)$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/testlib.h $(BUILD)/libflashgpt.a
+$(BUILD)/tests/%: tests/%.c tests/testlib.h tests/fixtures.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(call say,TEST,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
@@ -119,7 +119,7 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(call say,TOOL,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h tests/fixtures.h tests/gpu/cuda_ok.h $(BUILD)/libflashgpt.a
 	@mkdir -p $(dir $@)
 	$(call say,TEST,$@)$(CC) $(CFLAGS) $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
