@@ -266,10 +266,13 @@ static void test_documents(Files *f) {
     gpt2_bpe_free(t);
 }
 
-// encoder.json with the entry "xy": 261 replaced (9 bytes), and what the message must say.
-static const struct {
-    const char *entry, *want;
-} BAD_IDS[] = {
+// A piece of a bad file and what the message must say.
+typedef struct {
+    const char *text, *want;
+} BadText;
+
+// encoder.json with the entry "xy": 261 replaced by text (9 bytes).
+static const BadText BAD_IDS[] = {
     {"\"xy\": 2.5", "ids must be integers"},
     {"\"xy\": 999", "ids must be integers"},
     // far outside int: must not be cast before the range check
@@ -278,10 +281,8 @@ static const struct {
     {"\"xy\": 260", "id 260 is given to both"},
 };
 
-// vocab.bpe files beside the good encoder.json, and what the message must say.
-static const struct {
-    const char *vocab, *want;
-} BAD_VOCABS[] = {
+// vocab.bpe files beside the good encoder.json.
+static const BadText BAD_VOCABS[] = {
     {"a a\naa aa\n", "#version"},
     {"#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nxy\n", ":7: expected two tokens"},
     {"#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx y z\n", ":7: expected two tokens"},
@@ -314,7 +315,7 @@ static void test_bad_files(Files *f) {
     char *s = strdup(e);
     char *p = strstr(s, "\"xy\": 261");
     for (size_t i = 0; i < sizeof BAD_IDS / sizeof BAD_IDS[0]; i++) {
-        memcpy(p, BAD_IDS[i].entry, 9);
+        memcpy(p, BAD_IDS[i].text, 9);
         files_write(f, s, v);
         expect_load_error(f, f->enc, BAD_IDS[i].want);
     }
@@ -331,7 +332,7 @@ static void test_bad_files(Files *f) {
     free(e2);
     // vocab.bpe problems
     for (size_t i = 0; i < sizeof BAD_VOCABS / sizeof BAD_VOCABS[0]; i++) {
-        files_write(f, e, BAD_VOCABS[i].vocab);
+        files_write(f, e, BAD_VOCABS[i].text);
         expect_load_error(f, f->voc, BAD_VOCABS[i].want);
     }
     free(v);
