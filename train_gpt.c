@@ -8,7 +8,7 @@
 #include "common/fileio.h"          // defines: atomic writes, mkdir_p
 #include "common/metrics.h"         // defines: metrics.jsonl writer
 #include "common/rng.h"             // defines: serialisable RNG
-#include "common/timer.h"           // defines: now_seconds
+#include "common/timer.h"           // defines: now_seconds, format_eta
 #include "data/dataset.h"           // defines: shards and synthetic tasks behind one batch interface
 #include "data/tokenizer.h"         // defines: llm.c tokenizer files (decode samples)
 #include "dist/comm.h"              // defines: collectives (single, MPI, NCCL) for data parallelism
@@ -40,12 +40,6 @@ static void usage_main(FILE *f) {
 }
 
 static void next_batch(void *ctx, int *inputs, int *targets) { dataset_next(ctx, inputs, targets); }
-
-static void format_eta(double seconds, char *buf, size_t n) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(buf, n, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
-    else snprintf(buf, n, "%ldm%02lds", s / 60, s % 60);
-}
 
 // ----------------------------------------------------------------------------------------------
 // train

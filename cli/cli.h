@@ -27,6 +27,8 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print);
 
 // ---- options ----
 int cli_is_help(const char *a);
+// Whether any argument asks for help: it wins over every other argument, even a bad one.
+int cli_has_help(int argc, char **argv);
 const char *cli_opt_value(int argc, char **argv, int *i);   // the value after argv[*i]
 long cli_parse_long(const char *opt, const char *v, long lo, long hi);
 double cli_parse_double(const char *opt, const char *v, double lo, double hi);

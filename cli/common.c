@@ -15,6 +15,12 @@
 
 int cli_is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
 
+int cli_has_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (cli_is_help(argv[i])) return 1;
+    return 0;
+}
+
 // The value after option argv[*i]; exits with EXIT_USAGE when it is missing.
 const char *cli_opt_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) fatal(EXIT_USAGE, "option %s needs a value", argv[*i]);
@@ -176,8 +182,7 @@ void cli_parse_train_args(int argc, char **argv, Config *c, const char **device)
     char err[ERR_LEN];
     const char *config_path = NULL;
     config_defaults(c);
-    for (int i = 1; i < argc; i++)
-        if (cli_is_help(argv[i])) usage_train(stdout), exit(EXIT_OK);
+    if (cli_has_help(argc, argv)) usage_train(stdout), exit(EXIT_OK);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) config_path = cli_opt_value(argc, argv, &i);
         else if (strcmp(argv[i], "--set") == 0) cli_opt_value(argc, argv, &i);

@@ -36,11 +36,9 @@ static void usage_import(FILE *f) {
 
 int cli_export_main(int argc, char **argv) {
     const char *ckpt = NULL, *format = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) {
-            usage_export(stdout);
-            return EXIT_OK;
-        }
+    if (cli_has_help(argc, argv)) {
+        usage_export(stdout);
+        return EXIT_OK;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -67,11 +65,9 @@ int cli_export_main(int argc, char **argv) {
 
 int cli_import_main(int argc, char **argv) {
     const char *from = NULL, *src = NULL, *out = NULL, *tokenizer = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) {
-            usage_import(stdout);
-            return EXIT_OK;
-        }
+    if (cli_has_help(argc, argv)) {
+        usage_import(stdout);
+        return EXIT_OK;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -348,6 +348,26 @@ static int set_from_json(Config *c, const CfgKey *k, const cJSON *item, const ch
     return 0;
 }
 
+// Whether KEYS[i] is the first key of its section ("section." up to and with the dot).
+static int first_of_section(int i, size_t len) {
+    for (int j = 0; j < i; j++)
+        if (strncmp(KEYS[j].key, KEYS[i].key, len + 1) == 0) return 0;
+    return 1;
+}
+
+// "model, data, ...": the sections of KEYS in table order, for messages.
+static const char *section_names(char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < N_KEYS && used < n; i++) {
+        const size_t len = strcspn(KEYS[i].key, ".");
+        if (!first_of_section(i, len)) continue;
+        used += (size_t)snprintf(buf + used, n - used, "%s%.*s", used ? ", " : "", (int)len,
+                                 KEYS[i].key);
+    }
+    return buf;
+}
+
 int config_load_json(Config *c, const char *json, const char *origin, char *err, size_t errlen) {
     cJSON *root = cJSON_Parse(json);
     if (!root) {
@@ -368,9 +388,10 @@ int config_load_json(Config *c, const char *json, const char *origin, char *err,
         for (int i = 0; i < N_KEYS; i++)
             known |= strncmp(KEYS[i].key, sec->string, sl) == 0 && KEYS[i].key[sl] == '.';
         if (!known) {
-            rc = set_error(err, errlen,
-                        "%s:%d: unknown section '%s' (expected model, data, train, optim, precision, "
-                        "attention, log)", origin, line_of(json, sec->string), sec->string);
+            char names[256];
+            rc = set_error(err, errlen, "%s:%d: unknown section '%s' (expected %s)", origin,
+                           line_of(json, sec->string), sec->string,
+                           section_names(names, sizeof names));
             break;
         }
         if (!cJSON_IsObject(sec)) {

@@ -9,25 +9,27 @@ extern "C" {
 #include "common/check.h"
 }
 
-#define CUDA_CHECK(stmt)                                                                      \
+// The family's one body: stmt returns a status of type T, ok is success, to_string names a
+// status and lib the library in the message; text is the statement as written (#stmt of the
+// macro the caller used, so macros inside it are shown unexpanded).
+#define STATUS_CHECK_(T, ok, to_string, lib, stmt, text)                                      \
     do {                                                                                      \
-        cudaError_t cuda_err_ = (stmt);                                                       \
-        if (cuda_err_ != cudaSuccess)                                                         \
-            fatal(EXIT_RUNTIME, "CUDA error: %s failed: %s (%s, %s:%d)", #stmt,               \
-                  cudaGetErrorString(cuda_err_), __func__, __FILE__, __LINE__);               \
+        T status_ = (stmt);                                                                   \
+        if (status_ != (ok))                                                                  \
+            fatal(EXIT_RUNTIME, lib " error: %s failed: %s (%s, %s:%d)", text,                \
+                  to_string(status_), __func__, __FILE__, __LINE__);                          \
     } while (0)
+
+#define CUDA_CHECK(stmt)                                                                      \
+    STATUS_CHECK_(cudaError_t, cudaSuccess, cudaGetErrorString, "CUDA", stmt, #stmt)
 
 // After a kernel launch: reports bad launch configurations at the launch site.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 // cuBLAS and cuBLASLt calls (both return cublasStatus_t).
 #define CUBLAS_CHECK(stmt)                                                                    \
-    do {                                                                                      \
-        cublasStatus_t cublas_st_ = (stmt);                                                   \
-        if (cublas_st_ != CUBLAS_STATUS_SUCCESS)                                              \
-            fatal(EXIT_RUNTIME, "cuBLAS error: %s failed: %s (%s, %s:%d)", #stmt,             \
-                  cublasGetStatusString(cublas_st_), __func__, __FILE__, __LINE__);           \
-    } while (0)
+    STATUS_CHECK_(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, "cuBLAS", stmt,   \
+                  #stmt)
 
 // Blocks of b covering a items, in the wider of the two integer types.
 template <typename A, typename B> __host__ __device__ __forceinline__ auto cdiv(A a, B b) -> decltype(a + b) {

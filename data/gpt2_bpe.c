@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "data/gpt2_bpe_impl.h"
+#include "data/utf8.h"
 
 // GPT-2's pre-tokenizer regex, as released. \s is spelled \p{White_Space}, which is what the Rust
 // regex under tiktoken means by \s: PCRE2's own \s (with UCP) also takes U+180E, which Unicode
@@ -95,20 +96,14 @@ static char *read_whole(const char *path, size_t *len, char *err, size_t errlen)
 }
 
 // Decodes a GPT-2 alphabet string (UTF-8) into raw bytes at out; returns the byte count, or -1
-// for a character outside the alphabet or broken UTF-8.
+// for a character outside the alphabet (every one is below U+0144) or broken UTF-8.
 static int alphabet_decode(const int byte_of_cp[324], const char *s, size_t n, unsigned char *out) {
-    const unsigned char *p = (const unsigned char *)s;
     int k = 0;
     for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        if (p[i] < 0x80) {
-            cp = p[i++];
-        } else if ((p[i] & 0xE0) == 0xC0 && i + 1 < n && (p[i + 1] & 0xC0) == 0x80) {
-            cp = (uint32_t)(p[i] & 0x1F) << 6 | (p[i + 1] & 0x3F);
-            i += 2;
-        } else {
-            return -1;   // every alphabet character is below U+0144: one or two UTF-8 bytes
-        }
+        const int len = utf8_char_len(s + i, n - i, NULL);
+        if (len < 0) return -1;
+        const uint32_t cp = utf8_decode(s + i, len);
+        i += (size_t)len;
         if (cp >= 324 || byte_of_cp[cp] < 0) return -1;
         out[k++] = (unsigned char)byte_of_cp[cp];
     }

@@ -11,6 +11,8 @@
 
 #include "common/check.h"
 #include "data/gpt2_bpe_impl.h"
+#include "data/pretok_cut.h"
+#include "data/utf8.h"
 
 // Pre-tokens up to this many bytes merge with a linear scan per merge (tiktoken's loop, fastest
 // for words) and are cached; longer ones use a heap so that a 1 MB run of digits or letters
@@ -27,38 +29,6 @@
 // ----------------------------------------------------------------------------------------------
 // invalid UTF-8 -> U+FFFD, exactly as Python's bytes.decode('utf-8', errors='replace')
 
-// Length of the valid sequence at p (1-4), or 0 when invalid; *bad is then the number of bytes
-// that one U+FFFD replaces (the maximal subpart: the lead byte and the continuation bytes that
-// were still acceptable).
-static int utf8_seq(const unsigned char *p, size_t n, int *bad) {
-    unsigned c = p[0];
-    if (c < 0x80) return 1;
-    int need;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;   // no UTF-16 surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;   // nothing above U+10FFFF
-    } else {
-        *bad = 1;
-        return 0;
-    }
-    for (int k = 1; k <= need; k++) {
-        if ((size_t)k >= n || p[k] < lo || p[k] > hi) {
-            *bad = k;
-            return 0;
-        }
-        lo = 0x80;
-        hi = 0xBF;
-    }
-    return need + 1;
-}
-
 // Returns text itself when it is valid UTF-8, else a malloc'd copy with replacements.
 static const char *utf8_sanitize(const char *text, size_t len, size_t *out_len) {
     const unsigned char *p = (const unsigned char *)text;
@@ -69,8 +39,8 @@ static const char *utf8_sanitize(const char *text, size_t len, size_t *out_len) 
             i++;
             continue;
         }
-        int k = utf8_seq(p + i, len - i, &bad);
-        if (!k) break;
+        int k = utf8_char_len(text + i, len - i, &bad);
+        if (k < 0) break;
         i += (size_t)k;
     }
     *out_len = len;
@@ -79,8 +49,8 @@ static const char *utf8_sanitize(const char *text, size_t len, size_t *out_len) 
     memcpy(out, text, i);
     size_t o = i;
     while (i < len) {
-        int k = utf8_seq(p + i, len - i, &bad);
-        if (k) {
+        int k = utf8_char_len(text + i, len - i, &bad);
+        if (k > 0) {
             memcpy(out + o, p + i, (size_t)k);
             o += (size_t)k;
             i += (size_t)k;
@@ -372,18 +342,14 @@ int gpt2_bpe_encode(const Gpt2Bpe *t, const char *text, size_t len, int **ids, s
 // splits, are encoded by OpenMP threads and the ids joined in order
 
 // A place to cut where the pre-tokenizer always ends a match, whatever surrounds the cut: just
-// after a '\n' that has a non-space ASCII character on both sides. The '\n' is then a match of
-// its own (\s+(?!\S) fails, \s+ takes one character) and nothing on either side can reach over
-// it; invalid UTF-8 cannot span it either, so replacing per piece is the same as for the whole.
-static int is_cut_ascii(unsigned char c) { return c > 0x20 && c < 0x7F; }
-
+// after a lone '\n' between printable characters (data/pretok_cut.h).
 static size_t next_cut(const char *text, size_t len, size_t from) {
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = from < 1 ? 1 : from; i + 1 < len; i++) {
         const unsigned char *nl = memchr(s + i, '\n', len - 1 - i);
         if (!nl) break;
         i = (size_t)(nl - s);
-        if (is_cut_ascii(s[i - 1]) && is_cut_ascii(s[i + 1])) return i + 1;
+        if (pretok_newline_cut(s[i - 1], s[i + 1])) return i + 1;
     }
     return len;
 }

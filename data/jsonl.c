@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "common/check.h"
-#include "data/tokenizer.h"
 #include "data/utf8.h"
 
 // Deepest nesting of the values skipped over: each level is one recursive call, so this bounds
@@ -103,7 +102,7 @@ static int string(Parser *p, ByteBuf *out) {
             if (escape(p, out) != 0) return -1;
             continue;
         }
-        int len = tokenizer_utf8_char_len(p->s + p->i, p->n - p->i);
+        int len = utf8_char_len(p->s + p->i, p->n - p->i, NULL);
         if (len < 0) return fail(p, "invalid UTF-8");
         if (out) bytebuf_append(out, p->s + p->i, (size_t)len);
         p->i += (size_t)len;

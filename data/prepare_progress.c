@@ -15,12 +15,6 @@ void progress_init(Progress *p, FILE *f, int64_t total_bytes, uint64_t done_befo
 
 double progress_elapsed(const Progress *p) { return now_seconds() - p->start; }
 
-static void format_eta(double s, char *buf, size_t n) {
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-}
-
 void progress_update(Progress *p, const char *phase, uint64_t done, uint64_t tokens, int shards) {
     if (!p->f) return;
     double now = now_seconds(), elapsed = now - p->start;

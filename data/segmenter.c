@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "data/pretok_cut.h"
 #include "data/utf8.h"
 
 void batch_init(Batch *b, const SegmenterParams *p) {
@@ -24,8 +25,6 @@ DocPos doc_pos_advance(DocPos pos, DocFormat format, uint64_t n) {
     return pos;
 }
 
-static int printable(unsigned char c) { return c > 0x20 && c < 0x7F; }
-
 static int char_class(unsigned char c) {   // of a printable ASCII character
     if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return 0;
     return c >= '0' && c <= '9' ? 1 : 2;
@@ -34,7 +33,8 @@ static int char_class(unsigned char c) {   // of a printable ASCII character
 // Whether GPT-2's pre-tokenizer (the pattern 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
 // ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+, which never looks behind a match's start) always ends a
 // match just before s[i], looking at s[i-2..i] only (i >= 2):
-// - after a '\n' between printable ASCII characters: the '\n' is a match of its own;
+// - after a '\n' between printable ASCII characters: the '\n' is a match of its own
+//   (data/pretok_cut.h);
 // - ASCII whitespace (space, \t, \n, \v, \f, \r: whitespace for every Unicode definition)
 //   after a printable ASCII character a: no alternative holds a non-space and then whitespace,
 //   so a's match ends at a, the same with or without what follows;
@@ -46,10 +46,10 @@ static int char_class(unsigned char c) {   // of a printable ASCII character
 // of invalid bytes is the same per segment as for the whole.
 static int safe_cut(const unsigned char *s, size_t i) {
     unsigned char a = s[i - 1], b = s[i];
-    if (a == '\n') return printable(s[i - 2]) && printable(b);
-    if (!printable(a)) return 0;
+    if (a == '\n') return pretok_newline_cut(s[i - 2], b);
+    if (!pretok_printable(a)) return 0;
     if (b == ' ' || (b >= '\t' && b <= '\r')) return 1;
-    return printable(b) && char_class(a) != char_class(b) && a != '\'';
+    return pretok_printable(b) && char_class(a) != char_class(b) && a != '\'';
 }
 
 static void push_closed(Batch *b, Segment s) {

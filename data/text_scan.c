@@ -43,7 +43,7 @@ static int is_prefix(const char *p, size_t n) {
 // One character at p (left bytes): its length, 0 when it may continue in the next piece, -1
 // when invalid.
 static int scan_char(TextScan *s, const char *p, size_t left) {
-    int len = tokenizer_utf8_char_len(p, left);
+    int len = utf8_char_len(p, left, NULL);
     if (len > 0) {
         mark(s, utf8_decode(p, len));
         s->chars += s->valid;

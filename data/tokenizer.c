@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/fileio.h"
+#include "data/utf8.h"
 
 #define TOK_HEADER_INTS 256
 #define TOK_HEADER_BYTES (TOK_HEADER_INTS * sizeof(uint32_t))
@@ -197,53 +198,6 @@ long tokenizer_encode_simple(const Tokenizer *t, const char *text, int *ids, lon
     return tokenizer_encode_bytes(t, text, strlen(text), ids, cap);
 }
 
-int tokenizer_utf8_char_len(const char *s, size_t left) {
-    const unsigned char *p = (const unsigned char *)s;
-    if (left == 0) return -1;
-    if (p[0] < 0x80) return 1;
-    int len;
-    uint32_t cp;
-    if ((p[0] & 0xE0) == 0xC0) len = 2, cp = p[0] & 0x1F;
-    else if ((p[0] & 0xF0) == 0xE0) len = 3, cp = p[0] & 0x0F;
-    else if ((p[0] & 0xF8) == 0xF0) len = 4, cp = p[0] & 0x07;
-    else return -1;
-    if (left < (size_t)len) return -1;
-    for (int i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80) return -1;
-        cp = (cp << 6) | (p[i] & 0x3F);
-    }
-    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};   // shortest-form lower bounds
-    if (cp < min_cp[len] || cp > UNICODE_MAX || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
-    return len;
-}
-
-static uint32_t utf8_decode(const unsigned char *p, int len) {
-    static const unsigned char lead_mask[5] = {0, 0x7F, 0x1F, 0x0F, 0x07};
-    uint32_t cp = p[0] & lead_mask[len];
-    for (int i = 1; i < len; i++) cp = (cp << 6) | (p[i] & 0x3F);
-    return cp;
-}
-
-static int utf8_encode(uint32_t cp, unsigned char *out) {
-    if (cp < 0x80) return out[0] = (unsigned char)cp, 1;
-    if (cp < 0x800) {
-        out[0] = (unsigned char)(0xC0 | (cp >> 6));
-        out[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (unsigned char)(0xE0 | (cp >> 12));
-        out[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (unsigned char)(0xF0 | (cp >> 18));
-    out[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 Tokenizer *tokenizer_build_char(const char *text, size_t len, char *err, size_t errlen) {
     if (len == 0) {
         set_error(err, errlen, "the text is empty: a char vocabulary needs at least one character");
@@ -252,14 +206,14 @@ Tokenizer *tokenizer_build_char(const char *text, size_t len, char *err, size_t 
     unsigned char *seen = xcalloc(UNICODE_MAX + 1, 1);   // (0x110000,) code point present
     int n = 0;
     for (size_t i = 0; i < len;) {
-        int l = tokenizer_utf8_char_len(text + i, len - i);
+        int l = utf8_char_len(text + i, len - i, NULL);
         if (l < 0) {
             set_error(err, errlen, "the text is not valid UTF-8 at byte offset %zu (byte 0x%02X): use --tokenizer "
                                 "byte for binary or non-UTF-8 input", i, (unsigned char)text[i]);
             free(seen);
             return NULL;
         }
-        uint32_t cp = utf8_decode((const unsigned char *)text + i, l);
+        uint32_t cp = utf8_decode(text + i, l);
         n += !seen[cp];
         seen[cp] = 1;
         i += (size_t)l;
@@ -270,7 +224,7 @@ Tokenizer *tokenizer_build_char(const char *text, size_t len, char *err, size_t 
     for (uint32_t cp = 0; cp <= UNICODE_MAX; cp++) {   // ascending code points = sorted characters
         if (!seen[cp]) continue;
         t->off[id] = blob;
-        t->len[id] = utf8_encode(cp, t->blob + blob);
+        t->len[id] = utf8_encode(cp, (char *)t->blob + blob);
         blob += (size_t)t->len[id++];
     }
     free(seen);

@@ -40,6 +40,3 @@ Tokenizer *tokenizer_build_table(int n, const unsigned char *const *bytes, const
                                  char *err, size_t errlen);
 // Writes t in llm.c's format (version 2) through a temporary file and rename; 0 or -1 with err.
 int tokenizer_save(const Tokenizer *t, const char *path, char *err, size_t errlen);
-// Bytes in the UTF-8 character at p (at most left bytes available): 1..4, or -1 when the bytes
-// are not valid UTF-8 (overlong forms, surrogates and values above U+10FFFF are invalid).
-int tokenizer_utf8_char_len(const char *p, size_t left);

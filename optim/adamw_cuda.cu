@@ -162,6 +162,13 @@ void adamw_cuda_download(const AdamWCuda *opt, float *master, float *m, float *v
     CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
+void adamw_cuda_copy_master(const AdamWCuda *opt, float *dst) {
+    cudaStream_t st = opt_stream(opt);
+    CUDA_CHECK(cudaMemcpyAsync(dst, opt->master, opt->n * sizeof(float), cudaMemcpyDeviceToDevice,
+                               st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
 // Runs f with a value of the element type of `dtype` (the run-time dtype switch of this file).
 template <typename F> static void dispatch_optim_dtype(DType dtype, F &&f) {
     switch (dtype) {
@@ -243,6 +250,8 @@ static void cuda_set_state(Optimizer *o, const float *master, const float *m, co
     adamw_cuda_upload(cuda_adamw(o), master, m, v);
 }
 
+static void cuda_copy_master(Optimizer *o, float *dst) { adamw_cuda_copy_master(cuda_adamw(o), dst); }
+
 Optimizer *adamw_cuda_optimizer_create(size_t n, const OptimSpan *spans, int n_spans,
                                        const Config *c, DType dtype, void *stream) {
     Optimizer *o = (Optimizer *)xcalloc(1, sizeof *o);
@@ -257,5 +266,6 @@ Optimizer *adamw_cuda_optimizer_create(size_t n, const OptimSpan *spans, int n_s
     o->step = cuda_step;
     o->get_state = cuda_get_state;
     o->set_state = cuda_set_state;
+    o->copy_master = cuda_copy_master;
     return o;
 }

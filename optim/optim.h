@@ -50,6 +50,9 @@ struct Optimizer {
     // ignored without has_master). Both wait for their copies.
     void (*get_state)(Optimizer *o, float *master, float *m, float *v);
     void (*set_state)(Optimizer *o, const float *master, const float *m, const float *v);
+    // The master weights (n fp32) into dst, memory of the optimizer's device; NULL without
+    // has_master. Waits for the copy.
+    void (*copy_master)(Optimizer *o, float *dst);
 };
 
 // AdamW for parameters of dtype on device (DEVICE_CUDA: kernels on stream, a cudaStream_t;

@@ -44,6 +44,8 @@ void adamw_cuda_free(AdamWCuda *opt);
 // Both wait for the copies to finish.
 void adamw_cuda_upload(AdamWCuda *opt, const float *master, const float *m, const float *v);
 void adamw_cuda_download(const AdamWCuda *opt, float *master, float *m, float *v);
+// The master weights (n) into dst, device memory; waits for the copy.
+void adamw_cuda_copy_master(const AdamWCuda *opt, float *dst);
 
 // Sum of squares of the gradients (n, dtype) in double, deterministic (fixed blocks summed in a
 // fixed order); +inf or NaN when any gradient is non-finite. Waits for the result.

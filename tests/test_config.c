@@ -75,7 +75,9 @@ int main(void) {
     TEST_CASE("errors name the key, file and line", {
         EXPECT(load(&c, "{\"model\": {\n \"n_layr\": 4}}", err) != 0 && strstr(err, "model.n_layr") &&
                    strstr(err, "test.json:2"), "unknown key: %s", err);
-        EXPECT(load(&c, "{\"modle\": {}}", err) != 0 && strstr(err, "modle"), "unknown section: %s", err);
+        EXPECT(load(&c, "{\"modle\": {}}", err) != 0 && strstr(err, "modle") &&
+                   strstr(err, "(expected model, data, train, optim, precision, attention, dist, log)"),
+               "unknown section: %s", err);
         EXPECT(load(&c, "{\"model\": {\"n_layer\": \"4\"}}", err) != 0 && strstr(err, "model.n_layer") &&
                    strstr(err, "integer"), "wrong type: %s", err);
         EXPECT(load(&c, "{\"model\": {\"n_layer\": 2.5}}", err) != 0 && strstr(err, "integer"), "fraction: %s", err);

@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "data/synthetic.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "tests/testlib.h"
 
 typedef struct {
@@ -95,31 +96,39 @@ static void expect_bad_shard(const char *path, int vocab, const char *want) {
     EXPECT(strstr(err, want) != NULL, "message lacks '%s': %s", want, err);
 }
 
+// Shards with one thing wrong each (write_shard_raw's arguments), the vocabulary they are
+// opened with and what the message must say.
+typedef struct {
+    const char *name;
+    int32_t magic, version, count;
+    int n, vocab;
+    const char *want;
+} BadShard;
+
+static const BadShard BAD_SHARDS[] = {
+    {"magic.bin", 12345, 1, 10, 10, 100, "bad magic 12345"},
+    {"version.bin", SHARD_MAGIC_U16, 2, 10, 10, 100, "found version 2"},
+    {"version7.bin", SHARD_MAGIC_U32, 1, 10, 10, 100, "found version 1"},
+    {"truncated.bin", SHARD_MAGIC_U16, 1, 10, 9, 100, "truncated"},
+    {"trailing.bin", SHARD_MAGIC_U16, 1, 9, 10, 100, "trailing"},
+    // tokens 0..9: 5 is the first >= vocab 5
+    {"range.bin", SHARD_MAGIC_U16, 1, 10, 10, 5, "token offset 5"},
+};
+
 static void test_shard_bad_input(const Tmp *tmp) {
     char path[512];
     path_in(tmp, path, "missing.bin");
     expect_bad_shard(path, 100, "No such file");
-    path_in(tmp, path, "magic.bin");
-    write_shard_raw(path, 12345, 1, 10, 10);
-    expect_bad_shard(path, 100, "bad magic 12345");
-    path_in(tmp, path, "version.bin");
-    write_shard_raw(path, 20240520, 2, 10, 10);
-    expect_bad_shard(path, 100, "found version 2");
-    path_in(tmp, path, "version7.bin");
-    write_shard_raw(path, 20240801, 1, 10, 10);
-    expect_bad_shard(path, 100, "found version 1");
-    path_in(tmp, path, "truncated.bin");
-    write_shard_raw(path, 20240520, 1, 10, 9);
-    expect_bad_shard(path, 100, "truncated");
     path_in(tmp, path, "short_header.bin");
     write_raw(path, "abc", 3);
     expect_bad_shard(path, 100, "truncated");
-    path_in(tmp, path, "trailing.bin");
-    write_shard_raw(path, 20240520, 1, 9, 10);
-    expect_bad_shard(path, 100, "trailing");
+    for (size_t i = 0; i < sizeof BAD_SHARDS / sizeof BAD_SHARDS[0]; i++) {
+        const BadShard *b = &BAD_SHARDS[i];
+        path_in(tmp, path, b->name);
+        write_shard_raw(path, b->magic, b->version, b->count, b->n);
+        expect_bad_shard(path, b->vocab, b->want);
+    }
     path_in(tmp, path, "range.bin");
-    write_shard_raw(path, 20240520, 1, 10, 10);   // tokens 0..9: 5 is the first >= vocab 5
-    expect_bad_shard(path, 5, "token offset 5");
     Shard s;
     char err[512];
     EXPECT(shard_open(&s, path, 10, err, sizeof err) == 0, "tokens 0..9 fit vocab 10: %s", err);
@@ -555,34 +564,37 @@ static void expect_bad_tokenizer(const char *path, const char *want) {
     tokenizer_free(t);
 }
 
+// Tokenizer files with one thing wrong each (write_tok_raw's arguments) and what the message
+// must say.
+typedef struct {
+    const char *name;
+    uint32_t magic, version, n, eot;
+    const char *body;
+    size_t body_len;
+    const char *want;
+} BadTokenizer;
+
+static const BadTokenizer BAD_TOKENIZERS[] = {
+    {"tok_magic.bin", 1234, 2, 2, 0xFFFFFFFF, "\1a\1b", 4, "bad magic"},
+    {"tok_version.bin", TOKENIZER_MAGIC, 3, 2, 0xFFFFFFFF, "\1a\1b", 4, "version 3"},
+    {"tok_v1.bin", TOKENIZER_MAGIC, 1, 2, 0, "\1a\1b", 4, "GPT-2"},
+    {"tok_eot.bin", TOKENIZER_MAGIC, 2, 2, 2, "\1a\1b", 4, "end-of-text id 2"},
+    {"tok_zero.bin", TOKENIZER_MAGIC, 2, 2, 0xFFFFFFFF, "\1a\0x", 4, "length 0"},
+    {"tok_trunc.bin", TOKENIZER_MAGIC, 2, 3, 0xFFFFFFFF, "\1a\3bc", 5, "truncated"},
+    {"tok_count.bin", TOKENIZER_MAGIC, 2, 1000000, 0xFFFFFFFF, "\1a\1b", 4, "truncated"},
+    {"tok_trailing.bin", TOKENIZER_MAGIC, 2, 2, 0xFFFFFFFF, "\1a\1bxyz", 7, "after its last token"},
+};
+
 static void test_tokenizer_bad_files(const Tmp *tmp) {
     char path[512];
     path_in(tmp, path, "tok_missing.bin");
     expect_bad_tokenizer(path, "No such file");
-    path_in(tmp, path, "tok_magic.bin");
-    write_tok_raw(path, 1234, 2, 2, 0xFFFFFFFF, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "bad magic");
-    path_in(tmp, path, "tok_version.bin");
-    write_tok_raw(path, 20240328, 3, 2, 0xFFFFFFFF, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "version 3");
-    path_in(tmp, path, "tok_v1.bin");
-    write_tok_raw(path, 20240328, 1, 2, 0, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "GPT-2");
-    path_in(tmp, path, "tok_eot.bin");
-    write_tok_raw(path, 20240328, 2, 2, 2, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "end-of-text id 2");
-    path_in(tmp, path, "tok_zero.bin");
-    write_tok_raw(path, 20240328, 2, 2, 0xFFFFFFFF, "\1a\0x", 4);
-    expect_bad_tokenizer(path, "length 0");
-    path_in(tmp, path, "tok_trunc.bin");
-    write_tok_raw(path, 20240328, 2, 3, 0xFFFFFFFF, "\1a\3bc", 5);
-    expect_bad_tokenizer(path, "truncated");
-    path_in(tmp, path, "tok_count.bin");
-    write_tok_raw(path, 20240328, 2, 1000000, 0xFFFFFFFF, "\1a\1b", 4);
-    expect_bad_tokenizer(path, "truncated");
-    path_in(tmp, path, "tok_trailing.bin");
-    write_tok_raw(path, 20240328, 2, 2, 0xFFFFFFFF, "\1a\1bxyz", 7);
-    expect_bad_tokenizer(path, "after its last token");
+    for (size_t i = 0; i < sizeof BAD_TOKENIZERS / sizeof BAD_TOKENIZERS[0]; i++) {
+        const BadTokenizer *b = &BAD_TOKENIZERS[i];
+        path_in(tmp, path, b->name);
+        write_tok_raw(path, b->magic, b->version, b->n, b->eot, b->body, b->body_len);
+        expect_bad_tokenizer(path, b->want);
+    }
     path_in(tmp, path, "tok_header.bin");
     write_raw(path, "short", 5);
     expect_bad_tokenizer(path, "truncated");
@@ -592,15 +604,15 @@ static void test_tokenizer_bad_files(const Tmp *tmp) {
 }
 
 static void test_utf8(void) {
-    EXPECT(tokenizer_utf8_char_len("a", 1) == 1, "ascii");
-    EXPECT(tokenizer_utf8_char_len("\xC3\xA9", 2) == 2, "2 bytes");
-    EXPECT(tokenizer_utf8_char_len("\xE2\x82\xAC", 3) == 3, "3 bytes");
-    EXPECT(tokenizer_utf8_char_len("\xF0\x9F\x98\x80", 4) == 4, "4 bytes");
-    EXPECT(tokenizer_utf8_char_len("\xE2\x82", 2) == -1, "cut short");
-    EXPECT(tokenizer_utf8_char_len("\xED\xA0\x80", 3) == -1, "surrogate");
-    EXPECT(tokenizer_utf8_char_len("\xE0\x80\x80", 3) == -1, "overlong");
-    EXPECT(tokenizer_utf8_char_len("\xF4\x90\x80\x80", 4) == -1, "above U+10FFFF");
-    EXPECT(tokenizer_utf8_char_len("\x80", 1) == -1, "stray continuation byte");
+    EXPECT(utf8_char_len("a", 1, NULL) == 1, "ascii");
+    EXPECT(utf8_char_len("\xC3\xA9", 2, NULL) == 2, "2 bytes");
+    EXPECT(utf8_char_len("\xE2\x82\xAC", 3, NULL) == 3, "3 bytes");
+    EXPECT(utf8_char_len("\xF0\x9F\x98\x80", 4, NULL) == 4, "4 bytes");
+    EXPECT(utf8_char_len("\xE2\x82", 2, NULL) == -1, "cut short");
+    EXPECT(utf8_char_len("\xED\xA0\x80", 3, NULL) == -1, "surrogate");
+    EXPECT(utf8_char_len("\xE0\x80\x80", 3, NULL) == -1, "overlong");
+    EXPECT(utf8_char_len("\xF4\x90\x80\x80", 4, NULL) == -1, "above U+10FFFF");
+    EXPECT(utf8_char_len("\x80", 1, NULL) == -1, "stray continuation byte");
 }
 
 int main(void) {

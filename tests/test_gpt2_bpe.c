@@ -95,6 +95,24 @@ static void files_write_good(Files *f) {
     free(v);
 }
 
+// Writes the good files and loads them, expecting success; NULL (a failure counted) otherwise.
+static Gpt2Bpe *load_good(Files *f) {
+    files_write_good(f);
+    char err[512] = "";
+    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
+    EXPECT(t != NULL, "load failed: %s", err);
+    return t;
+}
+
+// At least cap bytes (malloc'd, *len of them) of the pieces in a pseudo-random order from seed.
+static char *pieces_text(const char *const *pieces, int n, unsigned seed, size_t cap, size_t *len) {
+    char *text = malloc(cap + 64);
+    *len = 0;
+    for (unsigned i = seed; *len < cap; i = i * 1103515245u + 12345u)
+        *len += (size_t)sprintf(text + *len, "%s", pieces[(i >> 16) % (unsigned)n]);
+    return text;
+}
+
 // Loads f, expects NULL and an error containing both `file` and `needle`.
 static void expect_load_error(const Files *f, const char *file, const char *needle) {
     char err[512] = "";
@@ -124,10 +142,7 @@ static int id_of(const Gpt2Bpe *t, const char *bytes) {
 }
 
 static void test_small_vocab(Files *f) {
-    files_write_good(f);
-    char err[512] = "";
-    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
-    EXPECT(t != NULL, "load failed: %s", err);
+    Gpt2Bpe *t = load_good(f);
     if (!t) return;
     EXPECT(gpt2_bpe_vocab_size(t) == 256 + N_MERGES + 1, "vocab %d", gpt2_bpe_vocab_size(t));
     EXPECT(gpt2_bpe_eot(t) == 256 + N_MERGES, "eot %d", gpt2_bpe_eot(t));
@@ -187,18 +202,13 @@ static void test_small_vocab(Files *f) {
 }
 
 static void test_parallel(Files *f) {
-    files_write_good(f);
-    char err[512] = "";
-    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
-    EXPECT(t != NULL, "load failed: %s", err);
+    Gpt2Bpe *t = load_good(f);
     if (!t) return;
     // 2 MB of lines that end in every way the pre-tokenizer cares about
     static const char *pieces[] = {"aab c\n", "x y\n\n", " a\n", "ab\n ", "\n\n a", "aa\t\n",
                                    "c'\nb", "1\n2", "\xff\n", "\xe4\xb8\xad\na", " \n"};
-    size_t len = 0, cap = 2u << 20;
-    char *text = malloc(cap + 64);
-    for (unsigned i = 0; len < cap; i = i * 1103515245u + 12345u)
-        len += (size_t)sprintf(text + len, "%s", pieces[(i >> 16) % 11]);
+    size_t len;
+    char *text = pieces_text(pieces, 11, 0, 2u << 20, &len);
     int *one = NULL, *par = NULL;
     size_t n1 = 0, c1 = 0, n2 = 0, c2 = 0;
     gpt2_bpe_encode(t, text, len, &one, &n1, &c1);
@@ -213,18 +223,13 @@ static void test_parallel(Files *f) {
 
 // gpt2_bpe_encode_documents equals <|endoftext|> + gpt2_bpe_encode of each document in turn.
 static void test_documents(Files *f) {
-    files_write_good(f);
-    char err[512] = "";
-    Gpt2Bpe *t = gpt2_bpe_load(f->enc, f->voc, err, sizeof err);
-    EXPECT(t != NULL, "load failed: %s", err);
+    Gpt2Bpe *t = load_good(f);
     if (!t) return;
     static const char *pieces[] = {"aab c ", "x y", "\n", " a\n", "ab", "\n\n", "aa\t",
                                    "c'\nb", "1 2", "\xff", "\xe4\xb8\xad"};
     const char *sep = "\n\n";
-    size_t len = 0, cap = 3u << 20;
-    char *text = malloc(cap + 64);
-    for (unsigned i = 7; len < cap; i = i * 1103515245u + 12345u)
-        len += (size_t)sprintf(text + len, "%s", pieces[(i >> 16) % 11]);
+    size_t len;
+    char *text = pieces_text(pieces, 11, 7, 3u << 20, &len);
     for (int with_tail = 0; with_tail < 2; with_tail++) {
         size_t n_text = with_tail ? len : len - 2;
         if (with_tail) memcpy(text + len - 2, sep, 2);   // ends with sep: a last, empty document
@@ -261,6 +266,32 @@ static void test_documents(Files *f) {
     gpt2_bpe_free(t);
 }
 
+// A piece of a bad file and what the message must say.
+typedef struct {
+    const char *text, *want;
+} BadText;
+
+// encoder.json with the entry "xy": 261 replaced by text (9 bytes).
+static const BadText BAD_IDS[] = {
+    {"\"xy\": 2.5", "ids must be integers"},
+    {"\"xy\": 999", "ids must be integers"},
+    // far outside int: must not be cast before the range check
+    {"\"xy\":9e99", "ids must be integers"},
+    {"\"xy\":\"26\"", "not a number"},
+    {"\"xy\": 260", "id 260 is given to both"},
+};
+
+// vocab.bpe files beside the good encoder.json.
+static const BadText BAD_VOCABS[] = {
+    {"a a\naa aa\n", "#version"},
+    {"#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nxy\n", ":7: expected two tokens"},
+    {"#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx y z\n", ":7: expected two tokens"},
+    {"#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx yy\n", "is not a token of encoder.json"},
+    {"#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx a\n", "does not have"},
+    {"#version: 0.2\naa aa\na a\na b\nĠ a\nab c\nx y\n", "disagree"},   // swapped ranks
+    {"#version: 0.2\na a\naa aa\na b\nĠ a\nab c\n", "do not belong together"},   // one merge short
+};
+
 static void test_bad_files(Files *f) {
     // missing files
     files_write_good(f);
@@ -283,21 +314,11 @@ static void test_bad_files(Files *f) {
     free(more);
     char *s = strdup(e);
     char *p = strstr(s, "\"xy\": 261");
-    memcpy(p, "\"xy\": 2.5", 9);
-    files_write(f, s, v);
-    expect_load_error(f, f->enc, "ids must be integers");
-    memcpy(p, "\"xy\": 999", 9);
-    files_write(f, s, v);
-    expect_load_error(f, f->enc, "ids must be integers");
-    memcpy(p, "\"xy\":9e99", 9);   // far outside int: must not be cast before the range check
-    files_write(f, s, v);
-    expect_load_error(f, f->enc, "ids must be integers");
-    memcpy(p, "\"xy\":\"26\"", 9);
-    files_write(f, s, v);
-    expect_load_error(f, f->enc, "not a number");
-    memcpy(p, "\"xy\": 260", 9);
-    files_write(f, s, v);
-    expect_load_error(f, f->enc, "id 260 is given to both");
+    for (size_t i = 0; i < sizeof BAD_IDS / sizeof BAD_IDS[0]; i++) {
+        memcpy(p, BAD_IDS[i].text, 9);
+        files_write(f, s, v);
+        expect_load_error(f, f->enc, BAD_IDS[i].want);
+    }
     memcpy(p, "\"xy\": 261", 9);
     p = strstr(s, "\"<|endoftext|>\"");
     memcpy(p, "\"<|endoftext|?\"", 15);
@@ -310,20 +331,10 @@ static void test_bad_files(Files *f) {
     expect_load_error(f, f->enc, "not in GPT-2's byte alphabet");
     free(e2);
     // vocab.bpe problems
-    files_write(f, e, "a a\naa aa\n");
-    expect_load_error(f, f->voc, "#version");
-    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nxy\n");
-    expect_load_error(f, f->voc, ":7: expected two tokens");
-    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx y z\n");
-    expect_load_error(f, f->voc, ":7: expected two tokens");
-    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx yy\n");
-    expect_load_error(f, f->voc, "is not a token of encoder.json");
-    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\nx a\n");
-    expect_load_error(f, f->voc, "does not have");
-    files_write(f, e, "#version: 0.2\naa aa\na a\na b\nĠ a\nab c\nx y\n");
-    expect_load_error(f, f->voc, "disagree");   // swapped ranks
-    files_write(f, e, "#version: 0.2\na a\naa aa\na b\nĠ a\nab c\n");
-    expect_load_error(f, f->voc, "do not belong together");   // one merge short
+    for (size_t i = 0; i < sizeof BAD_VOCABS / sizeof BAD_VOCABS[0]; i++) {
+        files_write(f, e, BAD_VOCABS[i].text);
+        expect_load_error(f, f->voc, BAD_VOCABS[i].want);
+    }
     free(v);
     free(e);
 }

@@ -36,19 +36,8 @@ static void record_clear(Record *r) {
 }
 
 static GPTConfig hook_config(PosEmbedding pos) {
-    GPTConfig g;
-    memset(&g, 0, sizeof g);
-    g.V = 50;
-    g.Vp = 128;
-    g.maxT = TT;
-    g.L = 3;
-    g.NH = 2;
-    g.NKV = 2;
-    g.C = 16;
-    g.HS = 8;
-    g.pos = pos;
-    g.rope_theta = 10000.0f;
-    return g;
+    return (GPTConfig){.V = 50, .Vp = 128, .maxT = TT, .L = 3, .NH = 2, .NKV = 2, .C = 16,
+                       .HS = 8, .pos = pos, .rope_theta = 10000.0f};
 }
 
 // Offset and length of the tensors whose names start with prefix (adjacent in the vector).

@@ -503,19 +503,8 @@ static void test_rope_table_full(void) {
 enum { MB = 3, MT = 37 };
 
 static GPTConfig small_config(PosEmbedding pos) {
-    GPTConfig g;
-    memset(&g, 0, sizeof g);
-    g.V = 101;
-    g.Vp = 128;
-    g.maxT = 40;
-    g.L = 2;
-    g.NH = 4;
-    g.NKV = 2;
-    g.C = 64;
-    g.HS = 16;
-    g.pos = pos;
-    g.rope_theta = 10000.0f;
-    return g;
+    return (GPTConfig){.V = 101, .Vp = 128, .maxT = 40, .L = 2, .NH = 4, .NKV = 2, .C = 64,
+                       .HS = 16, .pos = pos, .rope_theta = 10000.0f};
 }
 
 // Packed documents (attention.doc_mask with data.eot_token = DOC_EOT): the runs' settings, and
@@ -560,6 +549,54 @@ static void random_batch(Rng *r, int *tokens, int *targets, int n, int V) {
     }
 }
 
+// A small CPU model (small_config(pos), run or the defaults) with test_params(param_seed) set
+// and a random batch drawn from batch_seed: where most of the whole-model tests start.
+typedef struct {
+    GPTConfig g;
+    Backend *be;
+    GPT *m;
+    size_t n;                                // parameters
+    float *params;                           // (n) test_params, set in m
+    int tokens[MB * MT], targets[MB * MT];   // (MB, MT)
+    Rng r;                                   // drew the batch; a test may draw on from it
+} ModelCase;
+
+static void case_open(ModelCase *c, PosEmbedding pos, const Config *run, uint64_t param_seed,
+                      uint64_t batch_seed) {
+    c->g = small_config(pos);
+    c->be = backend_cpu_create();
+    c->m = gpt_create(&c->g, c->be, MB, MT, run);
+    c->n = gpt_num_params(c->m);
+    c->params = test_params(c->m, param_seed);
+    gpt_set_params_f32(c->m, c->params);
+    rng_seed(&c->r, batch_seed);
+    random_batch(&c->r, c->tokens, c->targets, MB * MT, c->g.V);
+}
+
+static void case_close(ModelCase *c) {
+    free(c->params);
+    gpt_free(c->m);
+    c->be->destroy(c->be);
+}
+
+// A fresh gradient buffer of the case's n floats.
+static float *case_grads(const ModelCase *c) { return xmalloc(c->n * sizeof(float)); }
+
+// One forward and backward of the case's batch through m (the gradients scaled by grad_scale and
+// added to those already there), then the gradients into grads (n); returns the loss.
+static float forward_backward(GPT *m, const ModelCase *c, float grad_scale, float *grads) {
+    const float loss = gpt_forward(m, c->tokens, c->targets, MB, MT);
+    gpt_backward(m, grad_scale);
+    gpt_get_grads_f32(m, grads);
+    return loss;
+}
+
+static int all_zero(const float *x, size_t n) {
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) zero &= x[i] == 0.0f;
+    return zero;
+}
+
 // Mean loss in double from the per-token fp32 losses (gpt_forward's float return would add a
 // rounding of 2^-24 * loss to every finite difference).
 static double loss_d(GPT *m, const int *tokens, const int *targets) {
@@ -601,7 +638,6 @@ static double fd_grad(GPT *m, float *params, size_t i, const int *tokens, const 
 // differences see the same masked loss as the analytic gradient.
 // docs: packed documents, with the window on even layers only (window_every 2).
 static void test_gradients(PosEmbedding pos, int window, float dropout, DocMode docs) {
-    GPTConfig g = small_config(pos);
     Config run;
     config_defaults(&run);
     run.attention.window = window;
@@ -609,21 +645,14 @@ static void test_gradients(PosEmbedding pos, int window, float dropout, DocMode 
     if (docs == PACKED_DOCS) run.attention.window_every = 2;
     run.attention.dropout = dropout;
     run.model.dropout = dropout;
-    Backend *be = backend_cpu_create();
-    GPT *m = gpt_create(&g, be, MB, MT, &run);
-    size_t n = gpt_num_params(m);
-    float *params = test_params(m, 7), *grads = xmalloc(n * sizeof(float));
-    int tokens[MB * MT], targets[MB * MT];
-    Rng r;
-    rng_seed(&r, 11);
-    random_batch(&r, tokens, targets, MB * MT, g.V);
-    if (docs == PACKED_DOCS) pack_documents(tokens, MB, MT);
-    gpt_set_params_f32(m, params);
+    ModelCase c;
+    case_open(&c, pos, &run, 7, 11);
+    GPT *m = c.m;
+    float *grads = case_grads(&c);
+    if (docs == PACKED_DOCS) pack_documents(c.tokens, MB, MT);
     gpt_set_rng_step(m, 5);
     gpt_zero_grad(m);
-    gpt_forward(m, tokens, targets, MB, MT);
-    gpt_backward(m, 1.0f);
-    gpt_get_grads_f32(m, grads);
+    forward_backward(m, &c, 1.0f, grads);
 
     // Per tensor: the 3 largest gradients and 3 random elements. Tolerance: the finite
     // difference carries the loss noise (see fd_grad): eps_L ~ 1e-7..3e-7 divided by the step
@@ -646,9 +675,9 @@ static void test_gradients(PosEmbedding pos, int window, float dropout, DocMode 
             }
             idx[k] = best;
         }
-        for (int k = 3; k < 6; k++) idx[k] = pt->offset + rng_below(&r, pt->numel);
+        for (int k = 3; k < 6; k++) idx[k] = pt->offset + rng_below(&c.r, pt->numel);
         for (int k = 0; k < 6; k++) {
-            double fd = fd_grad(m, params, idx[k], tokens, targets);
+            double fd = fd_grad(m, c.params, idx[k], c.tokens, c.targets);
             double err = fabs(grads[idx[k]] - fd) / (5e-5 + 1e-3 * fabs(fd));
             if (err > worst) worst = err, worst_tensor = t;
             EXPECT(err <= 1.0, "%s[%zu]: analytic %.6e, finite difference %.6e", pt->name,
@@ -660,137 +689,98 @@ static void test_gradients(PosEmbedding pos, int window, float dropout, DocMode 
 
     // Padded vocabulary rows: zero gradient; position rows past T: zero gradient.
     const ParamTensor *wte = gpt_tensor(m, 0), *wpe = gpt_tensor(m, 1);
-    int zero = 1;
-    for (size_t i = (size_t)g.V * g.C; i < wte->numel; i++) zero &= grads[wte->offset + i] == 0.0f;
-    EXPECT(zero, "padded wte rows must get exactly zero gradient");
-    if (pos == POS_LEARNED && docs == SINGLE_DOC) {
-        zero = 1;
-        for (size_t i = (size_t)MT * g.C; i < wpe->numel; i++) zero &= grads[wpe->offset + i] == 0.0f;
-        EXPECT(zero, "wpe rows past T must get zero gradient");
-    }
-    free(params);
+    const size_t real_wte = (size_t)c.g.V * c.g.C, real_wpe = (size_t)MT * c.g.C;
+    EXPECT(all_zero(grads + wte->offset + real_wte, wte->numel - real_wte),
+           "padded wte rows must get exactly zero gradient");
+    if (pos == POS_LEARNED && docs == SINGLE_DOC)
+        EXPECT(all_zero(grads + wpe->offset + real_wpe, wpe->numel - real_wpe),
+               "wpe rows past T must get zero gradient");
     free(grads);
-    gpt_free(m);
-    be->destroy(be);
+    case_close(&c);
 }
 
 // Padded logits never win: with huge padded wte rows the loss and every real gradient equal those
 // with zero padded rows, and the padded rows still get zero gradient.
 static void test_padded_vocab(void) {
-    GPTConfig g = small_config(POS_LEARNED);
-    Backend *be = backend_cpu_create();
-    GPT *m = gpt_create(&g, be, MB, MT, NULL);
-    size_t n = gpt_num_params(m);
-    float *params = test_params(m, 3), *g0 = xmalloc(n * sizeof(float)), *g1 = xmalloc(n * sizeof(float));
-    int tokens[MB * MT], targets[MB * MT];
-    Rng r;
-    rng_seed(&r, 5);
-    random_batch(&r, tokens, targets, MB * MT, g.V);
+    ModelCase c;
+    case_open(&c, POS_LEARNED, NULL, 3, 5);
+    const size_t n = c.n, real = (size_t)c.g.V * c.g.C, after = (size_t)c.g.Vp * c.g.C;
+    float *g0 = case_grads(&c), *g1 = case_grads(&c);
     float loss[2];
     for (int k = 0; k < 2; k++) {
         if (k == 1)
-            for (size_t i = (size_t)g.V * g.C; i < (size_t)g.Vp * g.C; i++) params[i] = 50.0f;
-        gpt_set_params_f32(m, params);
-        gpt_zero_grad(m);
-        loss[k] = gpt_forward(m, tokens, targets, MB, MT);
-        gpt_backward(m, 1.0f);
-        gpt_get_grads_f32(m, k ? g1 : g0);
+            for (size_t i = real; i < after; i++) c.params[i] = 50.0f;
+        gpt_set_params_f32(c.m, c.params);
+        gpt_zero_grad(c.m);
+        loss[k] = forward_backward(c.m, &c, 1.0f, k ? g1 : g0);
     }
     EXPECT(loss[0] == loss[1], "padded rows changed the loss: %.7f vs %.7f", loss[0], loss[1]);
     // dlogits is exactly 0 on the padded columns, so the padded rows only add exact zeros (in
     // the same summation order) to dlnf = dlogits @ wte: every real gradient is bitwise equal.
-    size_t real = (size_t)g.V * g.C, after = (size_t)g.Vp * g.C;
     EXPECT(memcmp(g1, g0, real * sizeof(float)) == 0 &&
                memcmp(g1 + after, g0 + after, (n - after) * sizeof(float)) == 0,
            "padded rows changed the real gradients");
-    int zero = 1;
-    for (size_t i = (size_t)g.V * g.C; i < (size_t)g.Vp * g.C; i++) zero &= g1[i] == 0.0f;
-    EXPECT(zero, "padded wte rows must get zero gradient");
-    free(params);
+    EXPECT(all_zero(g1 + real, after - real), "padded wte rows must get zero gradient");
     free(g0);
     free(g1);
-    gpt_free(m);
-    be->destroy(be);
+    case_close(&c);
 }
 
 // Two forward+backward passes without zeroing give twice the gradient; grad_scale scales it.
 static void test_accumulation(void) {
-    GPTConfig g = small_config(POS_LEARNED);
-    Backend *be = backend_cpu_create();
-    GPT *m = gpt_create(&g, be, MB, MT, NULL);
-    size_t n = gpt_num_params(m);
-    float *params = test_params(m, 9), *g1 = xmalloc(n * sizeof(float)), *g2 = xmalloc(n * sizeof(float));
-    float *g3 = xmalloc(n * sizeof(float));
-    int tokens[MB * MT], targets[MB * MT];
-    Rng r;
-    rng_seed(&r, 6);
-    random_batch(&r, tokens, targets, MB * MT, g.V);
-    gpt_set_params_f32(m, params);
-    gpt_zero_grad(m);
-    gpt_forward(m, tokens, targets, MB, MT);
-    gpt_backward(m, 1.0f);
-    gpt_get_grads_f32(m, g1);
-    gpt_forward(m, tokens, targets, MB, MT);
-    gpt_backward(m, 1.0f);
-    gpt_get_grads_f32(m, g2);
-    gpt_zero_grad(m);
-    gpt_forward(m, tokens, targets, MB, MT);
-    gpt_backward(m, 0.25f);
-    gpt_get_grads_f32(m, g3);
+    ModelCase c;
+    case_open(&c, POS_LEARNED, NULL, 9, 6);
+    const size_t n = c.n;
+    float *g1 = case_grads(&c), *g2 = case_grads(&c), *g3 = case_grads(&c);
+    gpt_zero_grad(c.m);
+    forward_backward(c.m, &c, 1.0f, g1);
+    forward_backward(c.m, &c, 1.0f, g2);
+    gpt_zero_grad(c.m);
+    forward_backward(c.m, &c, 0.25f, g3);
     for (size_t i = 0; i < n; i++) g1[i] *= 2.0f;
     // 2x and 0.25x are exact in binary, so only the summation of the second pass onto the
     // first (one rounding per element, 2^-24 relative) separates g2 from 2 g1.
     EXPECT(rel_err_f32(g2, g1, n) < 1e-6, "two backward passes: rel err %g vs 2x", rel_err_f32(g2, g1, n));
     for (size_t i = 0; i < n; i++) g1[i] *= 0.125f;
     EXPECT(rel_err_f32(g3, g1, n) < 1e-6, "grad_scale 0.25: rel err %g", rel_err_f32(g3, g1, n));
-    free(params);
     free(g1);
     free(g2);
     free(g3);
-    gpt_free(m);
-    be->destroy(be);
+    case_close(&c);
 }
 
 // Loss of a batch with ignored targets = mean of the per-token losses of the others; a smaller
 // batch (B=1, T=20) reproduces the first row's logits of the full batch (causal attention).
 static void test_loss_and_small_batch(void) {
-    GPTConfig g = small_config(POS_LEARNED);
-    Backend *be = backend_cpu_create();
-    GPT *m = gpt_create(&g, be, MB, MT, NULL);
-    float *params = test_params(m, 4);
-    gpt_set_params_f32(m, params);
-    int tokens[MB * MT], targets[MB * MT];
-    Rng r;
-    rng_seed(&r, 8);
-    random_batch(&r, tokens, targets, MB * MT, g.V);
-    float loss = gpt_forward(m, tokens, targets, MB, MT);
+    ModelCase c;
+    case_open(&c, POS_LEARNED, NULL, 4, 8);
+    GPT *m = c.m;
+    float loss = gpt_forward(m, c.tokens, c.targets, MB, MT);
     float losses[MB * MT], logits[MB * MT * 101], logits_small[20 * 101];
     gpt_losses_f32(m, losses);
     gpt_logits_f32(m, logits);
     double s = 0, ref = 0;
     int nv = 0;
     for (int i = 0; i < MB * MT; i++) {
-        if (targets[i] < 0) {
+        if (c.targets[i] < 0) {
             EXPECT(losses[i] == 0.0f, "ignored target %d has loss %g", i, losses[i]);
             continue;
         }
         s += losses[i], nv++;
         // Independent check of one token's loss from the logits.
-        const float *z = logits + (size_t)i * g.V;
+        const float *z = logits + (size_t)i * c.g.V;
         double mx = -INFINITY, se = 0;
-        for (int j = 0; j < g.V; j++) mx = fmax(mx, z[j]);
-        for (int j = 0; j < g.V; j++) se += exp(z[j] - mx);
-        ref = mx + log(se) - z[targets[i]];
+        for (int j = 0; j < c.g.V; j++) mx = fmax(mx, z[j]);
+        for (int j = 0; j < c.g.V; j++) se += exp(z[j] - mx);
+        ref = mx + log(se) - z[c.targets[i]];
         EXPECT(fabs(ref - losses[i]) < 1e-5 * (1 + fabs(ref)), "token %d loss %g vs %g", i, losses[i], ref);
     }
     EXPECT(fabs(loss - s / nv) < 1e-6 * fabs(loss), "mean loss %g vs %g", loss, s / nv);
-    EXPECT(gpt_forward(m, tokens, NULL, 1, 20) == 0.0f, "forward without targets returns 0");
+    EXPECT(gpt_forward(m, c.tokens, NULL, 1, 20) == 0.0f, "forward without targets returns 0");
     gpt_logits_f32(m, logits_small);
     EXPECT(rel_err_f32(logits_small, logits, 20 * 101) < OP_TOL, "small batch logits rel err %g",
            rel_err_f32(logits_small, logits, 20 * 101));
-    free(params);
-    gpt_free(m);
-    be->destroy(be);
+    case_close(&c);
 }
 
 // KV-cache decoding reproduces the full forward's logits at every position.
@@ -827,31 +817,25 @@ static void test_decode(PosEmbedding pos, int window, int window_every) {
 // Packed documents: every document's logits in the packed batch equal those of the document run
 // alone as its own row (positions from 0, nothing before it visible), for any position scheme.
 static void test_documents(PosEmbedding pos) {
-    GPTConfig g = small_config(pos);
     Config run;
     config_defaults(&run);
     set_docs(&run, PACKED_DOCS);
-    Backend *be = backend_cpu_create();
-    GPT *m = gpt_create(&g, be, MB, MT, &run);
-    float *params = test_params(m, 41);
-    gpt_set_params_f32(m, params);
-    int tokens[MB * MT], targets[MB * MT];
-    Rng r;
-    rng_seed(&r, 42);
-    random_batch(&r, tokens, targets, MB * MT, g.V);
-    pack_documents(tokens, MB, MT);
-    float *packed = xmalloc((size_t)MB * MT * g.V * sizeof(float));   // (B, T, V)
-    float *alone = xmalloc((size_t)MB * MT * g.V * sizeof(float));    // (T, V), then (B, T, V)
-    gpt_forward(m, tokens, NULL, MB, MT);
+    ModelCase c;
+    case_open(&c, pos, &run, 41, 42);
+    GPT *m = c.m;
+    pack_documents(c.tokens, MB, MT);
+    float *packed = xmalloc((size_t)MB * MT * c.g.V * sizeof(float));   // (B, T, V)
+    float *alone = xmalloc((size_t)MB * MT * c.g.V * sizeof(float));    // (T, V), then (B, T, V)
+    gpt_forward(m, c.tokens, NULL, MB, MT);
     gpt_logits_f32(m, packed);
     int n_docs = 0;
     double worst = 0;
     for (int i0 = 0; i0 < MB * MT;) {   // one document: [i0, i1)
         int i1 = i0 + 1;
-        while (i1 % MT != 0 && tokens[i1 - 1] != DOC_EOT) i1++;
-        gpt_forward(m, tokens + i0, NULL, 1, i1 - i0);
+        while (i1 % MT != 0 && c.tokens[i1 - 1] != DOC_EOT) i1++;
+        gpt_forward(m, c.tokens + i0, NULL, 1, i1 - i0);
         gpt_logits_f32(m, alone);
-        double e = rel_err_f32(alone, packed + (size_t)i0 * g.V, (size_t)(i1 - i0) * g.V);
+        double e = rel_err_f32(alone, packed + (size_t)i0 * c.g.V, (size_t)(i1 - i0) * c.g.V);
         worst = e > worst ? e : worst;
         n_docs++;
         i0 = i1;
@@ -861,17 +845,15 @@ static void test_documents(PosEmbedding pos) {
            n_docs);
     EXPECT(n_docs >= 10, "the batch must pack many documents, got %d", n_docs);
     // Without doc_mask the same batch is one sequence per row: the logits must differ.
-    GPT *plain = gpt_create(&g, be, MB, MT, NULL);
-    gpt_set_params_f32(plain, params);
-    gpt_forward(plain, tokens, NULL, MB, MT);
+    GPT *plain = gpt_create(&c.g, c.be, MB, MT, NULL);
+    gpt_set_params_f32(plain, c.params);
+    gpt_forward(plain, c.tokens, NULL, MB, MT);
     gpt_logits_f32(plain, alone);
-    EXPECT(rel_err_f32(alone, packed, MT * g.V) > 1e-3, "doc_mask changed nothing");
+    EXPECT(rel_err_f32(alone, packed, MT * c.g.V) > 1e-3, "doc_mask changed nothing");
     free(packed);
     free(alone);
-    free(params);
     gpt_free(plain);
-    gpt_free(m);
-    be->destroy(be);
+    case_close(&c);
 }
 
 // The long-range task the long-context runs learn (data.synthetic = retrieval): K = 16 pairs
@@ -951,9 +933,7 @@ static void test_layout_and_init(void) {
     EXPECT(fabs(std1 / 0.02 - 1) < 3 / sqrt(2.0 * fc->numel), "fc weight std %g", std1);
     EXPECT(fabs(std2 / (0.02 / sqrt(2.0 * g.L)) - 1) < 3 / sqrt(2.0 * pr->numel), "proj weight std %g", std2);
     EXPECT(a[ln->offset] == 1.0f && a[ln->offset + 1 + 63] == 0.0f, "LayerNorm init 1 / 0");
-    int zero = 1;
-    for (size_t i = (size_t)g.V * g.C; i < (size_t)g.Vp * g.C; i++) zero &= a[i] == 0.0f;
-    EXPECT(zero, "padded wte rows must start at 0");
+    EXPECT(all_zero(a + (size_t)g.V * g.C, (size_t)(g.Vp - g.V) * g.C), "padded wte rows must start at 0");
     gpt_set_params_f32(m, a);
     gpt_get_params_f32(m, b);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "set/get params round trip");
@@ -973,93 +953,78 @@ static void test_layout_and_init(void) {
 // function of the rng step; never in forwards without targets, in eval mode or in decoding,
 // which all equal the dropout-free model bitwise (the same CPU ops in the same order).
 static void test_dropout(float attn_p, float resid_p) {
-    GPTConfig g = small_config(POS_LEARNED);
     Config run;
     config_defaults(&run);
-    Backend *be = backend_cpu_create();
-    GPT *plain = gpt_create(&g, be, MB, MT, NULL);
     run.attention.dropout = attn_p;
     run.model.dropout = resid_p;
-    GPT *m = gpt_create(&g, be, MB, MT, &run);
-    float *params = test_params(m, 21);
-    gpt_set_params_f32(m, params);
-    gpt_set_params_f32(plain, params);
-    int tokens[MB * MT], targets[MB * MT];
-    Rng r;
-    rng_seed(&r, 22);
-    random_batch(&r, tokens, targets, MB * MT, g.V);
-    float l_plain = gpt_forward(plain, tokens, targets, MB, MT);
+    ModelCase c;
+    case_open(&c, POS_LEARNED, &run, 21, 22);
+    GPT *m = c.m, *plain = gpt_create(&c.g, c.be, MB, MT, NULL);
+    gpt_set_params_f32(plain, c.params);
+    float l_plain = gpt_forward(plain, c.tokens, c.targets, MB, MT);
     gpt_set_rng_step(m, 0);
-    float l_drop0 = gpt_forward(m, tokens, targets, MB, MT);
-    float l_again = gpt_forward(m, tokens, targets, MB, MT);
+    float l_drop0 = gpt_forward(m, c.tokens, c.targets, MB, MT);
+    float l_again = gpt_forward(m, c.tokens, c.targets, MB, MT);
     gpt_set_rng_step(m, 1);
-    float l_drop1 = gpt_forward(m, tokens, targets, MB, MT);
+    float l_drop1 = gpt_forward(m, c.tokens, c.targets, MB, MT);
     EXPECT(l_drop0 != l_plain && l_drop1 != l_drop0, "dropout must change the loss per rng step: "
            "%g %g %g", l_plain, l_drop0, l_drop1);
     EXPECT(l_again == l_drop0, "the same rng step must draw the same masks: %g vs %g", l_again,
            l_drop0);
 
-    const size_t nl = (size_t)MB * MT * g.V;
+    const size_t nl = (size_t)MB * MT * c.g.V;
     float *lp = xmalloc(nl * sizeof(float)), *lm = xmalloc(nl * sizeof(float));  // (B, T, V)
-    gpt_forward(plain, tokens, NULL, MB, MT);
+    gpt_forward(plain, c.tokens, NULL, MB, MT);
     gpt_logits_f32(plain, lp);
-    gpt_forward(m, tokens, NULL, MB, MT);
+    gpt_forward(m, c.tokens, NULL, MB, MT);
     gpt_logits_f32(m, lm);
     EXPECT(memcmp(lp, lm, nl * sizeof(float)) == 0, "a forward without targets must not drop");
 
     float dec_plain[101], dec_m[101];
     int same_decode = 1;
     for (int t = 0; t < 5; t++) {
-        gpt_decode_step(plain, tokens[t], t, dec_plain);
-        gpt_decode_step(m, tokens[t], t, dec_m);
+        gpt_decode_step(plain, c.tokens[t], t, dec_plain);
+        gpt_decode_step(m, c.tokens[t], t, dec_m);
         same_decode &= memcmp(dec_plain, dec_m, sizeof dec_m) == 0;
     }
     EXPECT(same_decode, "decoding must not drop");
 
     gpt_set_training(m, 0);
-    float l_eval = gpt_forward(m, tokens, targets, MB, MT);
-    float l_eval2 = gpt_forward(m, tokens, targets, MB, MT);
+    float l_eval = gpt_forward(m, c.tokens, c.targets, MB, MT);
+    float l_eval2 = gpt_forward(m, c.tokens, c.targets, MB, MT);
     EXPECT(l_eval == l_plain && l_eval2 == l_eval, "eval mode must not drop: %g, %g vs %g", l_eval,
            l_eval2, l_plain);
     free(lp), free(lm);
-    free(params);
-    gpt_free(m);
     gpt_free(plain);
-    be->destroy(be);
+    case_close(&c);
 }
 
 // train.recompute: recomputing activations in backward (with the forward's dropout masks) gives
 // bitwise the gradients of keeping them, since every CPU op is deterministic.
 static void test_recompute(const char *mode, PosEmbedding pos, DocMode docs) {
-    GPTConfig g = small_config(pos);
     Config run;
     config_defaults(&run);
     set_docs(&run, docs);
     run.attention.dropout = 0.1f;
     run.model.dropout = 0.1f;
-    Backend *be = backend_cpu_create();
-    GPT *ref = gpt_create(&g, be, MB, MT, &run);
-    {
-        char kv[96], why[256];
-        snprintf(kv, sizeof kv, "train.recompute=%s", mode);
-        CHECK(config_set(&run, kv, why, sizeof why) == 0);
-    }
-    GPT *m = gpt_create(&g, be, MB, MT, &run);
-    size_t n = gpt_num_params(m);
-    float *params = test_params(m, 31), *g0 = xmalloc(n * sizeof(float)), *g1 = xmalloc(n * sizeof(float));
-    int tokens[MB * MT], targets[MB * MT];
-    Rng r;
-    rng_seed(&r, 32);
-    random_batch(&r, tokens, targets, MB * MT, g.V);
-    if (docs == PACKED_DOCS) pack_documents(tokens, MB, MT);
+    Config recompute = run;
+    char kv[96], why[256];
+    snprintf(kv, sizeof kv, "train.recompute=%s", mode);
+    CHECK(config_set(&recompute, kv, why, sizeof why) == 0);
+    ModelCase c;
+    case_open(&c, pos, &recompute, 31, 32);
+    GPT *m = c.m, *ref = gpt_create(&c.g, c.be, MB, MT, &run);
+    const size_t n = c.n;
+    float *g0 = case_grads(&c), *g1 = case_grads(&c);
+    if (docs == PACKED_DOCS) pack_documents(c.tokens, MB, MT);
     float loss[2];
     GPT *models[2] = {ref, m};
     for (int k = 0; k < 2; k++) {
-        gpt_set_params_f32(models[k], params);
+        gpt_set_params_f32(models[k], c.params);
         gpt_zero_grad(models[k]);
         for (int step = 0; step < 2; step++) {   // the second step draws fresh dropout masks
             gpt_set_rng_step(models[k], (uint64_t)step);
-            loss[k] = gpt_forward(models[k], tokens, targets, MB, MT);
+            loss[k] = gpt_forward(models[k], c.tokens, c.targets, MB, MT);
             gpt_backward(models[k], 1.0f);
         }
         gpt_get_grads_f32(models[k], k ? g1 : g0);
@@ -1067,12 +1032,10 @@ static void test_recompute(const char *mode, PosEmbedding pos, DocMode docs) {
     EXPECT(loss[0] == loss[1], "recompute %s: loss %.7f vs %.7f", mode, loss[1], loss[0]);
     EXPECT(memcmp(g0, g1, n * sizeof(float)) == 0, "recompute %s: gradients differ, rel err %g", mode,
            rel_err_f32(g1, g0, n));
-    free(params);
     free(g0);
     free(g1);
-    gpt_free(m);
     gpt_free(ref);
-    be->destroy(be);
+    case_close(&c);
 }
 
 // Runs fn in a child process with stderr silenced; returns its exit code (-1 if it crashed).

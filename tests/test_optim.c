@@ -8,6 +8,7 @@
 #include "model/gpt.h"
 #include "trainer/train_step.h"
 #include "optim/optim.h"
+#include "tests/fixtures.h"
 #include "tests/testlib.h"
 
 // fp32 rounding of a value near 1 is 2^-24 ~ 6e-8 relative; a few roundings in the formula
@@ -79,11 +80,7 @@ static void adamw_ref(double *p, double *m, double *v, const double *g, int n, i
 
 static void test_adamw(void) {
     Config c;
-    config_defaults(&c);
-    c.optim.beta1 = 0.9f;
-    c.optim.beta2 = 0.95f;
-    c.optim.eps = 1e-8f;
-    c.optim.weight_decay = 0.1f;
+    fixture_adamw_config(&c);
     enum { N = 7 };
     // Two spans; the gap at element 6 belongs to no span and must stay untouched.
     const OptimSpan spans[2] = {{0, 4, 1}, {4, 2, 0}};
@@ -103,8 +100,10 @@ static void test_adamw(void) {
         for (int i = 0; i < N; i++) g[i] = (double)grads[s][i] * mults[s];
         memcpy(pd_dec, pd, sizeof pd_dec);
         memcpy(pd_nodec, pd + 4, sizeof pd_nodec);
-        adamw_ref(pd_dec, md, vd, g, 4, s + 1, lrs[s], 0.1, 0.9f, 0.95f, 1e-8f);
-        adamw_ref(pd_nodec, md + 4, vd + 4, g + 4, 2, s + 1, lrs[s], 0.0, 0.9f, 0.95f, 1e-8f);
+        adamw_ref(pd_dec, md, vd, g, 4, s + 1, lrs[s], FIXTURE_WEIGHT_DECAY, FIXTURE_BETA1,
+                  FIXTURE_BETA2, FIXTURE_EPS);
+        adamw_ref(pd_nodec, md + 4, vd + 4, g + 4, 2, s + 1, lrs[s], 0.0, FIXTURE_BETA1,
+                  FIXTURE_BETA2, FIXTURE_EPS);
         memcpy(pd, pd_dec, sizeof pd_dec);
         memcpy(pd + 4, pd_nodec, sizeof pd_nodec);
     }

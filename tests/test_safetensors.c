@@ -23,6 +23,13 @@ static void write_raw(const char *path, const char *header, const void *data, si
     fclose(fp);
 }
 
+// A file of exactly these n bytes (headers too broken for write_raw to frame).
+static void write_bytes(const char *path, const char *bytes, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    fwrite(bytes, 1, n, fp);
+    fclose(fp);
+}
+
 // Files in dir whose name marks an unfinished atomic write ("<name>.tmp.<pid>").
 static int count_temp_files(const char *dir) {
     DIR *d = opendir(dir);
@@ -145,6 +152,52 @@ static void test_empty_file_and_atomic(const char *dir) {
     EXPECT(count_temp_files(dir) == 0, "a failed write left a temporary file in %s", dir);
 }
 
+// Headers of bad.safetensors (before 8 bytes of data) that must be rejected: the header, what
+// the message must contain, what is wrong.
+typedef struct {
+    const char *header, *want, *what;
+} BadHeader;
+
+static const BadHeader BAD_HEADERS[] = {
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}",
+     "bad JSON", "unterminated JSON"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} junk",
+     "bad JSON", "text after the JSON"},
+    {"[1, 2]  ", "not an object", "array header"},
+    {"{\"x\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}",
+     "unknown dtype 'C64'", "unknown dtype"},
+    {"{\"x\":{\"shape\":[2],\"data_offsets\":[0,8]}}", "no dtype", "missing dtype"},
+    {"{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", "no shape", "missing shape"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2]}}", "data_offsets", "missing offsets"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}",
+     "need 12 bytes", "shape larger than the span"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",
+     "shape[0]", "negative dimension"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,8]}}",
+     "shape[0]", "fractional dimension"},
+    {"{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,8],\"data_offsets\":[0,8]}}",
+     "5 dimensions", "too many dimensions"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}",
+     "begin 8 > end 0", "reversed offsets"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}",
+     "data_offsets", "negative offset"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}",
+     "data_offsets", "three offsets"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+     "overlap", "overlapping tensors"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+     "belong to no tensor", "gap before a tensor"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+     "after the last tensor", "trailing bytes"},
+    {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+     "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+     "appears twice", "duplicate tensor name"},
+    {"{\"__metadata__\":{\"a\":1},\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+     "not a string", "numeric metadata value"},
+    {"{\"x\":[\"F32\"]}", "must be an object", "tensor entry not an object"},
+};
+
 static void test_corrupt(const char *dir) {
     char p[512];
     snprintf(p, sizeof p, "%s/bad.safetensors", dir);
@@ -157,9 +210,7 @@ static void test_corrupt(const char *dir) {
     EXPECT(st_read(&f, p, err, sizeof err) == 0, "base case rejected: %s", err);
     st_free(&f);
 
-    FILE *fp = fopen(p, "wb");
-    fwrite("\x10\0\0", 1, 3, fp);
-    fclose(fp);
+    write_bytes(p, "\x10\0\0", 3);
     expect_reject(p, "truncated", "shorter than 8 bytes");
 
     write_raw(p, ok, d, sizeof d);
@@ -169,82 +220,20 @@ static void test_corrupt(const char *dir) {
     write_raw(p, ok, d, 4);
     expect_reject(p, "out of range", "data cut short");
 
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", d, sizeof d);
-    expect_reject(p, "bad JSON", "unterminated JSON");
+    for (size_t i = 0; i < sizeof BAD_HEADERS / sizeof BAD_HEADERS[0]; i++) {
+        write_raw(p, BAD_HEADERS[i].header, d, sizeof d);
+        expect_reject(p, BAD_HEADERS[i].want, BAD_HEADERS[i].what);
+    }
 
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} junk", d, sizeof d);
-    expect_reject(p, "bad JSON", "text after the JSON");
-
-    write_raw(p, "[1, 2]  ", d, sizeof d);
-    expect_reject(p, "not an object", "array header");
-
-    fp = fopen(p, "wb");
-    fwrite("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 1, 10, fp);
-    fclose(fp);
+    write_bytes(p, "\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10);
     expect_reject(p, "header length", "absurd header length");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}", d, sizeof d);
-    expect_reject(p, "unknown dtype 'C64'", "unknown dtype");
-
-    write_raw(p, "{\"x\":{\"shape\":[2],\"data_offsets\":[0,8]}}", d, sizeof d);
-    expect_reject(p, "no dtype", "missing dtype");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", d, sizeof d);
-    expect_reject(p, "no shape", "missing shape");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2]}}", d, sizeof d);
-    expect_reject(p, "data_offsets", "missing offsets");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", d, sizeof d);
-    expect_reject(p, "need 12 bytes", "shape larger than the span");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", d, sizeof d);
-    expect_reject(p, "shape[0]", "negative dimension");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,8]}}", d, sizeof d);
-    expect_reject(p, "shape[0]", "fractional dimension");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,8],\"data_offsets\":[0,8]}}", d, sizeof d);
-    expect_reject(p, "5 dimensions", "too many dimensions");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", d, sizeof d);
-    expect_reject(p, "begin 8 > end 0", "reversed offsets");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", d, sizeof d);
-    expect_reject(p, "data_offsets", "negative offset");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", d, sizeof d);
-    expect_reject(p, "data_offsets", "three offsets");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                 "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", d, sizeof d);
-    expect_reject(p, "overlap", "overlapping tensors");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", d, sizeof d);
-    expect_reject(p, "belong to no tensor", "gap before a tensor");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", d, sizeof d);
-    expect_reject(p, "after the last tensor", "trailing bytes");
-
-    write_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", d, sizeof d);
-    expect_reject(p, "appears twice", "duplicate tensor name");
-
-    write_raw(p, "{\"__metadata__\":{\"a\":1},\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-              d, sizeof d);
-    expect_reject(p, "not a string", "numeric metadata value");
-
-    write_raw(p, "{\"x\":[\"F32\"]}", d, sizeof d);
-    expect_reject(p, "must be an object", "tensor entry not an object");
 
     char hdr[512];
     snprintf(hdr, sizeof hdr, "{\"%0200d\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 7);
     write_raw(p, hdr, d, sizeof d);
     expect_reject(p, "longer than", "name too long");
 
-    fp = fopen(p, "wb");
-    fwrite("\x04\0\0\0\0\0\0\0{\0}}", 1, 12, fp);
-    fclose(fp);
+    write_bytes(p, "\x04\0\0\0\0\0\0\0{\0}}", 12);
     expect_reject(p, "NUL", "NUL inside the header");
 }
 

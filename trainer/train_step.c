@@ -181,23 +181,21 @@ void trainer_set_weights_f32(Trainer *t, const float *host) {
     t->opt->set_state(t->opt, host + t->shard_off, NULL, NULL);
 }
 
-// The full fp32 master weights into host (n): this rank's shard from the optimizer, the others'
-// gathered through a temporary device vector (every rank takes part).
+// The full fp32 master weights into host (n): this rank's shard copied from the optimizer into a
+// temporary device vector, the others' gathered into it there (every rank takes part), then one
+// download.
 static void download_master(Trainer *t, float *host) {
     if (!t->comm) {
         t->opt->get_state(t->opt, host, NULL, NULL);
         return;
     }
     Backend *be = gpt_backend(t->m);
-    float *shard = xmalloc((t->shard_n ? t->shard_n : 1) * sizeof(float));  // (shard_n) host
-    t->opt->get_state(t->opt, shard, NULL, NULL);
     float *all = be->alloc(be, t->n * sizeof(float));  // (n) backend memory
-    be->upload(be, all + t->shard_off, shard, t->shard_n * sizeof(float));
+    t->opt->copy_master(t->opt, all + t->shard_off);
     t->comm->allgather(t->comm, all, t->counts, DTYPE_F32);
     t->comm->wait(t->comm);
     be->download(be, host, all, t->n * sizeof(float));
     be->release(be, all);
-    free(shard);
 }
 
 // The views of trainer_optim_state are host buffers the trainer owns: the master weights (all

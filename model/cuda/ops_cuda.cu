@@ -78,9 +78,14 @@ static void cu_download(Backend *be, void *host, const void *src, size_t bytes) 
     CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
 }
 
-static void cu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
+// fp32 host values to and from the backend's dtype, through a device staging buffer of at most
+// STAGE_ELEMS floats (converted on the GPU) unless the dtype is fp32 itself.
+typedef enum { TO_DEVICE, TO_HOST } CopyDirection;
+
+static void copy_f32(Backend *be, void *dev, float *host, size_t n, CopyDirection dir) {
     if (be->dtype == DTYPE_F32) {
-        cu_upload(be, dst, host, n * sizeof(float));
+        if (dir == TO_DEVICE) cu_upload(be, dev, host, n * sizeof(float));
+        else cu_download(be, host, dev, n * sizeof(float));
         return;
     }
     CudaCtx *ctx = cuda_ctx(be);
@@ -88,24 +93,23 @@ static void cu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
     for (size_t i0 = 0; i0 < n; i0 += STAGE_ELEMS) {
         const size_t m = n - i0 < STAGE_ELEMS ? n - i0 : STAGE_ELEMS;
         float *stage = (float *)cuda_scratch(ctx, m * sizeof(float));  // (m)
-        cu_upload(be, stage, host + i0, m * sizeof(float));
-        cuda_convert_f32_to(be, (char *)dst + i0 * ds, stage, m);
+        char *d = (char *)dev + i0 * ds;
+        if (dir == TO_DEVICE) {
+            cu_upload(be, stage, host + i0, m * sizeof(float));
+            cuda_convert_f32_to(be, d, stage, m);
+        } else {
+            cuda_convert_to_f32(be, stage, d, m);
+            cu_download(be, host + i0, stage, m * sizeof(float));
+        }
     }
 }
 
+static void cu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
+    copy_f32(be, dst, (float *)host, n, TO_DEVICE);   // host is only read
+}
+
 static void cu_download_f32(Backend *be, float *host, const void *src, size_t n) {
-    if (be->dtype == DTYPE_F32) {
-        cu_download(be, host, src, n * sizeof(float));
-        return;
-    }
-    CudaCtx *ctx = cuda_ctx(be);
-    const size_t ds = dtype_size(be->dtype);
-    for (size_t i0 = 0; i0 < n; i0 += STAGE_ELEMS) {
-        const size_t m = n - i0 < STAGE_ELEMS ? n - i0 : STAGE_ELEMS;
-        float *stage = (float *)cuda_scratch(ctx, m * sizeof(float));  // (m)
-        cuda_convert_to_f32(be, stage, (const char *)src + i0 * ds, m);
-        cu_download(be, host + i0, stage, m * sizeof(float));
-    }
+    copy_f32(be, (void *)src, host, n, TO_HOST);      // src is only read
 }
 
 // ---- lifetime ----

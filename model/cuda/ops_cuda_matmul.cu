@@ -11,7 +11,6 @@
 // one deterministic kernel of ops_cuda_layers.cu (cuda_bias_gelu_backward): the interface
 // applies the GELU backward to this layer's dout (DGELU would belong to the next layer's dinp
 // matmul), and the bias gradient accumulates (+=) where BGRADB would overwrite.
-#include <string.h>
 
 #include "model/cuda/cuda_common.cuh"
 
@@ -133,18 +132,10 @@ static void lt_gemm_or_die(Backend *be, const LtGemm *g) {
 
 void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
                          const void *bias, int N, int C, int OC, Epilogue epi) {
-    LtGemm g;
-    memset(&g, 0, sizeof g);
-    g.a = w;                 // (OC, C) row-major = col-major (C, OC), used transposed
-    g.b = inp;               // (N, C) row-major = col-major (C, N)
-    g.op_a = CUBLAS_OP_T;
-    g.op_b = CUBLAS_OP_N;
-    g.m = OC;
-    g.n = N;
-    g.k = C;
-    g.lda = C;
-    g.ldb = C;
-    g.bias = bias;
+    // a: w (OC, C) row-major = col-major (C, OC), used transposed; b: inp (N, C) row-major =
+    // col-major (C, N).
+    LtGemm g = {.a = w, .b = inp, .op_a = CUBLAS_OP_T, .op_b = CUBLAS_OP_N, .m = OC, .n = N,
+                .k = C, .lda = C, .ldb = C, .bias = bias};
     // cuBLASLt's GELU epilogue evaluates tanh less accurately than tanhf: 2.6e-6 relative
     // (norm-wise, H200, CUDA 13.0; test_ops_cuda), 60x the CPU's fp32 GELU. That is ~1000x below
     // a bf16/fp16 rounding, so those dtypes fuse; fp32, the tight reference mode, runs GELU in
@@ -178,33 +169,18 @@ void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *
     // dout (N, OC) becomes d(pre) in place with EPI_GELU; dbias (OC) += its column sums.
     const void *gelu_pre = epi == EPI_GELU ? pre : NULL;
     if (gelu_pre || dbias) cuda_bias_gelu_backward(be, dbias, dout, gelu_pre, N, OC);
-    LtGemm g;
-    memset(&g, 0, sizeof g);
-    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (dinp) {
-        g.d = dinp;          // (N, C) = col-major (C, N)
-        g.a = w;             // (OC, C) row-major = col-major (C, OC)
-        g.b = dout;          // (N, OC) row-major = col-major (OC, N)
-        g.op_a = CUBLAS_OP_N;
-        g.op_b = CUBLAS_OP_N;
-        g.m = C;
-        g.n = N;
-        g.k = OC;
-        g.lda = C;
-        g.ldb = OC;
-        g.beta = 0.0f;
-        lt_gemm_or_die(be, &g);
+        // d: dinp (N, C) = col-major (C, N); a: w (OC, C) row-major = col-major (C, OC);
+        // b: dout (N, OC) row-major = col-major (OC, N).
+        const LtGemm gi = {.d = dinp, .a = w, .b = dout, .op_a = CUBLAS_OP_N, .op_b = CUBLAS_OP_N,
+                           .m = C, .n = N, .k = OC, .lda = C, .ldb = OC, .beta = 0.0f,
+                           .epi = CUBLASLT_EPILOGUE_DEFAULT};
+        lt_gemm_or_die(be, &gi);
     }
-    g.d = dw;                // (OC, C) = col-major (C, OC), accumulated
-    g.a = inp;               // (N, C) row-major = col-major (C, N)
-    g.b = dout;              // col-major (OC, N), used transposed
-    g.op_a = CUBLAS_OP_N;
-    g.op_b = CUBLAS_OP_T;
-    g.m = C;
-    g.n = OC;
-    g.k = N;
-    g.lda = C;
-    g.ldb = OC;
-    g.beta = 1.0f;
-    lt_gemm_or_die(be, &g);
+    // d: dw (OC, C) = col-major (C, OC), accumulated; a: inp (N, C) row-major = col-major (C, N);
+    // b: dout col-major (OC, N), used transposed.
+    const LtGemm gw = {.d = dw, .a = inp, .b = dout, .op_a = CUBLAS_OP_N, .op_b = CUBLAS_OP_T,
+                       .m = C, .n = OC, .k = N, .lda = C, .ldb = OC, .beta = 1.0f,
+                       .epi = CUBLASLT_EPILOGUE_DEFAULT};
+    lt_gemm_or_die(be, &gw);
 }

@@ -3,12 +3,12 @@
 // UTF-8 when the text is valid, and then to exactly the text.
 #pragma once
 #include "data/gpt2_bpe.h"
-#include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "tests/fuzz/fuzz.h"
 
 static inline int fuzz_utf8_valid(const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n;) {
-        const int l = tokenizer_utf8_char_len((const char *)p + i, n - i);
+        const int l = utf8_char_len((const char *)p + i, n - i, NULL);
         if (l < 0) return 0;
         i += (size_t)l;
     }

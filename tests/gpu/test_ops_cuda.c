@@ -31,6 +31,7 @@
 #include "model/gpt.h"
 #include "optim/optim.h"
 #include "optim/optim_cuda.h"
+#include "tests/fixtures.h"
 #include "tests/testlib.h"
 
 #define U_F32 0x1p-24
@@ -513,16 +514,8 @@ static void test_attention(Ctx *t) {
 // ---- the whole model ----
 
 static void small_config(Config *c) {
-    config_defaults(c);
-    c->model.n_layer = 2;
-    c->model.n_head = 2;
-    c->model.n_kv_head = 1;   // GQA through the fused qkv views
-    c->model.n_embd = 128;    // head size 64: a size the CUDA flash kernels support
-    c->model.vocab_size = 100;
-    c->model.max_seq_len = 64;
+    fixture_gpu_model_config(c);
     c->model.pos_embedding = POS_LEARNED;
-    c->attention.dropout = 0.0f;
-    c->attention.deterministic = 1;
 }
 
 // A model variant: positions, residual dropout and the long-context options.
@@ -635,11 +628,7 @@ static void test_model_learned_docs(Ctx *t) { model_case(t, (ModelCase){"learned
 
 static void test_adamw(Ctx *t) {
     Config c;
-    config_defaults(&c);
-    c.optim.beta1 = 0.9f;
-    c.optim.beta2 = 0.95f;
-    c.optim.eps = 1e-8f;
-    c.optim.weight_decay = 0.1f;
+    fixture_adamw_config(&c);
     // Spans with and without decay, one longer than a kernel chunk, and a gap left untouched.
     const OptimSpan spans[] = {{0, 1000, 1}, {1000, 37, 0}, {1100, 40000, 1}};
     const size_t n = 41100;

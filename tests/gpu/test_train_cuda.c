@@ -28,6 +28,7 @@
 #include "model/gpt.h"
 #include "trainer/train_step.h"
 #include "optim/optim.h"
+#include "tests/fixtures.h"
 #include "tests/testlib.h"
 
 #define U_F32 0x1p-24
@@ -52,13 +53,7 @@ static void chain_batch(void *ctx, int *inputs, int *targets) {
 }
 
 static void small_config(Config *c, DType dt) {
-    config_defaults(c);
-    c->model.n_layer = 2;
-    c->model.n_head = 2;
-    c->model.n_kv_head = 1;   // GQA through the fused qkv views
-    c->model.n_embd = 128;    // head size 64: a size the CUDA flash kernels support
-    c->model.vocab_size = 100;
-    c->model.max_seq_len = 64;
+    fixture_gpu_model_config(c);
     c->train.batch_size = B;
     c->train.seq_len = T;
     c->train.grad_accum = 2;
@@ -68,8 +63,6 @@ static void small_config(Config *c, DType dt) {
     c->optim.warmup_steps = 5;
     c->optim.grad_clip = 1.0f;
     c->precision.dtype = dt;
-    c->attention.dropout = 0.0f;
-    c->attention.deterministic = 1;
 }
 
 // Elements of the flat parameter vector of c's model.
