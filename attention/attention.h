@@ -65,8 +65,8 @@ typedef struct {
     int64_t q_pos0, k_pos0;
     int window_left, window_right;  // key j is visible to aligned query position p only if
                                     // p - window_left <= j <= p + window_right; -1 = unbounded
-    const float *alibi_slopes;      // (NH), (B, NH) or NULL: adds -slope * |p - j| to each score
-    int64_t alibi_batch_stride;     // 0: slopes (NH) shared by every batch row; NH: (B, NH)
+    const float *alibi_slopes;      // (NH), or (B, NH) by alibi_batch_stride (last in the struct),
+                                    // or NULL: adds -slope * |p - j| to each score
     // Packed documents (requires T_q == T_k): cu_seqlens[0..n_docs] are cumulative offsets over
     // the flattened (B*T) token index, starting at 0 and ending at B*T; a document never crosses
     // a batch row (row starts must appear in the list). Tokens attend only inside their document.
@@ -87,6 +87,10 @@ typedef struct {
     void *stream;
     void *workspace;
     size_t workspace_bytes;
+
+    // --- masking, continued: last, so that the layout before it stays that of earlier builds
+    // (scripts/bench_attention.py drives both) ---
+    int64_t alibi_batch_stride;     // 0: slopes (NH) shared by every batch row; NH: (B, NH)
 } AttnParams;
 
 // ---- the context: made once per backend (device, stream, kernel family) ----

@@ -129,15 +129,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
                             s[mt][nt][e] = x;
                         }
                 }
-                if constexpr (decltype(masked)::value) {
-#pragma unroll
-                    for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                            if (j < rr[mt][r].lo || j >= rr[mt][r].hi) s[mt][nt][e] = -INFINITY;
-                        }
-                }
+                if constexpr (decltype(masked)::value) mask_scores<NS>(&s[mt][0][0], rr[mt], n0, t);
 
                 // Online softmax: rescale what was accumulated under the old max. A row that has seen
                 // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.

@@ -105,15 +105,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 #pragma unroll
             for (int e = 0; e < NS * 4; e++) s[e] *= scale_log2;
         }
-        if constexpr (decltype(masked)::value) {
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                    if (j < rr[r].lo || j >= rr[r].hi) s[nt * 4 + e] = -INFINITY;
-                }
-        }
+        if constexpr (decltype(masked)::value) mask_scores<NS>(s, rr, n0, t);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;

@@ -38,6 +38,20 @@ template <typename Step> __device__ __forceinline__ void step_by_class(bool part
     else step(Masked<false>());
 }
 
+// Scores of one m16 tile's C fragments (NS n8 tiles, s[4 nt + e]: row 8 (e >> 1) + g, key
+// n0 + 8 nt + 2t + (e & 1)) set to -inf outside the visible keys rr[0] (row g) and rr[1] (row
+// g + 8): the per-element masking of a partial tile.
+template <int NS>
+__device__ __forceinline__ void mask_scores(float *s, const RowRange (&rr)[2], int n0, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+            if (j < rr[r].lo || j >= rr[r].hi) s[nt * 4 + e] = -INFINITY;
+        }
+}
+
 // Query rows [q_begin, q_end) that see at least one key of [n0, n1) (binary searches on the
 // monotone row ranges), for the backward kernels that walk query tiles for a key tile.
 __device__ __forceinline__ void query_span(const AttnParams &p, int b, int n0, int n1, int *q_begin,

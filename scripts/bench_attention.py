@@ -59,6 +59,8 @@ def params_type(ring):
     ring_lse = [("lse_batch_stride", C.c_int64), ("lse_head_stride", C.c_int64)] if ring else []
     ring_acc = [("accumulate", C.c_int)] if ring else []
     ring_pos = [("pos_explicit", C.c_int), ("q_pos0", C.c_int64), ("k_pos0", C.c_int64)] if ring else []
+    # last in the struct: a build from before it reads the same layout and ignores it
+    ring_slopes = [("alibi_batch_stride", C.c_int64)] if ring else []
     fields = [
         ("q", C.c_void_p), ("k", C.c_void_p), ("v", C.c_void_p), ("out", C.c_void_p), ("lse", C.c_void_p),
         *ring_lse,
@@ -74,6 +76,7 @@ def params_type(ring):
         ("dropout_p", C.c_float), ("seed", C.c_uint64), ("offset", C.c_uint64),
         ("dtype", C.c_int), ("impl", C.c_int), ("deterministic", C.c_int),
         ("stream", C.c_void_p), ("workspace", C.c_void_p), ("workspace_bytes", C.c_size_t),
+        *ring_slopes,
     ]
     return type("AttnParams" if ring else "AttnParamsBeforeRing", (C.Structure,), {"_fields_": fields})
 

@@ -51,6 +51,7 @@ class AttnParams(ctypes.Structure):  # mirrors AttnParams in attention/attention
         ("dropout_p", ctypes.c_float), ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64),
         ("dtype", ctypes.c_int), ("impl", ctypes.c_int), ("deterministic", ctypes.c_int),
         ("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+        ("alibi_batch_stride", ctypes.c_int64),
     ]
 
 

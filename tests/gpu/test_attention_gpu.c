@@ -255,6 +255,25 @@ static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const
     free(DS);
 }
 
+// The float64 reference of p (rs[0]) and the straightforward one in dt (rs[1]).
+static void refs_compute(Ref rs[2], const AttnParams *p, const Buf *q, const Buf *k, const Buf *v, const Buf *dout,
+                         const float *slopes_h, DType dt) {
+    const size_t nq = (size_t)p->B * p->T_q * p->NH * p->HS, nk = (size_t)p->B * p->T_k * p->NKV * p->HS;
+    for (int i = 0; i < 2; i++) {
+        rs[i].out = malloc(nq * sizeof(double));
+        rs[i].dq = malloc(nq * sizeof(double));
+        rs[i].dk = malloc(nk * sizeof(double));
+        rs[i].dv = malloc(nk * sizeof(double));
+        rs[i].lse = malloc((size_t)p->B * p->NH * p->T_q * sizeof(double));
+        ref_attention(p, q, k, v, dout, slopes_h, i ? dt : DTYPE_F32, &rs[i]);
+    }
+}
+static void refs_free(Ref rs[2]) {
+    for (int i = 0; i < 2; i++) {
+        free(rs[i].out); free(rs[i].dq); free(rs[i].dk); free(rs[i].dv); free(rs[i].lse);
+    }
+}
+
 // ||a - ref|| / ||scale|| over a strided host tensor a (B, T, H, HS) against a contiguous double
 // ref; scale is ref itself, or the float64 reference when ref is another approximation (a
 // gradient that is exactly 0, like dq at T = 1, would otherwise divide rounding noise by noise).
@@ -436,14 +455,9 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
 
     // float64 and same-precision references
     size_t nq = (size_t)B * Tq * NH * HS, nk = (size_t)B * Tk * NKV * HS, nl = (size_t)B * NH * Tq;
-    Ref r64, rlp;
-    Ref *rs[2] = {&r64, &rlp};
-    for (int i = 0; i < 2; i++) {
-        rs[i]->out = malloc(nq * sizeof(double)); rs[i]->dq = malloc(nq * sizeof(double));
-        rs[i]->dk = malloc(nk * sizeof(double)); rs[i]->dv = malloc(nk * sizeof(double));
-        rs[i]->lse = malloc(nl * sizeof(double));
-        ref_attention(&pc, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, i ? dt : DTYPE_F32, rs[i]);
-    }
+    Ref rs[2];
+    refs_compute(rs, &pc, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, dt);
+    const Ref r64 = rs[0], rlp = rs[1];
 
     // GPU, with every output poisoned (0xFF bytes: NaN in every element type) first
     p.q = q.d; p.k = k.d; p.v = v.d; p.out = out.d; p.dout = dout.d; p.dq = dq.d; p.dk = dk.d; p.dv = dv.d;
@@ -518,9 +532,7 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
     free(tmp);
     free(lse_g);
     free(lse_c);
-    for (int i = 0; i < 2; i++) {
-        free(rs[i]->out); free(rs[i]->dq); free(rs[i]->dk); free(rs[i]->dv); free(rs[i]->lse);
-    }
+    refs_free(rs);
     CUDA_OK(cudaFree(lse_d));
     CUDA_OK(cudaFree(p.workspace));
     if (slopes_d) CUDA_OK(cudaFree(slopes_d));
@@ -606,14 +618,9 @@ static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
     p.alibi_batch_stride = c->alibi == 2 ? NH : 0;
     p.q_st = p.o_st = p.do_st = p.dq_st = sq;
     p.k_st = p.v_st = p.dk_st = p.dv_st = sk;
-    Ref r64, rlp;
-    Ref *rs[2] = {&r64, &rlp};
-    for (int i = 0; i < 2; i++) {
-        rs[i]->out = malloc(nq * sizeof(double)); rs[i]->dq = malloc(nq * sizeof(double));
-        rs[i]->dk = malloc(nk * sizeof(double)); rs[i]->dv = malloc(nk * sizeof(double));
-        rs[i]->lse = malloc(nl * sizeof(double));
-        ref_attention(&p, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, i ? dt : DTYPE_F32, rs[i]);
-    }
+    Ref rs[2];
+    refs_compute(rs, &p, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, dt);
+    const Ref r64 = rs[0], rlp = rs[1];
 
     const int qb[3] = {0, c->q_split, T}, kb[3] = {0, c->k_split, T};
     float *lse_d, *lse_parts_d;
@@ -695,9 +702,7 @@ static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
 
     free(lse_parts);
     free(lse);
-    for (int i = 0; i < 2; i++) {
-        free(rs[i]->out); free(rs[i]->dq); free(rs[i]->dk); free(rs[i]->dv); free(rs[i]->lse);
-    }
+    refs_free(rs);
     CUDA_OK(cudaFree(lse_d));
     CUDA_OK(cudaFree(lse_parts_d));
     if (slopes_d) CUDA_OK(cudaFree(slopes_d));
