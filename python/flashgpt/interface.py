@@ -27,10 +27,13 @@ CUDA_HEAD_DIMS = (64, 128)
 CUDA_ALIGN = 16  # bytes: the CUDA kernels' vector loads need it for every base and stride
 
 
-class _Options:
-    """The validated, tensor-independent settings of one attention call."""
+class Options:
+    """The settings of one attention call besides q, k, v (validated by the public functions):
+    window (left, right), alibi (NH) fp32 and cu_seqlens int32 tensors on q's device or None;
+    seed and offset are drawn by the forward when dropout_p > 0."""
 
-    def __init__(self, scale, causal, window, alibi, cu_seqlens, dropout_p, deterministic):
+    def __init__(self, scale, causal=False, window=(-1, -1), alibi=None, cu_seqlens=None, dropout_p=0.0,
+                 deterministic=False):
         self.scale, self.causal, self.window = scale, causal, window
         self.alibi, self.cu_seqlens = alibi, cu_seqlens
         self.dropout_p, self.deterministic = dropout_p, deterministic
@@ -91,7 +94,7 @@ def _options(q, k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, 
             _fail(f"alibi_slopes must be a float32 tensor of shape (nheads,) = ({NH},) on {q.device}, got "
                   f"{_describe(alibi_slopes)}")
         alibi_slopes = alibi_slopes.contiguous()
-    return _Options(scale, bool(causal), (int(window_size[0]), int(window_size[1])), alibi_slopes,
+    return Options(scale, bool(causal), (int(window_size[0]), int(window_size[1])), alibi_slopes,
                     cu_seqlens, float(dropout_p), bool(deterministic))
 
 
@@ -129,7 +132,8 @@ def _context(t):
     return lib, _lib.DEVICE_CUDA, ctx
 
 
-def _params(q, k, v, out, lse, o):
+def attn_params(q, k, v, out, lse, o):
+    """AttnParams of the forward of (B, T, H, D) tensors q, k, v into out and lse (B, H, T_q)."""
     p = _lib.AttnParams()
     p.q, p.k, p.v, p.out, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
     p.q_st, p.k_st, p.v_st, p.o_st = _strides(q), _strides(k), _strides(v), _strides(out)
@@ -149,7 +153,13 @@ def _params(q, k, v, out, lse, o):
     return p
 
 
-def _workspace(lib, p, dev, device):
+def set_grads(p, dout, dq, dk, dv):
+    """The backward's tensors of p, (B, T, H, D) like out, q, k, v."""
+    p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    p.do_st, p.dq_st, p.dk_st, p.dv_st = _strides(dout), _strides(dq), _strides(dk), _strides(dv)
+
+
+def workspace(lib, p, dev, device):
     """Scratch for this call from PyTorch's allocator (stream-ordered: freed after the launch,
     it is reused only by later work on the same stream); None when the problem needs none."""
     n = lib.workspace_bytes(p, dev)
@@ -167,8 +177,8 @@ def _forward(q, k, v, o):
     lse = torch.empty((B, NH, T_q), dtype=torch.float32, device=q.device)
     with _on_device(q):
         lib, dev, ctx = _context(q)
-        p = _params(q, k, v, out, lse, o)
-        ws = _workspace(lib, p, dev, q.device)
+        p = attn_params(q, k, v, out, lse, o)
+        ws = workspace(lib, p, dev, q.device)
         lib.forward(ctx, p)
         del ws
     return out, lse
@@ -180,10 +190,9 @@ def _backward(q, k, v, out, lse, dout, o):
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     with _on_device(q):
         lib, dev, ctx = _context(q)
-        p = _params(q, k, v, out, lse, o)
-        p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-        p.do_st, p.dq_st, p.dk_st, p.dv_st = _strides(dout), _strides(dq), _strides(dk), _strides(dv)
-        ws = _workspace(lib, p, dev, q.device)
+        p = attn_params(q, k, v, out, lse, o)
+        set_grads(p, dout, dq, dk, dv)
+        ws = workspace(lib, p, dev, q.device)
         lib.backward(ctx, p)
         del ws
     return dq, dk, dv
