@@ -6,10 +6,11 @@ sequences; dropout (keep-rate statistics, and forward and backward against float
 mask read back from the kernel); deterministic mode bitwise; a side stream; and a 100-step
 nanoGPT-style training loop that must track the same loop with SDPA.
 
-Tolerance (flash-attn's convention): our norm-wise relative error against float64 is at most
-twice that of a straightforward implementation in the same dtype (SDPA in bf16/fp16 with the
-same mask; explicit math for dropout, which SDPA cannot be given a mask for), plus half the
-dtype's unit roundoff (the output's own rounding) as a floor.
+Tolerance (flash-attn's convention): our norm-wise relative error against the float64 oracle
+(SDPA in float64 with the mask as an additive bias; explicit float64 math with dropout, since
+SDPA cannot be handed a dropout mask) is at most twice that of a straightforward implementation
+in the same dtype (bf16/fp16 matmuls, the softmax and the bias in fp32 as in the kernels), plus
+half the dtype's unit roundoff (the output's own rounding) as a floor.
 
 Run by `make test-gpu` (PYTHONPATH=python and FLASHGPT_LIBATTENTION set there); prints one line
 per check and "N passed, N failed" last.
@@ -57,22 +58,26 @@ def visible_bias(T_q, T_k, H, causal, window, slopes, cu):
     return bias
 
 
-def sdpa(q, k, v, bias, scale):
-    """SDPA on (B, T, H, D) tensors, K/V heads repeated for GQA; bias cast to q's dtype."""
+def sdpa64(q, k, v, bias, scale):
+    """The oracle: SDPA on float64 (B, T, H, D) tensors, K/V heads repeated for GQA."""
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=bias.to(q.dtype), scale=scale)
+                                       attn_mask=bias, scale=scale)
     return o.transpose(1, 2)
 
 
-def explicit(q, k, v, bias, scale, keep, p):
-    """Attention with the dropout keep-mask (B, H, T_q, T_k) applied, in q's dtype."""
+def explicit(q, k, v, bias, scale, keep=None, p=0.0):
+    """Attention with matmuls in q's dtype and the bias and softmax in fp32 (or float64 for
+    float64 inputs); keep (B, H, T_q, T_k) applies dropout."""
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale + bias.to(q.dtype)
-    a = torch.softmax(s, dim=-1) * keep.to(q.dtype) / (1.0 - p)
-    return torch.einsum("bhij,bjhd->bihd", a, v)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    s = torch.einsum("bihd,bjhd->bhij", q, k).to(acc) * scale + bias.to(acc)
+    a = torch.softmax(s, dim=-1)
+    if keep is not None:
+        a = a * keep.to(acc) / (1.0 - p)
+    return torch.einsum("bhij,bjhd->bihd", a.to(q.dtype), v)
 
 
 def with_grads(fn, tensors, dout):
@@ -115,8 +120,8 @@ def check_against_sdpa(case, dtype):
     ours = with_grads(lambda q, k, v: flash_attn_func(q, k, v, causal=causal, window_size=window,
                                                       alibi_slopes=slopes), (q, k, v), dout)
     hi = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    oracle = with_grads(lambda q, k, v: sdpa(q, k, v, bias, scale), hi, dout.double())
-    base = with_grads(lambda q, k, v: sdpa(q, k, v, bias, scale), (q, k, v), dout)
+    oracle = with_grads(lambda q, k, v: sdpa64(q, k, v, bias, scale), hi, dout.double())
+    base = with_grads(lambda q, k, v: explicit(q, k, v, bias, scale), (q, k, v), dout)
     compare(ours, oracle, base, dtype, "flash_attn_func")
 
 
@@ -139,10 +144,9 @@ def check_varlen(dtype, causal, window, alibi):
     ours = with_grads(lambda q, k, v: flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths),
                                                              causal=causal, window_size=window,
                                                              alibi_slopes=slopes), (q, k, v), dout)
-    one = lambda q, k, v: sdpa(q[None], k[None], v[None], bias, scale)[0]  # noqa: E731
     hi = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    oracle = with_grads(one, hi, dout.double())
-    base = with_grads(one, (q, k, v), dout)
+    oracle = with_grads(lambda q, k, v: sdpa64(q[None], k[None], v[None], bias, scale)[0], hi, dout.double())
+    base = with_grads(lambda q, k, v: explicit(q[None], k[None], v[None], bias, scale)[0], (q, k, v), dout)
     compare(ours, oracle, base, dtype, "flash_attn_varlen_func")
 
 
@@ -151,13 +155,13 @@ for _dtype in (torch.bfloat16, torch.float16):
     CHECKS.append((f"varlen {str(_dtype)[6:]} window (40, 8) alibi", lambda d=_dtype: check_varlen(d, False, (40, 8), True)))
 
 
-def dropout_keep_mask(B, T_q, T_k, H, p, torch_seed):
+def dropout_keep_mask(B, T_q, T_k, H, p, torch_seed, dtype=torch.float16):
     """The keep-mask (B, H, T_q, T_k) the kernel uses after torch.manual_seed(torch_seed), read
     back through a probe: q = k = 0 makes every visible key weigh 1/T_k, and v = the identity
     (T_k = D) puts key j's kept weight in output dimension j."""
     D = T_k
-    q = torch.zeros(B, T_q, H, D, device=DEV, dtype=torch.float16)
-    v = torch.eye(T_k, D, device=DEV, dtype=torch.float16)[None, :, None, :].expand(B, T_k, H, D).contiguous()
+    q = torch.zeros(B, T_q, H, D, device=DEV, dtype=dtype)
+    v = torch.eye(T_k, D, device=DEV, dtype=dtype)[None, :, None, :].expand(B, T_k, H, D).contiguous()
     torch.manual_seed(torch_seed)
     out = flash_attn_func(q, torch.zeros_like(v), v, dropout_p=p)
     return out.permute(0, 2, 1, 3) > 0, out
@@ -221,23 +225,23 @@ CHECKS.append(("deterministic: out, dq, dk, dv bitwise over 3 runs", check_deter
 
 def check_layouts_and_stream():
     """A packed QKV tensor's views (read by stride) and a last dimension with a stride (copied)
-    give the contiguous inputs' results bitwise, and so does a side stream (its own context)."""
+    give the contiguous inputs' results bitwise (deterministic backward: no order-dependent
+    atomics), and so does a side stream (its own context)."""
     B, T, H, D = 2, 333, 4, 64
     qkv, = leaves([(B, T, 3, H, D)], torch.bfloat16, 2)
     dout = torch.randn(B, T, H, D, device=DEV, dtype=torch.bfloat16)
-    ref = with_grads(lambda q, k, v: flash_attn_func(q, k, v, causal=True),
-                     [x.detach().contiguous().requires_grad_() for x in qkv.unbind(2)], dout)
-    packed = with_grads(lambda x: flash_attn_qkvpacked_func(x, causal=True), (qkv,), dout)
+    run = lambda q, k, v: flash_attn_func(q, k, v, causal=True, deterministic=True)  # noqa: E731
+    ref = with_grads(run, [x.detach().contiguous().requires_grad_() for x in qkv.unbind(2)], dout)
+    packed = with_grads(lambda x: flash_attn_qkvpacked_func(x, causal=True, deterministic=True), (qkv,), dout)
     assert torch.equal(packed[0], ref[0]) and torch.equal(packed[1], torch.stack(ref[1:], dim=2)), "packed"
     strided = [x.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_() for x in qkv.unbind(2)]
     assert strided[0].stride(-1) != 1
-    got = with_grads(lambda q, k, v: flash_attn_func(q, k, v, causal=True), strided, dout)
+    got = with_grads(run, strided, dout)
     assert all(torch.equal(a, b) for a, b in zip(got, ref)), "last dimension strided"
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        got = with_grads(lambda q, k, v: flash_attn_func(q, k, v, causal=True),
-                         [x.detach().contiguous().requires_grad_() for x in qkv.unbind(2)], dout)
+        got = with_grads(run, [x.detach().contiguous().requires_grad_() for x in qkv.unbind(2)], dout)
     side.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(got, ref)), "side stream"
     assert (_lib.DEVICE_CUDA, torch.cuda.current_device(), side.cuda_stream) in _lib.default_library()._contexts
@@ -299,7 +303,7 @@ class TinyGPT(torch.nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def check_training_loop_tracks_sdpa():
