@@ -381,6 +381,7 @@ BAD_CALLS = [
     ("alibi_shape", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, alibi_slopes=t(3)), r"shape \(nheads,\) = \(2,\)"),
     ("alibi_dtype", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, alibi_slopes=t(2, dtype=torch.float64)),
      "float32 tensor"),
+    ("alibi_per_row_cpu", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, alibi_slopes=t(1, 2)), "run on CUDA only"),
     ("causal_tq_gt_tk", lambda: flash_attn_func(t(1, 5, 2, 8), t(1, 4, 2, 8), t(1, 4, 2, 8), causal=True),
      "causal attention needs T_q <= T_k"),
     ("head_dim_cpu", lambda: flash_attn_func(*(t(1, 2, 1, 1025),) * 3), "use 1..1024"),
@@ -411,6 +412,8 @@ BAD_VARLEN = [
     ("cross", varlen(cu(0, 2, 6), cu(0, 3, 6)), "cu_seqlens_q and cu_seqlens_k differ: only self-attention"),
     ("max_differ", varlen(cu(0, 2, 6), max_q=4, max_k=5), "max_seqlen_q .4. and max_seqlen_k .5. differ"),
     ("tokens", varlen(cu(0, 2, 6), total_k=7), "q has 6 tokens and k 7: only self-attention"),
+    ("alibi_per_sequence", lambda: flash_attn_varlen_func(t(6, 2, 8), t(6, 2, 8), t(6, 2, 8), cu(0, 2, 6), cu(0, 2, 6),
+                                                          4, 4, alibi_slopes=t(2, 2)), "varlen takes no per-sequence"),
 ]
 
 

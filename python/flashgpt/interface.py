@@ -29,8 +29,8 @@ CUDA_ALIGN = 16  # bytes: the CUDA kernels' vector loads need it for every base 
 
 class Options:
     """The settings of one attention call besides q, k, v (validated by the public functions):
-    window (left, right), alibi (NH) fp32 and cu_seqlens int32 tensors on q's device or None;
-    seed and offset are drawn by the forward when dropout_p > 0."""
+    window (left, right), alibi ((NH) or (B, NH) fp32) and cu_seqlens (int32) tensors on q's
+    device or None; seed and offset are drawn by the forward when dropout_p > 0."""
 
     def __init__(self, scale, causal=False, window=(-1, -1), alibi=None, cu_seqlens=None, dropout_p=0.0,
                  deterministic=False):
@@ -88,11 +88,20 @@ def _options(q, k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, 
             not all(isinstance(w, int) and w >= -1 for w in window_size)):
         _fail(f"window_size must be a pair of ints (left, right), each -1 (unbounded) or >= 0, got {window_size!r}")
     if alibi_slopes is not None:
-        NH = q.shape[-2]
+        NH, B = q.shape[-2], q.shape[0]
+        # Slopes per batch row exist for flash_attn_func only: varlen's rows are its sequences,
+        # by which the library does not index slopes.
+        per_row = cu_seqlens is None
         if (not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32 or
-                alibi_slopes.device != q.device or tuple(alibi_slopes.shape) != (NH,)):
-            _fail(f"alibi_slopes must be a float32 tensor of shape (nheads,) = ({NH},) on {q.device}, got "
+                alibi_slopes.device != q.device or
+                tuple(alibi_slopes.shape) not in ([(NH,), (B, NH)] if per_row else [(NH,)])):
+            want = (f"(nheads,) = ({NH},) or (batch, nheads) = ({B}, {NH})" if per_row else
+                    f"(nheads,) = ({NH},) (varlen takes no per-sequence slopes)")
+            _fail(f"alibi_slopes must be a float32 tensor of shape {want} on {q.device}, got "
                   f"{_describe(alibi_slopes)}")
+        if alibi_slopes.dim() == 2 and q.device.type == "cpu":
+            _fail("alibi_slopes per batch row (batch, nheads) run on CUDA only: the CPU reference "
+                  "takes (nheads,)")
         alibi_slopes = alibi_slopes.contiguous()
     return Options(scale, bool(causal), (int(window_size[0]), int(window_size[1])), alibi_slopes,
                     cu_seqlens, float(dropout_p), bool(deterministic))
@@ -144,6 +153,7 @@ def attn_params(q, k, v, out, lse, o):
     p.window_left, p.window_right = o.window
     if o.alibi is not None:
         p.alibi_slopes = o.alibi.data_ptr()
+        p.alibi_batch_stride = o.alibi.stride(0) if o.alibi.dim() == 2 else 0
     if o.cu_seqlens is not None:
         p.cu_seqlens, p.n_docs = o.cu_seqlens.data_ptr(), o.cu_seqlens.numel() - 1
     p.dropout_p, p.seed, p.offset = o.dropout_p, o.seed, o.offset
@@ -227,10 +237,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     softmax_scale defaults to 1/sqrt(headdim). With seqlen_q != seqlen_k, query i sits at key
     position i + seqlen_k - seqlen_q (bottom-right alignment): causal lets it see keys up to
     there (and needs seqlen_q <= seqlen_k), window_size (left, right) keeps keys within [pos -
-    left, pos + right] (-1: unbounded), alibi_slopes (nheads,) fp32 adds -slope * |pos - j| to
-    each score. A query that sees no key gets output 0. dropout_p applies to the attention
-    probabilities (pass 0.0 in evaluation); deterministic makes the backward bitwise
-    reproducible. return_attn_probs=True and attn_bias are not supported (ValueError)."""
+    left, pos + right] (-1: unbounded), alibi_slopes (nheads,) or (batch, nheads) fp32 adds
+    -slope * |pos - j| to each score. A query that sees no key gets output 0. dropout_p applies
+    to the attention probabilities (pass 0.0 in evaluation); deterministic makes the backward
+    bitwise reproducible. return_attn_probs=True and attn_bias are not supported (ValueError)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, nheads, headdim)")
     if q.shape[0] != k.shape[0]:
         _fail(f"q and k must have one batch size, got {q.shape[0]} and {k.shape[0]}")

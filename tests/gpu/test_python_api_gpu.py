@@ -39,7 +39,8 @@ def rel_err(a, ref):
 def visible_bias(T_q, T_k, H, causal, window, slopes, cu):
     """(1, H, T_q, T_k) float64 additive bias: -inf where key j is hidden from query i, written
     from attention.h's rules (bottom-right alignment: query i at key position i + T_k - T_q),
-    minus slope * |pos - j| with ALiBi; documents from the cumulative lengths cu (T_q == T_k)."""
+    minus slope * |pos - j| with ALiBi (slopes (H,) or (B, H): then the bias is (B, H, T_q,
+    T_k)); documents from the cumulative lengths cu (T_q == T_k)."""
     pos = torch.arange(T_q, device=DEV)[:, None] + (T_k - T_q)
     j = torch.arange(T_k, device=DEV)[None, :]
     vis = torch.ones(T_q, T_k, dtype=torch.bool, device=DEV)
@@ -54,7 +55,8 @@ def visible_bias(T_q, T_k, H, causal, window, slopes, cu):
         vis &= doc[:, None] == doc[None, :]
     bias = torch.zeros(1, H, T_q, T_k, dtype=torch.float64, device=DEV).masked_fill(~vis, float("-inf"))
     if slopes is not None:
-        bias = bias - slopes.double()[None, :, None, None] * (pos - j).abs().double()
+        sl = slopes.double()[None, :, None, None] if slopes.dim() == 1 else slopes.double()[:, :, None, None]
+        bias = bias - sl * (pos - j).abs().double()
     return bias
 
 
@@ -99,7 +101,7 @@ def compare(ours, oracle, base, dtype, what):
         assert e <= bound, f"{what}: {name} rel. error {e:.2e} > {bound:.2e} (same-dtype reference {eb:.2e})"
 
 
-# (B, T_q, T_k, H, H_kv, D, causal, window, alibi)
+# (B, T_q, T_k, H, H_kv, D, causal, window, alibi: 0 none, 1 slopes (H,), 2 per batch row (B, H))
 CASES = [
     (2, 1, 3, 4, 4, 64, False, (-1, -1), False),
     (1, 97, 97, 8, 2, 128, True, (-1, -1), False),
@@ -107,6 +109,7 @@ CASES = [
     (1, 1025, 1025, 4, 4, 128, False, (100, 30), False),
     (2, 513, 513, 6, 3, 64, True, (64, -1), True),
     (1, 300, 700, 4, 2, 128, False, (-1, -1), True),
+    (3, 200, 200, 4, 4, 64, True, (-1, -1), 2),
 ]
 
 
@@ -115,6 +118,8 @@ def check_against_sdpa(case, dtype):
     q, k, v = leaves([(B, T_q, H, D), (B, T_k, H_kv, D), (B, T_k, H_kv, D)], dtype, sum(case[:6]))
     dout = torch.randn(B, T_q, H, D, device=DEV, dtype=dtype)
     slopes = 2.0 ** (-8.0 * torch.arange(1, H + 1, device=DEV) / H) if alibi else None
+    if alibi == 2:
+        slopes = slopes * torch.arange(1, B + 1, device=DEV)[:, None] / B
     bias = visible_bias(T_q, T_k, H, causal, window, slopes, None)
     scale = 1.0 / math.sqrt(D)
     ours = with_grads(lambda q, k, v: flash_attn_func(q, k, v, causal=causal, window_size=window,
