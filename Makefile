@@ -1,7 +1,8 @@
 # flashgpt build. `make` builds train_gpt (CUDA backend too when nvcc is found; NO_CUDA=1 skips
 # it), `make test` runs the CPU test suite and the PyTorch oracle tests (`make test-docs` only the
 # commands the docs show), `make test-gpu` the GPU tests, `make libattention` the attention
-# kernels as a shared library for scripts/bench_attention.py.
+# kernels as a shared library for the Python package (python/flashgpt, docs/python.md) and
+# scripts/bench_attention.py.
 # `make test-asan` runs the C tests and the CLI tests under AddressSanitizer and UBSan, `make fuzz`
 # builds the libFuzzer harnesses (tests/fuzz/) and `make fuzz-run` runs each for FUZZ_SECONDS,
 # `make test-gpu-sanitize` runs the GPU tests' quick subsets under compute-sanitizer.
@@ -149,9 +150,13 @@ $(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/
 check-deps:
 	@$(PYTHON) scripts/check_deps.py
 
-test: check-deps $(BIN) $(TEST_BIN) $(TOOL_BIN) $(REPLAY_BIN)
-	@bash tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN)
+# The Python package's tests load this build's libattention.so (FLASHGPT_LIBATTENTION); the GPU
+# one imports the package from python/ with the machine's PyTorch.
+LIBATTENTION_ENV = FLASHGPT_LIBATTENTION=$(abspath $(BUILD))/libattention.so
+test: check-deps $(BIN) $(TEST_BIN) $(TOOL_BIN) $(REPLAY_BIN) $(BUILD)/libattention.so
+	@$(LIBATTENTION_ENV) bash tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN)
 
+<<<<<<< HEAD
 # The commands README.md and docs/ show, each run on tiny inputs or listed with the reason it is
 # not (tests/test_doc_commands.py, part of make test), alone.
 test-docs: $(BIN) $(TOOL_BIN)
@@ -159,6 +164,11 @@ test-docs: $(BIN) $(TOOL_BIN)
 
 test-gpu: $(BIN) $(GPU_TEST_BIN)
 	@bash tests/run_tests.sh --gpu $(GPU_TEST_BIN)
+=======
+test-gpu: $(BIN) $(GPU_TEST_BIN) $(BUILD)/libattention.so
+	@$(LIBATTENTION_ENV) PYTHONPATH=$(CURDIR)/python bash tests/run_tests.sh --gpu $(GPU_TEST_BIN) \
+	    tests/gpu/test_python_api_gpu.py
+>>>>>>> py25
 
 # compute-sanitizer's memcheck, racecheck, synccheck and initcheck over each GPU test's --quick
 # subset (scripts/gpu_sanitize.sh; logs in $(BUILD)/gpu_sanitize/).

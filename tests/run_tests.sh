@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the C test binaries given as arguments, then (without --gpu) the Python tests (all of
-# tests/ but tests/gpu, or the files in PYTEST_ARGS), and prints the total as "N passed, N failed"
-# on the last line.
+# Runs the test programs given as arguments (C binaries, and .py files run by $PYTHON), then
+# (without --gpu) the Python tests (all of tests/ but tests/gpu, or the files in PYTEST_ARGS), and
+# prints the total as "N passed, N failed" on the last line.
 set -u
 cd "$(dirname "$0")/.."
 gpu=0
@@ -23,7 +23,11 @@ if [ $gpu -eq 0 ]; then   # first: the GPT-2 fuzz harness's replay reads these f
 fi
 for t in "$@"; do
     echo "== $t"
-    "$t" >"$log" 2>&1; rc=$?
+    case $t in
+        *.py) "$PYTHON" "$t" >"$log" 2>&1 ;;
+        *) "$t" >"$log" 2>&1 ;;
+    esac
+    rc=$?
     cat "$log"
     add_counts "$log" "$t"
     if [ $rc -ne 0 ] && ! grep -Eq '[1-9][0-9]* failed' "$log"; then
