@@ -156,19 +156,14 @@ LIBATTENTION_ENV = FLASHGPT_LIBATTENTION=$(abspath $(BUILD))/libattention.so
 test: check-deps $(BIN) $(TEST_BIN) $(TOOL_BIN) $(REPLAY_BIN) $(BUILD)/libattention.so
 	@$(LIBATTENTION_ENV) bash tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN)
 
-<<<<<<< HEAD
 # The commands README.md and docs/ show, each run on tiny inputs or listed with the reason it is
 # not (tests/test_doc_commands.py, part of make test), alone.
 test-docs: $(BIN) $(TOOL_BIN)
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_doc_commands.py
 
-test-gpu: $(BIN) $(GPU_TEST_BIN)
-	@bash tests/run_tests.sh --gpu $(GPU_TEST_BIN)
-=======
 test-gpu: $(BIN) $(GPU_TEST_BIN) $(BUILD)/libattention.so
 	@$(LIBATTENTION_ENV) PYTHONPATH=$(CURDIR)/python bash tests/run_tests.sh --gpu $(GPU_TEST_BIN) \
 	    tests/gpu/test_python_api_gpu.py
->>>>>>> py25
 
 # compute-sanitizer's memcheck, racecheck, synccheck and initcheck over each GPU test's --quick
 # subset (scripts/gpu_sanitize.sh; logs in $(BUILD)/gpu_sanitize/).
