@@ -63,7 +63,15 @@ typedef struct {
     int64_t q_pos0, k_pos0;
     int window_left, window_right;  // key j is visible to aligned query position p only if
                                     // p - window_left <= j <= p + window_right; -1 = unbounded
-    const float *alibi_slopes;      // (NH) or NULL: adds -slope * |p - j| to each score
+    // Soft-capping of the logits (Gemma 2, flash-attn 2.6+): 0 = off; > 0: each scaled score s
+    // becomes softcap * tanh(s / softcap), and only then are ALiBi added and masks applied (the
+    // order flash-attn uses). Forward and backward.
+    float softcap;
+    // ALiBi: adds -slope * |p - j| to each (capped) score. alibi_slopes is NULL (off), or (NH)
+    // slopes shared by every batch row when alibi_batch_stride is 0, or (B, NH) slopes with row
+    // b's at alibi_slopes + b * alibi_batch_stride (any stride >= NH).
+    const float *alibi_slopes;
+    int64_t alibi_batch_stride;
     // Packed documents (requires T_q == T_k): cu_seqlens[0..n_docs] are cumulative offsets over
     // the flattened (B*T) token index, starting at 0 and ending at B*T; a document never crosses
     // a batch row (row starts must appear in the list). Tokens attend only inside their document.
