@@ -112,8 +112,8 @@ static void open_run(Run *r, const char *device) {
     const int B = c->train.batch_size, T = c->train.seq_len;
     const int rank = r->launch.rank, world = r->launch.world;
     // Context parallelism: the ranks of a group read the same sequences (their data-parallel
-    // slice) and each runs its part of every one. The device is checked again once it is open.
-    if (cp_layout(c, rank, world, DEVICE_CPU, &r->cp, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    // slice) and each runs its part of every one.
+    if (cp_layout(c, rank, world, &r->cp, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     r->train = dataset_open(c, SPLIT_TRAIN, B, T, r->cp.dp_rank, r->cp.dp, err, sizeof err);
     if (!r->train) fatal(EXIT_USAGE, "%s", err);
     r->val = NULL;
@@ -128,7 +128,6 @@ static void open_run(Run *r, const char *device) {
     // Each rank binds the GPU of its local rank.
     r->be = cli_open_backend(device, c->precision.dtype, (AttnKernel)c->attention.kernel,
                              r->launch.local_rank);
-    if (cp_layout(c, rank, world, r->be->device, &r->cp, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     r->comm = cli_open_comm(&r->launch, r->be, c);
     // Every rank starts from the same weights (the same seed) and sees the same checkpoints.
     GPTConfig gc = gpt_config_from(c);

@@ -40,9 +40,11 @@ typedef struct {
 
     // --- backward tensors (attn_backward only) ---
     const void *dout;      // like out, by do_st
-    void *dq, *dk, *dv;    // like q, k, v, by dq_st, dk_st, dv_st; OVERWRITTEN, or with
-                           // accumulate set ADDED to (one part of a sum over key or query chunks)
+    void *dq, *dk, *dv;    // like q, k, v, by dq_st, dk_st, dv_st
     AttnStrides do_st, dq_st, dk_st, dv_st;
+    // With accumulate set, dq, dk and dv are fp32 accumulators (float, by their strides, whatever
+    // dtype is) to which this call's gradients are ADDED; without it they are of dtype and
+    // overwritten.
     int accumulate;
 
     // --- sizes ---
@@ -151,8 +153,10 @@ void attn_backward_cpu(const AttnParams *p);
 //   lse = log(exp(lse_acc) + exp(lse_part)),
 //   out = out_acc * exp(lse_acc - lse) + out_part * exp(lse_part - lse),
 // computed in fp32 from the larger lse down (no overflow); an lse of +INFINITY (no visible key)
-// contributes nothing. Only out, lse, their strides and B, T_q, NH, HS of acc and part are read.
-// On the context's device: the CPU so far (fp32); CUDA returns -1 with a message.
+// contributes nothing, and an acc row whose lse is +INFINITY takes the part's as it is. acc's
+// out is an fp32 accumulator (float, by its strides) whatever the dtype; part's out is of
+// part's dtype. Only out, lse, their strides, dtype and B, T_q, NH, HS are read. On the
+// context's device and stream (asynchronous on CUDA).
 int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, char *err,
                size_t errlen);
 // The CPU merge itself, on params attn_merge accepted.

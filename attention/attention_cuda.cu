@@ -161,6 +161,8 @@ static int find_tensor_map_encoder(TensorMapEncoder *out, char *err, size_t errl
     return 0;
 }
 
+extern "C" void *attn_gpu_stream(const AttnGpu *g) { return (void *)g->stream; }
+
 extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, size_t errlen) {
     int dev, major, minor;
     if (cudaGetDevice(&dev) != cudaSuccess ||

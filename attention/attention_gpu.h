@@ -15,6 +15,11 @@ AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, size_t errl
 void attn_gpu_destroy(AttnGpu *g);
 // Runs p (already accepted by attn_check) on the GPU. Returns 0, or -1 with err set.
 int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, size_t errlen);
+// The stream the context's work is queued on.
+void *attn_gpu_stream(const AttnGpu *g);
+// attn_merge on the GPU (attention/merge_cuda.cu), on params the context checked. Returns 0, or
+// -1 with err set.
+int attn_gpu_merge(AttnGpu *g, const AttnParams *acc, const AttnParams *part, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -72,15 +72,21 @@ int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen) {
 
 int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, char *err,
                size_t errlen) {
-    if (ctx->device != DEVICE_CPU)
-        return set_error(err, errlen, "attention: the merge of partial results (context "
-                                      "parallelism's ring) runs on the cpu only so far");
     if (acc->B != part->B || acc->T_q != part->T_q || acc->NH != part->NH || acc->HS != part->HS ||
         !acc->out || !acc->lse || !part->out || !part->lse)
         return set_error(err, errlen, "attention: merge of B=%d, T_q=%d, NH=%d, HS=%d into B=%d, "
                                       "T_q=%d, NH=%d, HS=%d: the shapes must be the same and out, "
                                       "lse set", part->B, part->T_q, part->NH, part->HS, acc->B,
                          acc->T_q, acc->NH, acc->HS);
+    const DType t = part->dtype;
+    const int cpu = ctx->device == DEVICE_CPU;
+    if (cpu ? t != DTYPE_F32 : (t != DTYPE_F32 && t != DTYPE_BF16 && t != DTYPE_F16))
+        return set_error(err, errlen, "attention: merge of a part of dtype %s on %s: use fp32 on "
+                                      "the cpu, fp32, bf16 or fp16 on cuda",
+                         dtype_name(t), cpu ? "cpu" : "cuda");
+#ifdef FLASHGPT_CUDA
+    if (ctx->device == DEVICE_CUDA) return attn_gpu_merge(ctx->gpu, acc, part, err, errlen);
+#endif
     attn_merge_cpu(acc, part);
     return 0;
 }

@@ -14,21 +14,16 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
     constexpr int NS = BN / 8;  // n8 tiles of S and dP per warp
     constexpr int ND = HS / 8;  // n8 tiles of dQ per warp
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *sQ = reinterpret_cast<T *>(smem_raw);  // (BM, HS), later the staging area for dQ
-    T *sdO = sQ + BM * HS;                    // (BM, HS)
-    T *sK = sdO + BM * HS;                    // (BN, HS)
-    T *sV = sK + BN * HS;                     // (BN, HS)
+    auto &sm = smem_storage<DqSmem<T, HS>>(smem_raw);
+    T *sQ = sm.q, *sdO = sm.dout, *sK = sm.k, *sV = sm.v;  // (BM, HS), (BM, HS), (BN, HS), (BN, HS)
 
     const QueryBlock qb = query_block(p, BM, BN);
-    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0, m_valid = qb.m_valid;
-    const RowRange first = qb.first, last = qb.last;
-    const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
+    const int h = qb.h, b = qb.b, m0 = qb.m0, m_valid = qb.m_valid;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-    const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
+    const QueryBases<T> base = query_bases<T>(p, qb);
+    const T *q = base.q, *k = base.k, *v = base.v;
     const T *dO = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, m0, h);
-    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, 0, kvh);
-    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, 0, kvh);
 
     const int row0 = m0 + warp * 16 + g;
     float lse2[2], dd[2];
@@ -37,16 +32,15 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
     for (int r = 0; r < 2; r++) {
         const int i = row0 + 8 * r;
         const bool ok = i < p.T_q;
-        const int64_t li = ((int64_t)b * p.NH + h) * p.T_q + i;
-        lse2[r] = ok ? p.lse[li] * LOG2E_F : INFINITY;  // padding rows: P = 0
-        dd[r] = ok ? dsum[li] : 0.f;
+        lse2[r] = ok ? p.lse[attn_lse_offset(&p, b, h) + i] * LOG2E_F : INFINITY;  // padding rows: P = 0
+        dd[r] = ok ? dsum[((int64_t)b * p.NH + h) * p.T_q + i] : 0.f;  // D is contiguous
         rr[r] = row_range(p, b, ok ? i : p.T_q - 1);
     }
-    const int pos0 = row0 + (p.T_k - p.T_q);
+    const int pos0 = row0 + (int)attn_query_shift(&p);  // position of row0, in keys
     const float scale_log2 = p.scale * LOG2E_F;
     float slope_log2 = 0.f, keep_scale = 1.f;
     if (EXTRAS) {
-        if (p.alibi_slopes) slope_log2 = p.alibi_slopes[h] * LOG2E_F;
+        if (p.alibi_slopes) slope_log2 = alibi_slope(p, b, h) * LOG2E_F;
         if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p);
     }
 
@@ -58,7 +52,7 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
 #pragma unroll
     for (int i = 0; i < ND; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 
-    for (int nb = nb_begin; nb < nb_end; nb++) {
+    for (int nb = qb.nb_begin; nb < qb.nb_end; nb++) {
         const int n0 = nb * BN;
         tile_load_async<BN, HS, NT>(sK, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
         tile_load_async<BN, HS, NT>(sV, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
@@ -88,24 +82,27 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
             }
         }
 
-        const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
+        // dS = P * (dP - D) in place of S, masked per element only in the Masked<true> instance.
+        auto ds_step = [&](auto masked) {
 #pragma unroll
-        for (int nt = 0; nt < NS; nt++) {
+            for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                float x = s[nt][e] * scale_log2;
-                if (EXTRAS && p.alibi_slopes) x += alibi_bias_log2(slope_log2, pos0 + 8 * r, j);
-                if (partial && (j < rr[r].lo || j >= rr[r].hi)) x = -INFINITY;
-                const float pr = exp2f(x - lse2[r]);
-                float d = dp[nt][e];
-                if (EXTRAS && p.dropout_p > 0.f) {
-                    const int i = row0 + 8 * r;
-                    d = i < p.T_q && j < p.T_k && dropout_keep(p, b, h, i, j) ? d * keep_scale : 0.f;
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                    float x = s[nt][e] * scale_log2;
+                    if (EXTRAS && p.alibi_slopes) x += alibi_bias_log2(slope_log2, pos0 + 8 * r, j);
+                    if (decltype(masked)::value && (j < rr[r].lo || j >= rr[r].hi)) x = -INFINITY;
+                    const float pr = exp2f(x - lse2[r]);
+                    float d = dp[nt][e];
+                    if (EXTRAS && p.dropout_p > 0.f) {
+                        const int i = row0 + 8 * r;
+                        d = i < p.T_q && j < p.T_k && dropout_keep(p, b, h, i, j) ? d * keep_scale : 0.f;
+                    }
+                    s[nt][e] = pr * (d - dd[r]);  // dS
                 }
-                s[nt][e] = pr * (d - dd[r]);  // dS
             }
-        }
+        };
+        step_by_class(tile_class(qb.first, qb.last, n0, n0 + BN) != TILE_FULL, ds_step);
 
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
@@ -124,6 +121,17 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
     cp_async_wait<0>();
     __syncthreads();  // the Q/dO copies are done even when no key tile was visited
 
+    if (p.accumulate) {  // dq is fp32 (attention.h): added to from the registers
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (row0 + 8 * r < p.T_q) {
+                float *dqr = tensor_at(static_cast<float *>(p.dq), p.dq_st, b, row0 + 8 * r, h);
+#pragma unroll
+                for (int i = 0; i < ND; i++)
+                    add_pair(dqr + i * 8 + 2 * t, dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
+            }
+        return;
+    }
     T *sdQ = sQ + warp * 16 * HS;  // this warp's own rows
 #pragma unroll
     for (int i = 0; i < ND; i++)
@@ -139,11 +147,8 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s) {
     using Tile = DqTile<HS>;
-    auto kernel = flash_bwd_dq_kernel<T, HS, EXTRAS>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
-    dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum);
-    CUDA_CHECK(cudaGetLastError());
+    flash_launch<DqSmem<T, HS>, SM80_SMEM_LIMIT>(flash_bwd_dq_kernel<T, HS, EXTRAS>, dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B),
+                                                 Tile::NTHREADS, s, p, dsum);
 }
 
 #define INSTANTIATE_DQ(T, HS)                                                                     \

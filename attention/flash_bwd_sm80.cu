@@ -62,7 +62,8 @@ void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cud
 // ---- convert ------------------------------------------------------------------------------
 
 // dQ = scale * accumulator: 8 consecutive columns per thread (two 16-byte loads, one store; the
-// accumulator's 8 x 8 sub-tiles keep them contiguous).
+// accumulator's 8 x 8 sub-tiles keep them contiguous). With accumulate, dq is fp32 (attention.h)
+// and the scaled accumulator is added to it instead.
 template <typename T> __global__ void bwd_convert_dq_kernel(const AttnParams p, const float *acc) {
     const int64_t idx = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;  // over (B, NH, T_q, HS)
     if (idx >= (int64_t)p.B * p.NH * p.T_q * p.HS) return;
@@ -71,6 +72,13 @@ template <typename T> __global__ void bwd_convert_dq_kernel(const AttnParams p, 
     split_row(p, idx / p.HS, &b, &h, &i);
     const float *a = acc + dq_acc_offset(p, b, h, i, c);
     const float4 lo = *reinterpret_cast<const float4 *>(a), hi = *reinterpret_cast<const float4 *>(a + 4);
+    if (p.accumulate) {
+        float4 *dq = reinterpret_cast<float4 *>(tensor_at(static_cast<float *>(p.dq), p.dq_st, b, i, h) + c);
+        const float4 d0 = dq[0], d1 = dq[1];
+        dq[0] = make_float4(d0.x + lo.x * p.scale, d0.y + lo.y * p.scale, d0.z + lo.z * p.scale, d0.w + lo.w * p.scale);
+        dq[1] = make_float4(d1.x + hi.x * p.scale, d1.y + hi.y * p.scale, d1.z + hi.z * p.scale, d1.w + hi.w * p.scale);
+        return;
+    }
     uint4 out;
     out.x = ElemTraits<T>::pack(lo.x * p.scale, lo.y * p.scale);
     out.y = ElemTraits<T>::pack(lo.z * p.scale, lo.w * p.scale);
@@ -97,15 +105,11 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
     constexpr int KV_MT = Tile::KV_MT, KV_ND = Tile::KV_ND;
     constexpr int DQ_MT = Tile::DQ_MT, DQ_ND = Tile::DQ_ND;
     constexpr int KSTEPS = HS / 16;  // k-steps over the head dimension
+    using Smem = BwdSmem<T, HS>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *sK = reinterpret_cast<T *>(smem_raw);  // (BN, HS), at the end the staging area for dK
-    T *sV = sK + BN * HS;                     // (BN, HS), at the end the staging area for dV
-    T *sQ = sV + BN * HS;                     // 2 stages of (BM, HS)
-    T *sdO = sQ + 2 * BM * HS;                // 2 stages of (BM, HS)
-    T *sP = sdO + 2 * BM * HS;                // (BM, BN): P after dropout, for dV
-    T *sdS = sP + BM * BN;                    // (BM, BN): dS, for dK and dQ
-    float *sLse = reinterpret_cast<float *>(sdS + BM * BN);  // 2 stages of (BM): LSE (natural log)
-    float *sD = sLse + 2 * BM;                               // 2 stages of (BM): D
+    Smem &sm = smem_storage<Smem>(smem_raw);
+    T *sK = sm.k, *sV = sm.v, *sQ = sm.q[0], *sdO = sm.dout[0], *sP = sm.p, *sdS = sm.ds;
+    float *sLse = sm.lse[0], *sD = sm.d[0];
 
     const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -140,7 +144,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
 
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
-    const int pos_shift = p.T_k - p.T_q;  // aligned position of query i is i + pos_shift
+    const int pos_shift = (int)attn_query_shift(&p);  // query i sits at key position i + pos_shift
     // exp(scale * S - LSE) in the log2 domain with one FMA; ALiBi adds its bias after scaling.
     const float sl = EXTRAS && p.alibi_slopes ? 1.f : scale_log2;
 
@@ -149,7 +153,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
     const int kv_k0 = (warp % Tile::KV_WN) * 16 * KV_MT, kv_d0 = (warp / Tile::KV_WN) * 8 * KV_ND;
     const int dq_q0 = (warp % Tile::DQ_WM) * 16 * DQ_MT, dq_d0 = (warp / Tile::DQ_WM) * 8 * DQ_ND;
     // dO and V sit at fixed byte distances from Q and K, dS from P (the same swizzled layout).
-    constexpr uint32_t V_FROM_K = BN * HS * 2, DO_FROM_Q = 2 * BM * HS * 2, DS_FROM_P = BM * BN * 2;
+    constexpr uint32_t V_FROM_K = sizeof(Smem::k), DO_FROM_Q = sizeof(Smem::q), DS_FROM_P = sizeof(Smem::p);
     // The swizzle repeats every 8 rows, so a fragment address moves down rows by a constant but
     // across columns by a recomputed offset: this lane's offsets per 16-column block, from the
     // tile's first row (bytes).
@@ -176,7 +180,6 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
         const T *cQ = sQ + stage * BM * HS;
         const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
         const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
-        const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
 
         // S = Q K^T for this warp's (32 queries, SD_NT * 8 keys), turned into P = exp(S - LSE) in
         // place; then dP = dO V^T (one product at a time keeps the live fragments few). These two
@@ -189,62 +192,46 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
             for (int i = 0; i < SD_NT; i++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[mt][i][e] = dp[mt][i][e] = 0.f;
+        // acc += A B^T over HS for this warp's block: A = Q (a_off 0) or dO (a_off DO_FROM_Q) of
+        // this stage, B = K (b_off 0) or V (b_off V_FROM_K).
+        auto sd_product = [&](float (&acc)[SD_MT][SD_NT][4], uint32_t a_off, uint32_t b_off) {
 #pragma unroll(KSTEPS)
-        for (int ks = 0; ks < KSTEPS; ks++) {
-            uint32_t qa[SD_MT][4];
-            const uint32_t qaddr = frag_addr_a<HS>(cQ, sd_q0, ks * 16, lane);
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                uint32_t a[SD_MT][4];
+                const uint32_t aaddr = frag_addr_a<HS>(cQ, sd_q0, ks * 16, lane) + a_off;
 #pragma unroll
-            for (int mt = 0; mt < SD_MT; mt++) ldmatrix_x4(qa[mt], qaddr + mt * 16 * HS * 2);
-            const uint32_t kaddr = frag_addr_b_nk<HS>(sK, sd_k0, ks * 16, lane);
+                for (int mt = 0; mt < SD_MT; mt++) ldmatrix_x4(a[mt], aaddr + mt * 16 * HS * 2);
+                const uint32_t baddr = frag_addr_b_nk<HS>(sK, sd_k0, ks * 16, lane) + b_off;
+                mma_pairs<T, false>(acc, a, [&](int np) { return baddr + np * 16 * HS * 2; });
+            }
+        };
+        sd_product(s, 0, 0);
+        const float slope_log2 = EXTRAS && p.alibi_slopes ? alibi_slope(p, b, h) * LOG2E_F : 0.f;
+        // P = exp(S - LSE) in place of S, masked per element only in the Masked<true> instance.
+        auto p_step = [&](auto masked) {
+            constexpr bool MASKED = decltype(masked)::value;
 #pragma unroll
-            for (int np = 0; np < SD_NT / 2; np++) {
-                uint32_t kb[4];
-                ldmatrix_x4(kb, kaddr + np * 16 * HS * 2);
+            for (int mt = 0; mt < SD_MT; mt++)
 #pragma unroll
-                for (int mt = 0; mt < SD_MT; mt++) {
-                    mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-                    mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                for (int r = 0; r < 2; r++) {
+                    const int row = sd_q0 + 16 * mt + 8 * r + g, i = m0 + row;  // query of this thread
+                    const float lse2 = cLse[row] * LOG2E_F;
+                    RowRange rr = {0, 0};
+                    if (MASKED) rr = row_range(p, b, min(i, p.T_q - 1));
+#pragma unroll
+                    for (int nt = 0; nt < SD_NT; nt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            const int key = n0 + sd_k0 + 8 * nt + 2 * t + c;
+                            float x = s[mt][nt][2 * r + c];
+                            if (EXTRAS && p.alibi_slopes) x = x * scale_log2 + alibi_bias_log2(slope_log2, i + pos_shift, key);
+                            const bool hidden = MASKED && (key < rr.lo || key >= rr.hi);
+                            s[mt][nt][2 * r + c] = hidden ? 0.f : exp2f(fmaf(x, sl, -lse2));
+                        }
                 }
-            }
-        }
-        const float slope_log2 = EXTRAS && p.alibi_slopes ? p.alibi_slopes[h] * LOG2E_F : 0.f;
-#pragma unroll
-        for (int mt = 0; mt < SD_MT; mt++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int row = sd_q0 + 16 * mt + 8 * r + g, i = m0 + row;  // query of this thread
-                const float lse2 = cLse[row] * LOG2E_F;
-                RowRange rr = {0, 0};
-                if (partial) rr = row_range(p, b, min(i, p.T_q - 1));
-#pragma unroll
-                for (int nt = 0; nt < SD_NT; nt++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int key = n0 + sd_k0 + 8 * nt + 2 * t + c;
-                        float x = s[mt][nt][2 * r + c];
-                        if (EXTRAS && p.alibi_slopes) x = x * scale_log2 + alibi_bias_log2(slope_log2, i + pos_shift, key);
-                        const bool masked = partial && (key < rr.lo || key >= rr.hi);
-                        s[mt][nt][2 * r + c] = masked ? 0.f : exp2f(fmaf(x, sl, -lse2));
-                    }
-            }
-#pragma unroll(KSTEPS)
-        for (int ks = 0; ks < KSTEPS; ks++) {
-            uint32_t oa[SD_MT][4];
-            const uint32_t oaddr = frag_addr_a<HS>(cQ, sd_q0, ks * 16, lane) + DO_FROM_Q;
-#pragma unroll
-            for (int mt = 0; mt < SD_MT; mt++) ldmatrix_x4(oa[mt], oaddr + mt * 16 * HS * 2);
-            const uint32_t vaddr = frag_addr_b_nk<HS>(sK, sd_k0, ks * 16, lane) + V_FROM_K;
-#pragma unroll
-            for (int np = 0; np < SD_NT / 2; np++) {
-                uint32_t vb[4];
-                ldmatrix_x4(vb, vaddr + np * 16 * HS * 2);
-#pragma unroll
-                for (int mt = 0; mt < SD_MT; mt++) {
-                    mma_16816<T>(dp[mt][2 * np], oa[mt], vb[0], vb[1]);
-                    mma_16816<T>(dp[mt][2 * np + 1], oa[mt], vb[2], vb[3]);
-                }
-            }
-        }
+        };
+        step_by_class(tile_class(first, last, n0, n0 + BN) != TILE_FULL, p_step);
+        sd_product(dp, DO_FROM_Q, V_FROM_K);
 
         // dS = P * (dP - D); P (after dropout) and dS to shared memory.
 #pragma unroll
@@ -289,16 +276,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                 const uint32_t saddr = frag_addr_a<BN>(sdS, dq_q0, ks * 16, lane);
 #pragma unroll
                 for (int mt = 0; mt < DQ_MT; mt++) ldmatrix_x4(a[mt], saddr + mt * 16 * BN * 2);
-#pragma unroll
-                for (int np = 0; np < DQ_ND / 2; np++) {
-                    uint32_t kb[4];
-                    ldmatrix_x4_trans(kb, smem_u32(sK) + ks * 16 * HS * 2 + off_dq[np]);
-#pragma unroll
-                    for (int mt = 0; mt < DQ_MT; mt++) {
-                        mma_16816<T>(dq[mt][2 * np], a[mt], kb[0], kb[1]);
-                        mma_16816<T>(dq[mt][2 * np + 1], a[mt], kb[2], kb[3]);
-                    }
-                }
+                mma_pairs<T, true>(dq, a, [&](int np) { return smem_u32(sK) + ks * 16 * HS * 2 + off_dq[np]; });
             }
 #pragma unroll
             for (int mt = 0; mt < DQ_MT; mt++)
@@ -342,6 +320,23 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with K and V (also when no query tile saw this key tile)
 
+    if (p.accumulate) {  // dk, dv are fp32 (attention.h), this block's key rows its own: added to
+#pragma unroll
+        for (int mt = 0; mt < KV_MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int row = kv_k0 + 16 * mt + 8 * r + g;
+                if (row >= n_valid) continue;
+                float *dkr = tensor_at(static_cast<float *>(p.dk), p.dk_st, b, n0 + row, kvh) + kv_d0 + 2 * t;
+                float *dvr = tensor_at(static_cast<float *>(p.dv), p.dv_st, b, n0 + row, kvh) + kv_d0 + 2 * t;
+#pragma unroll
+                for (int i = 0; i < KV_ND; i++) {
+                    add_pair(dkr + 8 * i, dk[mt][i][2 * r] * p.scale, dk[mt][i][2 * r + 1] * p.scale);
+                    add_pair(dvr + 8 * i, dv[mt][i][2 * r], dv[mt][i][2 * r + 1]);
+                }
+            }
+        return;
+    }
     // dK = scale * dS^T Q and dV, staged through sK and sV, then stored with 16-byte writes.
 #pragma unroll
     for (int mt = 0; mt < KV_MT; mt++)
@@ -364,11 +359,8 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s) {
     using Tile = BwdTile<HS>;
-    auto kernel = flash_bwd_kernel<T, HS, EXTRAS>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
-    dim3 grid(cdiv(p.T_k, Tile::BN), p.NKV, p.B);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum);
-    CUDA_CHECK(cudaGetLastError());
+    flash_launch<BwdSmem<T, HS>, SM80_SMEM_LIMIT>(flash_bwd_kernel<T, HS, EXTRAS>, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B),
+                                                  Tile::NTHREADS, s, p, dsum, dq_accum);
 }
 
 #define INSTANTIATE_BWD(T, HS)                                                                        \

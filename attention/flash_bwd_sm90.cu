@@ -31,16 +31,11 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NMMA;  // NT: the MMA threads
     constexpr int NQ = BM / 8;  // n8 column tiles (queries) of S^T and dP^T
     extern __shared__ unsigned char smem_raw[];
-    T *sK = reinterpret_cast<T *>(smem_align1024(smem_raw));  // (BN, HS), at the end dK staging
-    T *sV = sK + BN * HS;                                      // (BN, HS), at the end dV staging
-    T *sQ = sV + BN * HS;                                      // 2 stages of (BM, HS)
-    T *sdO = sQ + 2 * BM * HS;                                 // 2 stages of (BM, HS)
-    T *sdS = sdO + 2 * BM * HS;                                // (BN, BM): dS^T, keys x queries
-    float *sdQ = reinterpret_cast<float *>(sdS + BN * BM);     // per MMA warpgroup a 64 x 64 dQ block
-    float *sLse = sdQ + 2 * 4096;                              // 2 stages of (BM)
-    float *sD = sLse + 2 * BM;                                 // 2 stages of (BM)
-    int2 *sRng = reinterpret_cast<int2 *>(sD + 2 * BM);        // 2 stages of (BM): visible keys
-    const uint32_t qbar0 = smem_u32(sRng + 2 * BM);            // 2 mbarriers: a stage landed
+    auto &sm = smem_storage<Sm90BwdSmem<T, HS>>(smem_raw);
+    T *sK = sm.k, *sV = sm.v, *sQ = sm.q[0], *sdO = sm.dout[0], *sdS = sm.ds;
+    float *sdQ = sm.dq[0], *sLse = sm.lse[0], *sD = sm.d[0];
+    int2 *sRng = sm.rng[0];
+    const uint32_t qbar0 = smem_u32(sm.qbar);  // 2 mbarriers: a stage landed
 
     const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -174,33 +169,31 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         const int2 *cRng = sRng + stage * BM;
         const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
 
-        // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running; the masked
-        // variant only for tiles that need it (a per-element test costs the bulk instructions).
+        // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running; the per-element
+        // test only in the Masked<true> instance, for the tiles that need it (it costs the bulk
+        // instructions).
         wgmma_wait<1>();
         wgmma_fence_regs(st);
-        if (partial) {
+        auto p_step = [&](auto masked) {
 #pragma unroll
             for (int j = 0; j < NQ; j++) {
                 const int q = 8 * j + 2 * t;
                 const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
-                const int2 rg[2] = {cRng[q], cRng[q + 1]};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int c = e & 1, key = n0 + krow + 8 * (e >> 1);
-                    const bool masked = key < rg[c].x || key >= rg[c].y;
-                    const float x = exp2_ftz(fmaf(st[4 * j + e], scale_log2, -(c ? lse.y : lse.x) * LOG2E_F));
-                    st[4 * j + e] = masked ? 0.f : x;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                const float2 lse = *reinterpret_cast<const float2 *>(cLse + 8 * j + 2 * t);
                 const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
 #pragma unroll
-                for (int e = 0; e < 4; e++) st[4 * j + e] = exp2_ftz(fmaf(st[4 * j + e], scale_log2, nl[e & 1]));
+                for (int e = 0; e < 4; e++) {
+                    const float x = exp2_ftz(fmaf(st[4 * j + e], scale_log2, nl[e & 1]));
+                    if constexpr (decltype(masked)::value) {
+                        const int2 rg = cRng[q + (e & 1)];
+                        const int key = n0 + krow + 8 * (e >> 1);
+                        st[4 * j + e] = key < rg.x || key >= rg.y ? 0.f : x;
+                    } else {
+                        st[4 * j + e] = x;
+                    }
+                }
             }
-        }
+        };
+        step_by_class(partial, p_step);
         // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ).
         wgmma_wait<0>();
         wgmma_fence_regs(dpt);
@@ -252,6 +245,22 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     cp_async_wait<0>();
     named_barrier(BAR_MMA, NT);  // every warpgroup is done with K and V (also when no query tile was visible)
 
+    if (p.accumulate) {  // dk, dv are fp32 (attention.h), this block's key rows its own: added to
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = krow + 8 * r;
+            if (row >= n_valid) continue;
+            float *dkr = tensor_at(static_cast<float *>(p.dk), p.dk_st, b, n0 + row, kvh) + 2 * t;
+            float *dvr = tensor_at(static_cast<float *>(p.dv), p.dv_st, b, n0 + row, kvh) + 2 * t;
+#pragma unroll
+            for (int j = 0; j < HS / 8; j++) {
+                add_pair(dkr + 8 * j, dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
+                add_pair(dvr + 8 * j, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+            }
+        }
+        return;
+    }
+
     // dK = scale * dS^T Q and dV, staged through sK and sV, then stored with 16-byte writes.
 #pragma unroll
     for (int j = 0; j < HS / 8; j++)
@@ -273,13 +282,10 @@ template <typename T, int HS>
 void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
                            cudaStream_t s) {
     using Tile = Sm90BwdTile<HS>;
-    auto kernel = flash_bwd_sm90_kernel<T, HS>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
-    dim3 grid(cdiv(p.T_k, Tile::BN), p.NKV, p.B);
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
     const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
-    CUDA_CHECK(cudaGetLastError());
+    flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(flash_bwd_sm90_kernel<T, HS>, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B),
+                                                      Tile::NTHREADS, s, p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
 }
 
 #define INSTANTIATE_BWD_SM90(T, HS) \

@@ -18,45 +18,34 @@
 
 // ---- element types ------------------------------------------------------------------------
 
-template <typename T> struct ElemTraits;
-template <> struct ElemTraits<__nv_bfloat16> {
+// The packed pair of two elements, rounded to nearest from fp32 in one conversion.
+__device__ __forceinline__ __nv_bfloat162 elem_pair(float lo, float hi, __nv_bfloat16) {
+    return __floats2bfloat162_rn(lo, hi);
+}
+__device__ __forceinline__ __half2 elem_pair(float lo, float hi, __half) { return __floats2half2_rn(lo, hi); }
+template <typename T> struct ElemTraits {
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
+        const auto v = elem_pair(lo, hi, T());
+        return *reinterpret_cast<const uint32_t *>(&v);
     }
-    static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-    static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
-};
-template <> struct ElemTraits<__half> {
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
-    static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-    static __device__ __forceinline__ __half from_float(float x) { return __float2half(x); }
+    static __device__ __forceinline__ float to_float(T x) { return static_cast<float>(x); }  // exact
+    static __device__ __forceinline__ T from_float(float x) { return T(x); }  // round to nearest
 };
 
-// c += a * b for one 16x8x16 tile.
+// c += a * b for one 16x8x16 tile (TY: the PTX name of the element type).
 template <typename T>
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float c[4], const uint32_t a[4], uint32_t b0,
-                                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float c[4], const uint32_t a[4], uint32_t b0,
-                                                  uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#define MMA_16816_SPECIALISE(TYPE, TY)                                                                    \
+    template <>                                                                                           \
+    __device__ __forceinline__ void mma_16816<TYPE>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) { \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "            \
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                           \
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                     \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                     \
+    }
+MMA_16816_SPECIALISE(__nv_bfloat16, "bf16")
+MMA_16816_SPECIALISE(__half, "f16")
+#undef MMA_16816_SPECIALISE
 
 // 2^x in one MUFU instruction, denormal results flushed to 0 (exp2f keeps them at the cost of
 // extra range-scaling instructions around every exponential).
@@ -72,6 +61,16 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+// The first A-byte boundary (A a power of two) at or after p.
+template <unsigned A> __device__ __forceinline__ unsigned char *smem_align(unsigned char *p) {
+    return p + ((A - (smem_u32(p) & (A - 1))) & (A - 1));
+}
+// Every kernel keeps its shared memory in one struct S (the members in layout order, each tile
+// aligned as its accesses need); the dynamic allocation is smem_bytes<S>(), aligned here.
+template <typename S> __device__ __forceinline__ S &smem_storage(unsigned char *raw) {
+    return *reinterpret_cast<S *>(smem_align<alignof(S)>(raw));
+}
+
 // Four 8x8 16-bit matrices; lanes 8m..8m+7 give the row addresses of matrix m.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -82,6 +81,24 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+}
+
+// acc[mt][2n] and acc[mt][2n + 1] += a[mt] B_n for every n < N / 2 and the MT m16 tiles: B_n
+// holds the two n8 tiles of one ldmatrix.x4 (.trans when TRANS) at shared address baddr(n), so
+// each B fragment read from shared memory feeds 2 MT MMAs.
+template <typename T, bool TRANS, int MT, int N, typename Addr>
+__device__ __forceinline__ void mma_pairs(float (&acc)[MT][N][4], const uint32_t (&a)[MT][4], Addr baddr) {
+#pragma unroll
+    for (int np = 0; np < N / 2; np++) {
+        uint32_t bf[4];
+        if (TRANS) ldmatrix_x4_trans(bf, baddr(np));
+        else ldmatrix_x4(bf, baddr(np));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            mma_16816<T>(acc[mt][2 * np], a[mt], bf[0], bf[1]);
+            mma_16816<T>(acc[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+        }
+    }
 }
 
 // 16-byte asynchronous global->shared copy; src_bytes = 0 writes zeros (ragged tile rows).
@@ -195,6 +212,15 @@ __device__ __forceinline__ void atomic_add_pair(float *acc, float x, float y) {
 #endif
 }
 
+// acc[0..1] += (x, y) in global fp32 memory (8-byte aligned) that this thread alone updates:
+// the accumulate mode's read-add-write of gradients a block owns (attention.h).
+__device__ __forceinline__ void add_pair(float *acc, float x, float y) {
+    float2 v = *reinterpret_cast<const float2 *>(acc);
+    v.x += x;
+    v.y += y;
+    *reinterpret_cast<float2 *>(acc) = v;
+}
+
 // Converts the fp32 C fragments of two adjacent n8 tiles into the A fragment of their 16x16 union.
 template <typename T>
 __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
@@ -207,4 +233,18 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
 // ---- host side ----------------------------------------------------------------------------
 
 #include "common/cuda_check.cuh"
+
+// Dynamic shared memory of storage S: the struct and, when it asks for more than the 16 bytes
+// the runtime guarantees, the slack smem_storage aligns it within.
+template <typename S> constexpr size_t smem_bytes() { return sizeof(S) + (alignof(S) > 16 ? alignof(S) : 0); }
+
+// Launches kernel over grid with its shared storage S, which must fit LIMIT, the per-block
+// shared memory of the architecture the kernel is built for (flash_tiles.cuh).
+template <typename S, size_t LIMIT, typename... KArgs, typename... Args>
+void flash_launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t s, Args &&...args) {
+    static_assert(smem_bytes<S>() <= LIMIT, "shared storage exceeds the per-block limit");
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes<S>()));
+    kernel<<<grid, threads, smem_bytes<S>(), s>>>(static_cast<Args &&>(args)...);
+    CUDA_CHECK(cudaGetLastError());
+}
 

@@ -15,19 +15,15 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     constexpr int NS = BN / 8;       // n8 tiles of the scores per m-tile
     constexpr int NO = HS / 8;       // n8 tiles of the output per m-tile
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *sQ = reinterpret_cast<T *>(smem_raw);  // (BM, HS), later the staging area for O
-    T *sK = sQ + BM * HS;                     // 2 stages of (BN, HS)
-    T *sV = sK + 2 * BN * HS;                 // 2 stages of (BN, HS)
+    auto &sm = smem_storage<FwdSmem<T, HS>>(smem_raw);
+    T *sQ = sm.q, *sK = sm.k[0], *sV = sm.v[0];  // (BM, HS), 2 x (BN, HS), 2 x (BN, HS)
 
     const QueryBlock qb = query_block(p, BM, BN);
-    const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0, m_valid = qb.m_valid;
-    const RowRange first = qb.first, last = qb.last;
-    const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
+    const int h = qb.h, b = qb.b, m0 = qb.m0, m_valid = qb.m_valid;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-    const T *q = tensor_at(static_cast<const T *>(p.q), p.q_st, b, m0, h);
-    const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, 0, kvh);
-    const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, 0, kvh);
+    const QueryBases<T> base = query_bases<T>(p, qb);
+    const T *q = base.q, *k = base.k, *v = base.v;
 
     // This thread's rows: g and g+8 of each of the warp's m-tiles (clamped for the ragged tail).
     const int wrow0 = m0 + warp * WROWS;
@@ -41,9 +37,10 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     // in the scaled domain first (or the scale is not positive, which would reverse the max).
     const bool prescale = (EXTRAS && p.alibi_slopes) || !(p.scale > 0.f);
     const float sl = prescale ? 1.f : scale_log2;
+    const int pos0 = wrow0 + (int)attn_query_shift(&p);  // position of the warp's first row, in keys
     float slope_log2 = 0.f, keep_scale = 1.f;
     if (EXTRAS) {
-        if (p.alibi_slopes) slope_log2 = p.alibi_slopes[h] * LOG2E_F;
+        if (p.alibi_slopes) slope_log2 = alibi_slope(p, b, h) * LOG2E_F;
         if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p);
     }
 
@@ -54,7 +51,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
         tile_load_async<BN, HS, NT>(sV + st * BN * HS, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
     };
     tile_load_async<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
-    if (nb_end > nb_begin) load_kv(nb_end - 1);
+    if (qb.nb_end > qb.nb_begin) load_kv(qb.nb_end - 1);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -82,13 +79,13 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     for (int mt = 0; mt < MT; mt++) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.f;
 
     // Key tiles from last to first: the partial (diagonal, ragged) tiles come first, then the bulk.
-    for (int nb = nb_end - 1; nb >= nb_begin; nb--) {
+    for (int nb = qb.nb_end - 1; nb >= qb.nb_begin; nb--) {
         const int n0 = nb * BN;
         const T *cK = sK + (nb & 1) * BN * HS, *cV = sV + (nb & 1) * BN * HS;
         cp_async_wait<0>();
         __syncthreads();  // tile nb has landed; every warp is done with tile nb+1, whose stage
                           // the next load overwrites
-        if (nb > nb_begin) load_kv(nb - 1);
+        if (nb > qb.nb_begin) load_kv(nb - 1);
         cp_async_commit();
 
         float s[MT][NS][4];  // (WROWS, BN) scores of this warp
@@ -113,77 +110,71 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
                 for (int mt = 0; mt < MT; mt++) ldmatrix_x4(qa[mt], qaddr + mt * 16 * HS * 2);
             }
             const uint32_t kaddr = frag_addr_b_nk<HS>(cK, 0, ks * 16, lane);
-#pragma unroll
-            for (int np = 0; np < NS / 2; np++) {
-                uint32_t kb[4];
-                ldmatrix_x4(kb, kaddr + np * 16 * HS * 2);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-                    mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
-                }
-            }
+            mma_pairs<T, false>(s, qa, [&](int np) { return kaddr + np * 16 * HS * 2; });
         }
 
-        const bool partial = tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL;
+        // Scores to probabilities, masked per element only in the Masked<true> instance.
+        auto softmax = [&](auto masked) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (prescale) {  // ALiBi (or a non-positive scale): move to the log2 domain first
+            for (int mt = 0; mt < MT; mt++) {
+                if (prescale) {  // ALiBi (or a non-positive scale): move to the log2 domain first
 #pragma unroll
-                for (int nt = 0; nt < NS; nt++)
+                    for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                        float x = s[mt][nt][e] * scale_log2;
-                        if (EXTRAS && p.alibi_slopes)
-                            x += alibi_bias_log2(slope_log2, wrow0 + mt * 16 + 8 * r + g + (p.T_k - p.T_q), j);
-                        s[mt][nt][e] = x;
-                    }
-            }
-            if (partial) {
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                        if (j < rr[mt][r].lo || j >= rr[mt][r].hi) s[mt][nt][e] = -INFINITY;
-                    }
-            }
-
-            // Online softmax: rescale what was accumulated under the old max. A row that has seen
-            // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mx = fmaxf(row_max[mt][r], mx * sl);  // to the log2 domain (sl > 0 keeps the order)
-                const float m_use = mx == -INFINITY ? 0.f : mx;
-                const float corr = exp2f(row_max[mt][r] - m_use);
-                row_max[mt][r] = mx;
-                row_sum[mt][r] *= corr;
-#pragma unroll
-                for (int i = 0; i < NO; i++) {
-                    o[mt][i][2 * r] *= corr;
-                    o[mt][i][2 * r + 1] *= corr;
-                }
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        float pr = exp2f(fmaf(s[mt][nt][2 * r + c], sl, -m_use));
-                        row_sum[mt][r] += pr;
-                        if (EXTRAS && p.dropout_p > 0.f) {
-                            const int j = n0 + nt * 8 + 2 * t + c;
-                            pr = dropout_keep(p, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
+                        for (int e = 0; e < 4; e++) {
+                            const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                            float x = s[mt][nt][e] * scale_log2;
+                            if (EXTRAS && p.alibi_slopes)
+                                x += alibi_bias_log2(slope_log2, pos0 + mt * 16 + 8 * r + g, j);
+                            s[mt][nt][e] = x;
                         }
-                        s[mt][nt][2 * r + c] = pr;
+                }
+                if constexpr (decltype(masked)::value) {
+#pragma unroll
+                    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                            if (j < rr[mt][r].lo || j >= rr[mt][r].hi) s[mt][nt][e] = -INFINITY;
+                        }
+                }
+
+                // Online softmax: rescale what was accumulated under the old max. A row that has seen
+                // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    mx = fmaxf(row_max[mt][r], mx * sl);  // to the log2 domain (sl > 0 keeps the order)
+                    const float m_use = mx == -INFINITY ? 0.f : mx;
+                    const float corr = exp2f(row_max[mt][r] - m_use);
+                    row_max[mt][r] = mx;
+                    row_sum[mt][r] *= corr;
+#pragma unroll
+                    for (int i = 0; i < NO; i++) {
+                        o[mt][i][2 * r] *= corr;
+                        o[mt][i][2 * r + 1] *= corr;
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            float pr = exp2f(fmaf(s[mt][nt][2 * r + c], sl, -m_use));
+                            row_sum[mt][r] += pr;
+                            if (EXTRAS && p.dropout_p > 0.f) {
+                                const int j = n0 + nt * 8 + 2 * t + c;
+                                pr = dropout_keep(p, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
+                            }
+                            s[mt][nt][2 * r + c] = pr;
+                        }
                     }
                 }
             }
-        }
+        };
+        step_by_class(tile_class(qb.first, qb.last, n0, n0 + BN) == TILE_PARTIAL, softmax);
 
         const uint32_t vbase = smem_u32(cV);
 #pragma unroll
@@ -191,16 +182,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             uint32_t pa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) c_to_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t vb[4];
-                ldmatrix_x4_trans(vb, vbase + kk * 16 * HS * 2 + voff[dp]);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                    mma_16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-                }
-            }
+            mma_pairs<T, true>(o, pa, [&](int dp) { return vbase + kk * 16 * HS * 2 + voff[dp]; });
         }
     }
 
@@ -217,7 +199,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             const float inv = sum > 0.f ? 1.f / sum : 0.f;
             const int row = wrow0 + mt * 16 + 8 * r + g;
             if (p.lse && t == 0 && row < p.T_q)
-                p.lse[((int64_t)b * p.NH + h) * p.T_q + row] =
+                p.lse[attn_lse_offset(&p, b, h) + row] =
                     sum > 0.f ? (row_max[mt][r] + log2f(sum)) * LN2_F : INFINITY;
 #pragma unroll
             for (int i = 0; i < NO; i++) {
@@ -232,11 +214,8 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
 
 template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s) {
     using Tile = FwdTile<HS>;
-    auto kernel = flash_fwd_kernel<T, HS, EXTRAS>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
-    dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p);
-    CUDA_CHECK(cudaGetLastError());
+    flash_launch<FwdSmem<T, HS>, SM80_SMEM_LIMIT>(flash_fwd_kernel<T, HS, EXTRAS>, dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B),
+                                                  Tile::NTHREADS, s, p);
 }
 
 #define INSTANTIATE_FWD(T, HS)                                                  \

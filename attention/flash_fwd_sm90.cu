@@ -23,11 +23,9 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     constexpr int NS = BN / 8, NO = HS / 8;  // n8 column tiles of the scores and of the output
     constexpr int STAGES = Tile::STAGES;
     extern __shared__ unsigned char smem_raw[];
-    T *sQ = reinterpret_cast<T *>(smem_align1024(smem_raw));  // (BM, HS) SW128, later O staging
-    T *sK = sQ + BM * HS;                                      // STAGES x (BN, HS) SW128
-    T *sV = sK + STAGES * BN * HS;                             // STAGES x (BN, HS) SW128
-    const uint32_t full0 = smem_u32(sV + STAGES * BN * HS);    // STAGES mbarriers: stage landed
-    const uint32_t empty0 = full0 + STAGES * 8;                // STAGES mbarriers: stage released
+    auto &sm = smem_storage<Sm90FwdSmem<T, HS, NWG>>(smem_raw);
+    T *sQ = sm.q, *sK = sm.k[0], *sV = sm.v[0];  // (BM, HS), STAGES x (BN, HS), STAGES x (BN, HS)
+    const uint32_t full0 = smem_u32(sm.full), empty0 = smem_u32(sm.empty);  // STAGES mbarriers each
 
     const QueryBlock qb = query_block(p, BM, BN);
     const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0;
@@ -99,14 +97,15 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     };
     // Online softmax of tile i's scores in s (flash_fwd_sm80.cu): s becomes P, the running max and
     // sum move on, corr is the factor O still has to take. A row that has seen only masked keys
-    // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
-    auto softmax = [&](int i) {
+    // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN. Masked<true> for
+    // partial tiles (flash_mask.cuh), Masked<false> for the bulk.
+    auto softmax = [&](int i, auto masked) {
         const int n0 = (nb_end - 1 - i) * BN;
         if (prescale) {
 #pragma unroll
             for (int e = 0; e < NS * 4; e++) s[e] *= scale_log2;
         }
-        if (tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL) {
+        if constexpr (decltype(masked)::value) {
 #pragma unroll
             for (int nt = 0; nt < NS; nt++)
 #pragma unroll
@@ -136,6 +135,10 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
             row_sum[r] = row_sum[r] * corr[r] + sum;
         }
     };
+    auto softmax_tile = [&](int i) {
+        const int n0 = (nb_end - 1 - i) * BN;
+        step_by_class(tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL, [&](auto masked) { softmax(i, masked); });
+    };
     // O *= corr, then P (fp32 in s) packed into pa, the A operand of the next O += P V.
     auto rescale_and_pack = [&]() {
 #pragma unroll
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         issue_scores(0);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
-        softmax(0);
+        softmax_tile(0);
         rescale_and_pack();
     }
     for (int i = 1; i < n_tiles; i++) {
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         issue_pv(i - 1);
         wgmma_wait<1>();  // S of tile i
         wgmma_fence_regs(s);
-        softmax(i);
+        softmax_tile(i);
         wgmma_wait<0>();  // O += P V of tile i - 1
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const int row = wrow0 + 8 * r + g;
         if (p.lse && t == 0 && row < p.T_q)
-            p.lse[((int64_t)b * p.NH + h) * p.T_q + row] = sum > 0.f ? (row_max[r] + log2f(sum)) * LN2_F : INFINITY;
+            p.lse[attn_lse_offset(&p, b, h) + row] = sum > 0.f ? (row_max[r] + log2f(sum)) * LN2_F : INFINITY;
 #pragma unroll
         for (int i = 0; i < NO; i++)
             *reinterpret_cast<uint32_t *>(sQ + sw128_offset<BM>(wg * 64 + warp * 16 + 8 * r + g, i * 8 + 2 * t)) =
@@ -206,12 +209,10 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 template <typename T, int HS, int NWG>
 void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
     using Tile = Sm90FwdTile<HS, NWG>;
-    auto kernel = flash_fwd_sm90_kernel<T, HS, NWG>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Tile::SMEM));
-    dim3 grid(cdiv(p.T_q, Tile::BM), p.NH, p.B);
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
-    kernel<<<grid, Tile::NTHREADS, Tile::SMEM, s>>>(p, m.q, m.k, m.v);
-    CUDA_CHECK(cudaGetLastError());
+    flash_launch<Sm90FwdSmem<T, HS, NWG>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HS, NWG>,
+                                                           dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B), Tile::NTHREADS,
+                                                           s, p, m.q, m.k, m.v);
 }
 
 // Whether this binary holds the sm_90a code of the sm90 kernels for the current device (a build

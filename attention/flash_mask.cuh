@@ -8,6 +8,8 @@
 // document edges, ragged tails: masked per element). The rules themselves are mask.h's, shared
 // with the CPU reference.
 #pragma once
+#include <type_traits>
+
 #include "attention/flash_common.cuh"
 #include "attention/mask.h"
 
@@ -25,6 +27,15 @@ __device__ __forceinline__ TileClass tile_class(RowRange first, RowRange last, i
     if (n1 <= first.lo || n0 >= last.hi) return TILE_EMPTY;
     if (n0 >= last.lo && n1 <= first.hi) return TILE_FULL;
     return TILE_PARTIAL;
+}
+
+// The tile class as a compile-time parameter of a kernel's tile step: the step is written once
+// as a template (a generic lambda taking `auto masked`) whose Masked<true> instance masks per
+// element and whose Masked<false> instance, the full tiles of the bulk, has no masking code.
+template <bool M> using Masked = std::integral_constant<bool, M>;
+template <typename Step> __device__ __forceinline__ void step_by_class(bool partial, Step &&step) {
+    if (partial) step(Masked<true>());
+    else step(Masked<false>());
 }
 
 // Query rows [q_begin, q_end) that see at least one key of [n0, n1) (binary searches on the
@@ -94,6 +105,16 @@ __device__ __forceinline__ QueryBlock query_block(const AttnParams &p, int BM, i
     return q;
 }
 
+// A query block's first row of Q (head h) and row 0 of K and V (its KV head).
+template <typename T> struct QueryBases {
+    const T *q, *k, *v;
+};
+template <typename T> __device__ __forceinline__ QueryBases<T> query_bases(const AttnParams &p, const QueryBlock &qb) {
+    return {tensor_at(static_cast<const T *>(p.q), p.q_st, qb.b, qb.m0, qb.h),
+            tensor_at(static_cast<const T *>(p.k), p.k_st, qb.b, 0, qb.kvh),
+            tensor_at(static_cast<const T *>(p.v), p.v_st, qb.b, 0, qb.kvh)};
+}
+
 // Backward: the (query head, query tile) pairs a block of key tile [n0, n0 + n_valid) and KV head
 // kvh visits, head-major: pair `it` is query head head(it), query rows from m0(it). GQA: the G
 // query heads sharing the KV head follow each other, so dK and dV sum them in registers.
@@ -114,17 +135,25 @@ __device__ __forceinline__ BwdPairs bwd_pairs(const AttnParams &p, int b, int kv
     return w;
 }
 
-// Backward: LSE and D of query rows [m0, m0 + BM) of head h into sLse and sD with 4-byte
-// cp.async (zeros from m_valid on); threads tid of NT.
+// Backward: LSE (by attention.h's lse strides) and D (contiguous (B, NH, T_q)) of query rows
+// [m0, m0 + BM) of head h into sLse and sD with 4-byte cp.async (zeros from m_valid on); threads
+// tid of NT.
 template <int BM, int NT>
 __device__ __forceinline__ void load_lse_d(float *sLse, float *sD, const AttnParams &p, const float *dsum, int b,
                                            int h, int m0, int m_valid, int tid) {
-    const int64_t l0 = ((int64_t)b * p.NH + h) * p.T_q + m0;
+    const float *lse = p.lse + attn_lse_offset(&p, b, h) + m0;
+    const float *d = dsum + ((int64_t)b * p.NH + h) * p.T_q + m0;
     for (int r = tid; r < BM; r += NT) {
         const bool ok = r < m_valid;
-        cp_async_4(smem_u32(sLse + r), p.lse + (ok ? l0 + r : 0), ok ? 4 : 0);
-        cp_async_4(smem_u32(sD + r), dsum + (ok ? l0 + r : 0), ok ? 4 : 0);
+        cp_async_4(smem_u32(sLse + r), ok ? lse + r : p.lse, ok ? 4 : 0);
+        cp_async_4(smem_u32(sD + r), ok ? d + r : dsum, ok ? 4 : 0);
     }
+}
+
+// The ALiBi slope of query head h in batch row b (attention.h: shared by every row when
+// alibi_batch_stride is 0).
+__device__ __forceinline__ float alibi_slope(const AttnParams &p, int b, int h) {
+    return p.alibi_slopes[b * p.alibi_batch_stride + h];
 }
 
 // ALiBi bias in the log2 domain the kernels work in (slope pre-multiplied by log2(e)).

@@ -1,15 +1,19 @@
 // flash_tiles: the tile policy of both flash kernel families, sm80 (mma.sync) and sm90 (wgmma):
-// every tile constant lives here, with its shared-memory budget checked at compile time, and the
-// launchers that attention_cuda.cu's one selection function dispatches to.
+// every tile constant lives here, with each kernel's shared storage (one struct per kernel, whose
+// size flash_launch checks against the architecture's budget at compile time), and the launchers
+// that attention_cuda.cu's one selection function dispatches to.
 #pragma once
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 #include <cublas_v2.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "attention/attention.h"
 
-// Shared memory one block may use on sm80 (A100: 163 KB) and sm90 (H100/H200: 227 KB).
+// Shared memory one block may use: the sm80 family's budget is compute capability 8.0's (A100:
+// 163 KB; the family also runs on sm90, whose limit is larger), the sm90 family's Hopper's
+// (H100/H200: 227 KB).
 #define SM80_SMEM_LIMIT (163 * 1024)
 #define SM90_SMEM_LIMIT (227 * 1024)
 
@@ -33,9 +37,14 @@ template <int HS> struct FwdTile {
     static constexpr int NTHREADS = 32 * NWARPS;
     static constexpr bool Q_IN_REGS = MT == 1;
     static constexpr int MIN_BLOCKS = 1;
-    static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * HS * 2;
     static_assert(HS % 16 == 0 && BN % 16 == 0, "MMA k-steps of 16");
-    static_assert(SMEM <= SM80_SMEM_LIMIT, "forward tile exceeds shared memory");
+};
+// Q (later the staging area for O), then two stages of K and of V, all swizzled (flash_common.cuh).
+template <typename T, int HS> struct FwdSmem {
+    using Tile = FwdTile<HS>;
+    alignas(16) T q[Tile::BM * HS];
+    T k[2][Tile::BN * HS];
+    T v[2][Tile::BN * HS];
 };
 
 // Backward (main kernel), FlashAttention-2's structure: one block of 8 warps per key tile of BN
@@ -68,13 +77,24 @@ template <int HS> struct BwdTile {
     static constexpr int SD_MT = BM / SD_WM / 16, SD_NT = BN / SD_WN / 8;
     static constexpr int KV_MT = BN / KV_WN / 16, KV_ND = HS / KV_WD / 8;
     static constexpr int DQ_MT = BM / DQ_WM / 16, DQ_ND = HS / DQ_WD / 8;
-    // K, V, two stages of Q and dO, P and dS, two stages of LSE and D
-    static constexpr size_t SMEM = (size_t)(2 * BN + 4 * BM) * HS * 2 + 2 * (size_t)BM * BN * 2 +
-                                   2 * (size_t)BM * (4 + 4);
     static_assert(NWARPS % SD_WM == 0 && NWARPS % KV_WN == 0 && NWARPS % DQ_WM == 0, "warp grids");
     static_assert(SD_NT % 2 == 0 && KV_ND % 2 == 0 && DQ_ND % 2 == 0, "B fragments come in n8 pairs");
     static_assert(BM % 16 == 0 && BN % 16 == 0 && HS % 16 == 0, "MMA k-steps of 16");
-    static_assert(SMEM <= SM80_SMEM_LIMIT, "backward tile exceeds shared memory");
+};
+// K and V (at the end the staging areas of dK and dV), two stages of Q and of dO, P after dropout
+// (for dV) and dS (for dK and dQ), two stages of LSE (natural log) and of D. The kernel's
+// fragment addresses step from K to V, from Q to dO and from P to dS by a member's size, so
+// these pairs stay adjacent in this order.
+template <typename T, int HS> struct BwdSmem {
+    using Tile = BwdTile<HS>;
+    alignas(16) T k[Tile::BN * HS];
+    T v[Tile::BN * HS];
+    T q[2][Tile::BM * HS];
+    T dout[2][Tile::BM * HS];
+    T p[Tile::BM * Tile::BN];
+    T ds[Tile::BM * Tile::BN];
+    float lse[2][Tile::BM];
+    float d[2][Tile::BM];
 };
 
 // Deterministic dQ kernel: like the forward (warps own 16 query rows), accumulating dQ over the
@@ -84,8 +104,14 @@ template <int HS> struct DqTile {
     static constexpr int BM = 16 * NWARPS;
     static constexpr int BN = 64;
     static constexpr int NTHREADS = 32 * NWARPS;
-    static constexpr size_t SMEM = (size_t)(2 * BM + 2 * BN) * HS * 2;
-    static_assert(SMEM <= SM80_SMEM_LIMIT, "dQ tile exceeds shared memory");
+};
+// Q (later the staging area for dQ), dO, K and V.
+template <typename T, int HS> struct DqSmem {
+    using Tile = DqTile<HS>;
+    alignas(16) T q[Tile::BM * HS];
+    T dout[Tile::BM * HS];
+    T k[Tile::BN * HS];
+    T v[Tile::BN * HS];
 };
 
 // Hopper forward (flash_fwd_sm90.cu, wgmma): NWG warpgroups of 64 query rows each share the K/V
@@ -99,15 +125,21 @@ template <int HS> struct DqTile {
 // The softmax overlapped with O += P V (S of the next tile issued first): 384 -> 444
 // causal at 32K with 3 warpgroups (415 with 2; 3 spill 32 bytes and still win), 381 -> 441 full
 // at 8K, HS 128 472 -> 522 causal at 16K.
-// Every tile is 1024-byte aligned (the 128-byte swizzle), hence the extra 1 KB.
 template <int HS, int NWG> struct Sm90FwdTile {
     static constexpr int BM = 64 * NWG, BN = 128, STAGES = 3;
     static constexpr int NTHREADS = 128 * NWG;
-    // Q, STAGES x (K, V), then a full and an empty mbarrier per stage
-    static constexpr size_t SMEM = 1024 + (size_t)(BM + 2 * STAGES * BN) * HS * 2 + 2 * STAGES * 8;
     static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
     static_assert(NWG == 2 || (NWG == 3 && HS == 64), "warpgroups that fit the registers");
-    static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 forward tile exceeds shared memory");
+};
+// Q (later the staging area for O), STAGES stages of K and of V, every tile SW128 and so
+// 1024-byte aligned (each is a multiple of 1 KB), then per stage a `full` mbarrier (the stage
+// landed) and an `empty` one (every warpgroup released it).
+template <typename T, int HS, int NWG> struct Sm90FwdSmem {
+    using Tile = Sm90FwdTile<HS, NWG>;
+    alignas(1024) T q[Tile::BM * HS];
+    T k[Tile::STAGES][Tile::BN * HS];
+    T v[Tile::STAGES][Tile::BN * HS];
+    uint64_t full[Tile::STAGES], empty[Tile::STAGES];
 };
 
 // Hopper backward (flash_bwd_sm90.cu, wgmma): two MMA warpgroups of 64 keys share a key tile of
@@ -120,12 +152,24 @@ template <int HS> struct Sm90BwdTile {
     static constexpr int NWG = 2, NMMA = 128 * NWG, NTHREADS = NMMA + 128;
     static constexpr int REGS_MMA = 240, REGS_WRITER = 24;  // setmaxnreg: 2 x 240 + 24 = 3 x 168
     static constexpr int BN = 64 * NWG, BM = HS <= 64 ? 128 : 64;
-    // K, V, two stages of Q and dO, dS^T, a 64 x 64 fp32 dQ block per warpgroup, two stages of
-    // LSE, D and the key ranges, and the stages' two mbarriers
-    static constexpr size_t SMEM = 1024 + (size_t)(2 * BN + 4 * BM) * HS * 2 + (size_t)BN * BM * 2 +
-                                   NWG * 4096 * 4 + 2 * (size_t)BM * (4 + 4 + 8) + 2 * 8;
     static_assert(HS % 64 == 0 && BM % 64 == 0, "SW128 tiles are whole 64-column blocks");
-    static_assert(SMEM <= SM90_SMEM_LIMIT, "sm90 backward tile exceeds shared memory");
+};
+// Two stages of Q and of dO, K and V (at the end the staging areas of dK and dV), dS^T (keys x
+// queries), every tile SW128 and a multiple of 1 KB (so each stays 1024-byte aligned); a 64 x 64
+// fp32 dQ block per MMA warpgroup; two stages of LSE, D and the visible key ranges of the rows;
+// and per stage the mbarrier on which its copies land.
+template <typename T, int HS> struct Sm90BwdSmem {
+    using Tile = Sm90BwdTile<HS>;
+    alignas(1024) T q[2][Tile::BM * HS];
+    T dout[2][Tile::BM * HS];
+    T k[Tile::BN * HS];
+    T v[Tile::BN * HS];
+    T ds[Tile::BN * Tile::BM];
+    float dq[Tile::NWG][4096];
+    float lse[2][Tile::BM];
+    float d[2][Tile::BM];
+    int2 rng[2][Tile::BM];
+    uint64_t qbar[2];
 };
 
 // Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {64, 128},

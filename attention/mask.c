@@ -115,10 +115,6 @@ static int cuda_flash_lacks(const AttnParams *p, char *err, size_t errlen) {
     if (p->softcap > 0.0f)
         return set_error(err, errlen, "attention: softcap runs on the cpu and the naive cuda path so "
                                       "far: use impl naive (attention.impl = naive) or --device cpu");
-    if (p->alibi_batch_stride)
-        return set_error(err, errlen, "attention: per-batch ALiBi slopes (alibi_batch_stride) run on "
-                                      "the cpu and the naive cuda path so far: use impl naive or "
-                                      "slopes (NH) shared by every batch row");
     return 0;
 }
 
@@ -156,12 +152,11 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     if (dev == DEVICE_CPU && p->dtype != DTYPE_F32)
         return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got dtype %s: "
                                  "use fp32", dtype_name(p->dtype));
-    if (dev == DEVICE_CUDA && (p->pos_explicit || p->accumulate || p->lse_batch_stride ||
-                               p->lse_head_stride))
+    if (attn_runs_naive(p, dev) && (p->pos_explicit || p->lse_batch_stride || p->lse_head_stride))
         return set_error(err, errlen,
-                    "attention: explicit positions, accumulated gradients and a strided lse (what "
-                    "context parallelism's ring needs) are implemented on the cpu only so far: use "
-                    "--device cpu, or dist.context_parallel = 1 on the GPU");
+                    "attention: explicit positions and a strided lse (what context parallelism's "
+                    "ring needs) are implemented by the cuda flash kernels, not by the materialised "
+                    "path (impl naive, or fp32): use impl flash with bf16 or fp16");
     if (backward && p->accumulate && p->impl == ATTN_IMPL_NAIVE)
         return set_error(err, errlen,
                     "attention: accumulate (a sum over key chunks) needs the flash implementation, "

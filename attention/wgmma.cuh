@@ -37,10 +37,8 @@ template <int ROWS> __device__ __forceinline__ int sw128_offset(int row, int col
     return (int)((c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7));
 }
 
-// The first 1024-byte boundary at or after p (the kernels ask for 1024 extra bytes).
-__device__ __forceinline__ unsigned char *smem_align1024(unsigned char *p) {
-    return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
-}
+// The first 1024-byte boundary at or after p (where an SW128 tile starts).
+__device__ __forceinline__ unsigned char *smem_align1024(unsigned char *p) { return smem_align<1024>(p); }
 
 // Stores rows [row0, row0 + NROWS) of an SW128 tile of ROWS rows to global memory (row r of the
 // tile to dst + (r - row0) * row_stride), skipping rows at or beyond row0 + n_valid.
@@ -154,39 +152,29 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // is read or the operands overwritten.
 template <typename T, int N, int TA, int TB> struct Wgmma;
 
-#define WGMMA_SPECIALISE(TYPE, TY)                                                                    \
-    template <int TA, int TB> struct Wgmma<TYPE, 64, TA, TB> {                                       \
-        static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int acc) {  \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                              \
-                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WG_R32         \
-                         ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                       \
-                         : WG_D32 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                      \
-        }                                                                                             \
-        static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, \
-                                                  int acc) {                                          \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                              \
-                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WG_R32         \
-                         ", {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                              \
-                         : WG_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc),    \
-                           "n"(TB));                                                                  \
-        }                                                                                             \
-    };                                                                                                \
-    template <int TA, int TB> struct Wgmma<TYPE, 128, TA, TB> {                                      \
-        static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int acc) {  \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                              \
-                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WG_R64        \
-                         ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                       \
-                         : WG_D64 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                      \
-        }                                                                                             \
-        static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, \
-                                                  int acc) {                                          \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                              \
-                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WG_R64        \
-                         ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                              \
-                         : WG_D64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc),    \
-                           "n"(TB));                                                                  \
-        }                                                                                             \
+// One shape m64nNk16 of one element type (TY: its PTX name): NR accumulator registers, listed
+// as RLIST in the instruction and DLIST as operands; the operands after them are numbered from
+// NR on, given as strings I0..I6 (NR, NR + 1, ...) because the instruction text needs them.
+#define WGMMA_SHAPE(TYPE, TY, N, NR, RLIST, DLIST, I0, I1, I2, I3, I4, I5, I6)                         \
+    template <int TA, int TB> struct Wgmma<TYPE, N, TA, TB> {                                         \
+        static __device__ __forceinline__ void ss(float (&d)[NR], uint64_t a, uint64_t b, int acc) {   \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" I2 ", 0;\n"                             \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " RLIST        \
+                         ", %" I0 ", %" I1 ", p, 1, 1, %" I3 ", %" I4 ";\n}\n"                        \
+                         : DLIST : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                       \
+        }                                                                                              \
+        static __device__ __forceinline__ void rs(float (&d)[NR], const uint32_t (&a)[4], uint64_t b,  \
+                                                  int acc) {                                           \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" I5 ", 0;\n"                             \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " RLIST        \
+                         ", {%" I0 ",%" I1 ",%" I2 ",%" I3 "}, %" I4 ", p, 1, 1, %" I6 ";\n}\n"      \
+                         : DLIST : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc),      \
+                           "n"(TB));                                                                   \
+        }                                                                                              \
     };
+#define WGMMA_SPECIALISE(TYPE, TY)                                                                     \
+    WGMMA_SHAPE(TYPE, TY, 64, 32, WG_R32, WG_D32, "32", "33", "34", "35", "36", "37", "38")            \
+    WGMMA_SHAPE(TYPE, TY, 128, 64, WG_R64, WG_D64, "64", "65", "66", "67", "68", "69", "70")
 
 #ifdef FLASH_SM90_DEVICE
 WGMMA_SPECIALISE(__nv_bfloat16, "bf16")
@@ -201,3 +189,4 @@ template <typename T, int N, int TA, int TB> struct Wgmma {
 };
 #endif
 #undef WGMMA_SPECIALISE
+#undef WGMMA_SHAPE

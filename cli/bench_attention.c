@@ -3,7 +3,8 @@
 // qkv buffer and its strides, causal, the config's window, dropout, implementation and
 // deterministic mode, random inputs. TFLOP/s count 4 * B * heads * head size FLOPs per visible
 // (query, key) pair forward (FlashAttention's convention: about half the square when causal) and
-// 2.5 times that backward.
+// 2.5 times that backward. With dist.context_parallel > 1, also the ring's work for the same
+// sequence split over that many ranks (bench_ring).
 #include "cli/cli.h"
 
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "common/check.h"
 #include "common/rng.h"
 #include "common/timer.h"
+#include "model/ring_attention.h"
 
 // Visible (query, key) pairs of one causal head of T tokens whose keys reach at most `window`
 // back (-1: unbounded).
@@ -43,33 +45,97 @@ static double time_calls(Backend *be, AttnParams *p, int backward, long steps) {
     return (now_seconds() - t0) / (double)steps;
 }
 
+// One layer's attention problem of B x T tokens as the model describes it, on random inputs.
+typedef struct {
+    AttnParams p;
+    void *bufs[5];  // qkv, dout, out, dqkv, lse
+} BenchProblem;
+
+static BenchProblem bench_problem(const Config *c, Backend *be, Rng *r, int B, int T) {
+    const int NH = c->model.n_head, NKV = c->model.n_kv_head ? c->model.n_kv_head : NH;
+    const int HS = c->model.n_embd / NH, C = NH * HS, OCq = (NH + 2 * NKV) * HS;
+    const size_t N = (size_t)B * T, ds = dtype_size(be->dtype);
+    BenchProblem b;
+    void *qkv = random_buffer(be, r, N * OCq), *dout = random_buffer(be, r, N * C);
+    void *out = be->alloc(be, N * C * ds), *dqkv = be->alloc(be, N * OCq * ds);
+    float *lse = be->alloc(be, N * NH * sizeof(float));
+    memset(&b.p, 0, sizeof b.p);
+    attn_fused_qkv(&b.p, qkv, out, B, T, NH, NKV, HS, ds);
+    attn_fused_qkv_grads(&b.p, dqkv, dout, ds);
+    b.p.lse = lse;
+    b.p.causal = 1;
+    b.p.window_left = c->attention.window;
+    b.p.window_right = -1;
+    b.p.dropout_p = c->attention.dropout;
+    b.p.seed = (uint64_t)c->train.seed;
+    b.p.impl = (AttnImpl)c->attention.impl;
+    b.p.deterministic = c->attention.deterministic;
+    void *bufs[5] = {qkv, dout, out, dqkv, lse};
+    memcpy(b.bufs, bufs, sizeof bufs);
+    return b;
+}
+
+static void bench_problem_free(Backend *be, BenchProblem *b) {
+    for (int i = 0; i < 5; i++) be->release(be, b->bufs[i]);
+}
+
+// The ring's link for timing one rank alone: nothing moves (the attention's time does not depend
+// on the values, and which chunk pairs run depends on positions alone).
+static void idle_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {}
+static void idle_wait(void *ctx) {}
+
+// dist.context_parallel = CP: the ring's work for one sequence (forward and backward of every
+// rank, each rank's chunk-pair kernels, merges and fp32 stores, no transfers), the ranks one after
+// the other on this device, summed, beside the unsplit `whole` seconds; and the device memory one
+// rank's attention needs (its inputs, outputs, gradients and ring buffers).
+static void bench_ring(const Config *c, Backend *be, Rng *r, long steps, double whole, int print) {
+    const int CP = c->dist.context_parallel, B = c->train.batch_size, TL = c->train.seq_len / CP;
+    const int NH = c->model.n_head, NKV = c->model.n_kv_head ? c->model.n_kv_head : NH;
+    double sum = 0, peak_mib = 0;
+    for (int rank = 0; rank < CP; rank++) {
+        size_t free0, used0, free1, used1;
+        be->synchronize(be);
+        const int have_mem = be->memory(be, &free0, &used0);
+        BenchProblem b = bench_problem(c, be, r, B, TL);
+        const RingLink link = {.ctx = NULL, .rank = rank, .size = CP, .start = idle_start,
+                               .wait = idle_wait};
+        RingAttention *ra = ring_attention_create(be, &link, B, TL, NH, NKV, c->model.n_embd / NH);
+        ring_attention_forward(ra, &b.p);  // warm-up (and the attention workspace)
+        ring_attention_backward(ra, &b.p);
+        be->synchronize(be);
+        if (have_mem && be->memory(be, &free1, &used1) && used1 > used0) {
+            const double mib = (double)(used1 - used0) / (1 << 20);
+            if (mib > peak_mib) peak_mib = mib;
+        }
+        const double t0 = now_seconds();
+        for (long s = 0; s < steps; s++) {
+            ring_attention_forward(ra, &b.p);
+            ring_attention_backward(ra, &b.p);
+        }
+        be->synchronize(be);
+        sum += (now_seconds() - t0) / (double)steps;
+        ring_attention_free(ra);
+        bench_problem_free(be, &b);
+    }
+    if (print) {
+        printf("bench attention: context parallelism %d: the ring's work of its %d ranks (%d tokens "
+               "each), summed: forward + backward %.3f ms, %.3fx the unsplit %.3f ms",
+               CP, CP, TL, sum * 1e3, sum / whole, whole * 1e3);
+        if (peak_mib > 0) printf("; device memory of one rank's attention %.0f MiB", peak_mib);
+        printf("\n");
+    }
+}
+
 void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
     const int B = c->train.batch_size, T = c->train.seq_len, NH = c->model.n_head;
     const int NKV = c->model.n_kv_head ? c->model.n_kv_head : NH, HS = c->model.n_embd / NH;
-    const int C = NH * HS, OCq = (NH + 2 * NKV) * HS;
-    const size_t N = (size_t)B * T, ds = dtype_size(be->dtype);
     Rng r;
     rng_seed(&r, (uint64_t)c->train.seed);
-    void *qkv = random_buffer(be, &r, N * OCq), *dout = random_buffer(be, &r, N * C);
-    void *out = be->alloc(be, N * C * ds), *dqkv = be->alloc(be, N * OCq * ds);
-    float *lse = be->alloc(be, N * NH * sizeof(float));
-
-    AttnParams p;
-    memset(&p, 0, sizeof p);
-    attn_fused_qkv(&p, qkv, out, B, T, NH, NKV, HS, ds);
-    attn_fused_qkv_grads(&p, dqkv, dout, ds);
-    p.lse = lse;
-    p.causal = 1;
-    p.window_left = c->attention.window;
-    p.window_right = -1;
-    p.dropout_p = c->attention.dropout;
-    p.seed = (uint64_t)c->train.seed;
-    p.impl = (AttnImpl)c->attention.impl;
-    p.deterministic = c->attention.deterministic;
-
-    backend_attention(be, &p, 0);   // warm-up (and the workspace)
-    backend_attention(be, &p, 1);
-    const double fwd = time_calls(be, &p, 0, steps), bwd = time_calls(be, &p, 1, steps);
+    BenchProblem b = bench_problem(c, be, &r, B, T);
+    AttnParams *p = &b.p;
+    backend_attention(be, p, 0);   // warm-up (and the workspace)
+    backend_attention(be, p, 1);
+    const double fwd = time_calls(be, p, 0, steps), bwd = time_calls(be, p, 1, steps);
     const double flops = 4.0 * B * NH * HS * visible_pairs(T, c->attention.window);
     if (print) {
         printf("bench attention: %s backend (%s), %s, batch %d x seq %d, %d heads (%d kv) of %d, "
@@ -80,6 +146,6 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
         printf(": forward %.3f ms (%.3g TFLOP/s), backward %.3f ms (%.3g TFLOP/s)\n", fwd * 1e3,
                flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
     }
-    void *bufs[] = {qkv, dout, out, dqkv, lse};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->release(be, bufs[i]);
+    bench_problem_free(be, &b);
+    if (c->dist.context_parallel > 1) bench_ring(c, be, &r, steps, fwd + bwd, print);
 }

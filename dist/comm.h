@@ -50,14 +50,16 @@ struct Comm {
     // bounded by the timeout.
     void (*wait)(Comm *c);
     // Point-to-point: starts sending `bytes` of send to rank dst and receiving as many from rank
-    // src into recv (ranks of this comm, buffers in the comm's memory, untouched until wait()).
-    // Several may be in flight; between two ranks they arrive in the order they were started.
-    // Context parallelism's ring. NULL where the implementation has none yet (NCCL).
+    // src into recv (ranks of this comm, buffers in the comm's memory, untouched until wait());
+    // a NULL send or recv leaves that half out. Several may be in flight; between two ranks
+    // they arrive in the order they were started. Context parallelism's ring. NCCL: on a side
+    // stream that first waits for the work queued so far on the comm's stream, joined back
+    // into it by wait().
     void (*sendrecv_start)(Comm *c, const void *send, int dst, void *recv, int src, size_t bytes);
     // A new comm over the ranks of this one that pass the same color, ranked by key (ties by
     // rank), with this comm's timeout: the context-parallel groups. Every rank must call it; it
     // is not bounded by the timeout (MPI has no non-blocking split). Close it before this comm.
-    // Returns NULL with err set where the implementation has none yet (NCCL). NULL = none.
+    // Returns NULL with err set when it fails. NULL (the member) = none: the single comm.
     Comm *(*split)(Comm *c, int color, int key, char *err, size_t errlen);
     void (*destroy)(Comm *c);
     // Ends every rank of the job after a fatal error (MPI_Abort); NULL: exit this process only.

@@ -183,8 +183,8 @@ static void mpi_sendrecv_start(Comm *c, const void *send, int dst, void *recv, i
     do {
         const int n = to_int(bytes - off < P2P_PIECE ? bytes - off : P2P_PIECE);
         // The receive is posted first, so a rank exchanging with itself cannot stall.
-        MPI_Irecv((char *)recv + off, n, MPI_BYTE, src, 0, x->comm, p2p_slot(x));
-        MPI_Isend((const char *)send + off, n, MPI_BYTE, dst, 0, x->comm, p2p_slot(x));
+        if (recv) MPI_Irecv((char *)recv + off, n, MPI_BYTE, src, 0, x->comm, p2p_slot(x));
+        if (send) MPI_Isend((const char *)send + off, n, MPI_BYTE, dst, 0, x->comm, p2p_slot(x));
         off += (size_t)n;
     } while (off < bytes);
     progress_started(x);

@@ -1,5 +1,6 @@
 // comm_nccl: the communicator over NCCL for device buffers (the CUDA backend), on the backend's
-// stream. The NCCL communicator is non-blocking (config.blocking = 0): no NCCL call can block the
+// stream; split gives the context-parallel groups, sendrecv_start their ring exchanges. The NCCL
+// communicator is non-blocking (config.blocking = 0): no NCCL call can block the
 // host, and every wait polls ncclCommGetAsyncError beside the deadline, so a peer that died (a
 // remote or system error) or hangs (the deadline) makes this rank exit non-zero (the whole job,
 // under mpirun) instead of spinning in a kernel forever. Gradient buckets (reduce_scatter_start)
@@ -70,17 +71,20 @@ static void fail_async(Comm *c, ncclResult_t r, const char *what) {
     nccl_abort(c);
 }
 
-// Polls the communicator until its last call has been queued (non-blocking NCCL returns
-// ncclInProgress until then), bounded by the timeout.
-static void wait_queued(Comm *c, ncclResult_t r, const char *what) {
-    NcclCtx *x = c->ctx;
+// Polls communicator nccl (c's own, or one c is making) until its last call has been queued
+// (non-blocking NCCL returns ncclInProgress until then), bounded by c's timeout.
+static void wait_comm(Comm *c, ncclComm_t nccl, ncclResult_t r, const char *what) {
     const double deadline = now_seconds() + c->timeout_s;
     while (r == ncclInProgress) {
         if (now_seconds() > deadline) comm_fail_timeout(c, what);
         nanosleep(&(struct timespec){0, POLL_SLEEP_NS}, NULL);
-        ncclCommGetAsyncError(x->nccl, &r);
+        ncclCommGetAsyncError(nccl, &r);
     }
     if (r != ncclSuccess) fail_async(c, r, what);
+}
+
+static void wait_queued(Comm *c, ncclResult_t r, const char *what) {
+    wait_comm(c, ((NcclCtx *)c->ctx)->nccl, r, what);
 }
 
 static int equal_counts(const Comm *c, const size_t *counts) {
@@ -151,6 +155,42 @@ static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t 
     grouped_reduce(c, (char *)buf + offset * dtype_size(t), parts, t, x->side,
                    "gradient bucket reduce-scatter");
     free(parts);
+}
+
+// Context parallelism's exchange, on the side stream behind the work queued so far (the
+// kernels that wrote send, and those still reading the buffer recv replaces).
+static void nccl_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
+                                size_t bytes) {
+    NcclCtx *x = c->ctx;
+    cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
+    cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
+    x->side_busy = 1;
+    ncclGroupStart();
+    if (send) ncclSend(send, bytes, ncclUint8, dst, x->nccl, x->side);
+    if (recv) ncclRecv(recv, bytes, ncclUint8, src, x->nccl, x->side);
+    wait_queued(c, ncclGroupEnd(), "ring send/receive");
+}
+
+static Comm *nccl_wrap(ncclComm_t nccl, int rank, int world, cudaStream_t stream, Comm *boot,
+                       double timeout_s);
+
+// The group: ncclCommSplit (non-blocking like its parent, so its completion is polled against
+// the deadline), on the same stream.
+static Comm *nccl_split(Comm *c, int color, int key, char *err, size_t errlen) {
+    NcclCtx *x = c->ctx;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t sub = NULL;
+    ncclResult_t r = ncclCommSplit(x->nccl, color, key, &sub, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        set_error(err, errlen, "rank %d: ncclCommSplit: %s", c->rank, ncclGetErrorString(r));
+        return NULL;
+    }
+    wait_comm(c, sub, r, "the split into groups (NCCL)");
+    int rank = 0, world = 0;
+    ncclCommUserRank(sub, &rank);
+    ncclCommCount(sub, &world);
+    return nccl_wrap(sub, rank, world, x->stream, NULL, c->timeout_s);
 }
 
 static void nccl_allgather(Comm *c, void *buf, const size_t *counts, DType t) {
@@ -249,18 +289,17 @@ int comm_nccl_unique_id(void *id, char *err, size_t errlen) {
     return 0;
 }
 
-Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_stream, Comm *boot,
-                       double timeout_s, char *err, size_t errlen) {
-    // NVLink SHARP (NVLS multicast) stays off unless the user sets the variable (the launch
-    // scripts set it to 0 as well).
-    setenv("NCCL_NVLS_ENABLE", "0", 0);
+// The Comm over an initialised NCCL communicator: its events, side stream and scratch.
+static Comm *nccl_wrap(ncclComm_t nccl, int rank, int world, cudaStream_t stream, Comm *boot,
+                       double timeout_s) {
     NcclCtx *x = xcalloc(1, sizeof *x);
-    x->stream = (cudaStream_t)cuda_stream;
+    x->nccl = nccl;
+    x->stream = stream;
     x->boot = boot;
     Comm *c = xcalloc(1, sizeof *c);
     *c = (Comm){.name = "nccl",
-                .rank = li->rank,
-                .world = li->world,
+                .rank = rank,
+                .world = world,
                 .timeout_s = timeout_s,
                 .ctx = x,
                 .allreduce_sum = nccl_allreduce,
@@ -271,21 +310,10 @@ Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_s
                 .barrier = nccl_barrier,
                 .allreduce_host_f64 = nccl_allreduce_host,
                 .wait = nccl_wait,
+                .sendrecv_start = nccl_sendrecv_start,
+                .split = nccl_split,
                 .destroy = nccl_destroy,
                 .abort = nccl_abort};
-    ncclUniqueId u;
-    memcpy(&u, unique_id, sizeof u);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&x->nccl, li->world, u, li->rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        set_error(err, errlen, "rank %d: ncclCommInitRankConfig: %s", li->rank,
-                  ncclGetErrorString(r));
-        free(x);
-        free(c);
-        return NULL;
-    }
-    wait_queued(c, r, "NCCL initialisation (every rank must reach it)");
     if (cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&x->side_done, cudaEventDisableTiming) != cudaSuccess ||
@@ -294,6 +322,27 @@ Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_s
         cudaMallocHost((void **)&x->pinned, COMM_HOST_MAX * sizeof(double)) != cudaSuccess)
         fatal(EXIT_RUNTIME, "rank %d: cannot create the NCCL communicator's CUDA events, side "
                             "stream and scratch buffers",
-              li->rank);
+              rank);
+    return c;
+}
+
+Comm *comm_nccl_create(const LaunchInfo *li, const void *unique_id, void *cuda_stream, Comm *boot,
+                       double timeout_s, char *err, size_t errlen) {
+    // NVLink SHARP (NVLS multicast) stays off unless the user sets the variable (the launch
+    // scripts set it to 0 as well).
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    ncclUniqueId u;
+    memcpy(&u, unique_id, sizeof u);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t nccl = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&nccl, li->world, u, li->rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        set_error(err, errlen, "rank %d: ncclCommInitRankConfig: %s", li->rank,
+                  ncclGetErrorString(r));
+        return NULL;
+    }
+    Comm *c = nccl_wrap(nccl, li->rank, li->world, (cudaStream_t)cuda_stream, boot, timeout_s);
+    wait_queued(c, r, "NCCL initialisation (every rank must reach it)");
     return c;
 }

@@ -605,9 +605,12 @@ void gpt_set_ring(GPT *m, const RingLink *link) {
         fatal(EXIT_USAGE, "context parallelism supports neither attention.doc_mask nor "
                           "attention.dropout yet: set them to false and 0, or "
                           "dist.context_parallel = 1");
-    if (m->impl == ATTN_IMPL_NAIVE)
-        fatal(EXIT_USAGE, "context parallelism needs attention.impl = flash (the naive attention "
-                          "materialises the whole score matrix and has no chunked backward)");
+    const AttnParams kind = {.impl = m->impl, .dtype = m->be->dtype};
+    if (attn_runs_naive(&kind, m->be->device))
+        fatal(EXIT_USAGE, "context parallelism needs the flash attention: attention.impl = flash "
+                          "and, on the GPU, precision.dtype bf16 or fp16 (the naive attention, "
+                          "which fp32 runs on the GPU, materialises the whole score matrix and "
+                          "has no chunked backward)");
     if (m->T % 2 != 0 || (long long)m->T * link->size > g->maxT)
         fatal(EXIT_USAGE, "context parallelism: %d ranks x %d local tokens must be an even split "
                           "within model.max_seq_len (%d)", link->size, m->T, g->maxT);

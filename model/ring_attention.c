@@ -1,8 +1,9 @@
 // ring_attention: the ring over the zigzag layout (model/ring_attention.h), written over the
-// Backend's ops (attention with explicit chunk positions, the lse merge, strided copies), so it
-// never touches backend memory itself.
+// Backend's ops (attention with explicit chunk positions, the lse merge, strided copies, fp32
+// accumulators), so it never touches backend memory itself.
 #include "model/ring_attention.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "attention/mask.h"
@@ -13,13 +14,17 @@ struct RingAttention {
     RingLink link;
     int B, T, c;          // largest batch, local tokens, tokens per chunk (T / 2)
     int NH, NKV, HS;
-    size_t ds;            // bytes per element
+    size_t ds;            // bytes per element of the backend's dtype
     int kvw;              // elements per token of a block: [k (NKV * HS) | v (NKV * HS)]
-    // (B, T, kvw) each: the block held and the one arriving. dkv is in the backend's dtype,
-    // fp32 on the CPU (the only backend that runs the ring so far); a 16-bit backend must keep
-    // these accumulators in fp32, or every ring step rounds the running dK/dV sums.
-    void *kv[2], *dkv[2];
-    void *part_out;       // (B, c, NH * HS) one chunk pair's output before it is merged
+    int qw;               // elements per token of the queries and the output: NH * HS
+    void *kv_own;         // (B, T, kvw) this rank's block, packed from the fused layout
+    void *kv_in[2];       // (B, T, kvw) the block of the step in hand and the next one's
+    float *dkv_own;       // (B, T, kvw) fp32: this rank's dK/dV, every rank's part added in
+    float *dkv_out[2];    // (B, T, kvw) fp32: this rank's part of an origin's dK/dV, going back
+    float *dkv_in[2];     // (B, T, kvw) fp32: another rank's part of this rank's dK/dV
+    float *out_acc;       // (B, T, qw) fp32: the merged output; (B, T, qw) fp32 dQ in backward
+    float *lse_inf;       // (B, NH, T) fp32 +INFINITY: "no key seen yet" for the merge
+    void *part_out;       // (B, c, qw) one chunk pair's output before it is merged
     float *part_lse;      // (B, NH, c) its lse
 };
 
@@ -33,6 +38,8 @@ int ring_global_pos(int rank, int size, int T_local, int t) {
 static void *at(const void *base, int64_t elems, size_t ds) {
     return (char *)base + elems * (int64_t)ds;
 }
+
+static size_t block_elems(const RingAttention *ra) { return (size_t)ra->B * ra->T * ra->kvw; }
 
 RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, int T_local, int NH,
                                      int NKV, int HS) {
@@ -48,12 +55,23 @@ RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, i
     ra->HS = HS;
     ra->ds = dtype_size(be->dtype);
     ra->kvw = 2 * NKV * HS;
-    const size_t block = (size_t)B * T_local * ra->kvw * ra->ds;
+    ra->qw = NH * HS;
+    const size_t block = block_elems(ra);
+    ra->kv_own = be->alloc(be, block * ra->ds);
+    ra->dkv_own = be->alloc(be, block * sizeof(float));
     for (int i = 0; i < 2; i++) {
-        ra->kv[i] = be->alloc(be, block);
-        ra->dkv[i] = be->alloc(be, block);
+        ra->kv_in[i] = be->alloc(be, block * ra->ds);
+        ra->dkv_out[i] = be->alloc(be, block * sizeof(float));
+        ra->dkv_in[i] = be->alloc(be, block * sizeof(float));
     }
-    ra->part_out = be->alloc(be, (size_t)B * ra->c * NH * HS * ra->ds);
+    ra->out_acc = be->alloc(be, (size_t)B * T_local * ra->qw * sizeof(float));
+    const size_t n_lse = (size_t)B * NH * T_local;
+    float *inf = xmalloc(n_lse * sizeof(float));
+    for (size_t i = 0; i < n_lse; i++) inf[i] = INFINITY;
+    ra->lse_inf = be->alloc(be, n_lse * sizeof(float));
+    be->upload(be, ra->lse_inf, inf, n_lse * sizeof(float));
+    free(inf);
+    ra->part_out = be->alloc(be, (size_t)B * ra->c * ra->qw * ra->ds);
     ra->part_lse = be->alloc(be, (size_t)B * NH * ra->c * sizeof(float));
     return ra;
 }
@@ -61,68 +79,84 @@ RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, i
 void ring_attention_free(RingAttention *ra) {
     if (!ra) return;
     Backend *be = ra->be;
+    be->release(be, ra->kv_own);
+    be->release(be, ra->dkv_own);
     for (int i = 0; i < 2; i++) {
-        be->release(be, ra->kv[i]);
-        be->release(be, ra->dkv[i]);
+        be->release(be, ra->kv_in[i]);
+        be->release(be, ra->dkv_out[i]);
+        be->release(be, ra->dkv_in[i]);
     }
+    be->release(be, ra->out_acc);
+    be->release(be, ra->lse_inf);
     be->release(be, ra->part_out);
     be->release(be, ra->part_lse);
     free(ra);
 }
 
-// The model's problem must be the fused QKV layout: k and v adjacent in each token's row, so a
-// block is one strided copy; anything else is a caller bug.
+// The model's problem must be the fused QKV layout (k and v adjacent in each token's row, so a
+// block is one strided copy) with contiguous batch rows and lse; anything else is a caller bug.
 static void check_layout(const RingAttention *ra, const AttnParams *p, int backward) {
     const int64_t kv_off = (int64_t)ra->NKV * ra->HS;
     CHECK(p->T_q == ra->T && p->T_k == ra->T && p->B >= 1 && p->B <= ra->B);
     CHECK(p->NH == ra->NH && p->NKV == ra->NKV && p->HS == ra->HS && !p->cu_seqlens &&
-          p->dropout_p == 0.0f && !p->pos_explicit);
-    CHECK(p->v == at(p->k, kv_off, ra->ds) && p->k_st.row == p->v_st.row && p->k_st.head == ra->HS);
+          p->dropout_p == 0.0f && !p->pos_explicit && !p->lse_batch_stride &&
+          !p->lse_head_stride);
+    CHECK(p->v == at(p->k, kv_off, ra->ds) && p->k_st.row == p->v_st.row &&
+          p->k_st.head == ra->HS && p->o_st.batch == (int64_t)ra->T * p->o_st.row);
     if (backward)
         CHECK(p->dv == at(p->dk, kv_off, ra->ds) && p->dk_st.row == p->dv_st.row &&
-              p->dk_st.head == ra->HS);
+              p->dk_st.head == ra->HS && p->dq_st.batch == (int64_t)ra->T * p->dq_st.row &&
+              p->dk_st.batch == (int64_t)ra->T * p->dk_st.row);
 }
 
-// The block's strides: (B, T, kvw) rows of [k | v].
+// A block's strides: (B, T, kvw) rows of [k | v].
 static AttnStrides block_strides(const RingAttention *ra) {
     return (AttnStrides){(int64_t)ra->T * ra->kvw, ra->kvw, ra->HS};
 }
 
-// The chunk pair (local query half qh) x (half kh of the block of ring rank `origin`, held in
-// kv, its dK/dV accumulator in dkv): p narrowed to the pair, with explicit positions. out and
-// lse are the local ones (chunk qh of p's).
-static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int qh, int origin,
-                              int kh, const void *kv, void *dkv) {
-    const int c = ra->c, size = ra->link.size;
+// The strides of the fp32 (B, T, qw) output and dQ accumulators.
+static AttnStrides acc_strides(const RingAttention *ra) {
+    return (AttnStrides){(int64_t)ra->T * ra->qw, ra->qw, ra->HS};
+}
+
+// Chunk pair k (0..3) of the queries of ring rank `rank` against the block of ring rank
+// `origin` held in kv (its fp32 dK/dV accumulator in dkv, backward only): p narrowed to the
+// pair, with explicit positions. lse is the local one (query half qh of p's); forward writes
+// into the fp32 output accumulator's rows of that half, backward reads p's out and adds into
+// the fp32 dQ accumulator's rows.
+static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int rank, int origin,
+                              int k, const void *kv, float *dkv) {
+    const int c = ra->c, size = ra->link.size, qh = k >> 1, kh = k & 1;
     const int64_t q0 = (int64_t)qh * c, k0 = (int64_t)kh * c * ra->kvw;
-    const int64_t lse_h = p->lse_head_stride ? p->lse_head_stride : p->T_q;
-    const int64_t lse_b = p->lse_batch_stride ? p->lse_batch_stride : (int64_t)p->NH * p->T_q;
+    const int64_t kv_off = (int64_t)ra->NKV * ra->HS;
     AttnParams a = *p;
     a.q = at(p->q, q0 * p->q_st.row, ra->ds);
-    a.out = at(p->out, q0 * p->o_st.row, ra->ds);
+    a.out = dkv ? at(p->out, q0 * p->o_st.row, ra->ds) : (void *)(ra->out_acc + q0 * ra->qw);
+    if (!dkv) a.o_st = acc_strides(ra);
     a.lse = p->lse + q0;
-    a.lse_batch_stride = lse_b;
-    a.lse_head_stride = lse_h;
+    a.lse_batch_stride = (int64_t)p->NH * p->T_q;
+    a.lse_head_stride = p->T_q;
     a.k = at(kv, k0, ra->ds);
-    a.v = at(kv, k0 + (int64_t)ra->NKV * ra->HS, ra->ds);
+    a.v = at(kv, k0 + kv_off, ra->ds);
     a.k_st = a.v_st = block_strides(ra);
     a.T_q = a.T_k = c;
     a.pos_explicit = 1;
-    a.q_pos0 = (int64_t)chunk_of(ra->link.rank, size, qh) * c;
+    a.q_pos0 = (int64_t)chunk_of(rank, size, qh) * c;
     a.k_pos0 = (int64_t)chunk_of(origin, size, kh) * c;
     if (dkv) {
         a.dout = at(p->dout, q0 * p->do_st.row, ra->ds);
-        a.dq = at(p->dq, q0 * p->dq_st.row, ra->ds);
-        a.dk = at(dkv, k0, ra->ds);
-        a.dv = at(dkv, k0 + (int64_t)ra->NKV * ra->HS, ra->ds);
+        a.dq = ra->out_acc + q0 * ra->qw;
+        a.dq_st = acc_strides(ra);
+        a.dk = dkv + k0;
+        a.dv = dkv + k0 + kv_off;
         a.dk_st = a.dv_st = block_strides(ra);
         a.accumulate = 1;
     }
     return a;
 }
 
-// Whether any query of the pair sees any key (causal future and out-of-window pairs do not).
-// The mask depends only on positions here (no documents), so batch row 0 stands for all.
+// Whether any query of the pair sees any key. The mask depends only on positions here (no
+// documents), so batch row 0 stands for all.
 static int pair_visible(const AttnParams *a) {
     for (int i = 0; i < a->T_q; i++) {
         AttnKeyRange r = attn_key_range(a, 0, i);
@@ -131,88 +165,108 @@ static int pair_visible(const AttnParams *a) {
     return 0;
 }
 
-// The pairs of ring step s in the order they run: at step 0 (the rank's own block) the two
-// diagonal pairs first. Every query sees at least its own key, so they are the first result of
-// each query half (forward: written in place, the rest merged in) and the first dQ of each
-// half (backward: they overwrite dQ and their own dK/dV chunk, the rest accumulate).
-static void step_pairs(int s, int qh[4], int kh[4]) {
-    static const int diag_q[4] = {0, 1, 0, 1}, diag_k[4] = {0, 1, 1, 0};
-    static const int all_q[4] = {0, 0, 1, 1}, all_k[4] = {0, 1, 0, 1};
-    memcpy(qh, s == 0 ? diag_q : all_q, sizeof diag_q);
-    memcpy(kh, s == 0 ? diag_k : all_k, sizeof diag_k);
+// Whether the queries of ring rank `rank` see any key of the block of ring rank `origin`: what
+// decides, on both sides, whether that block is sent and computed.
+static int ranks_visible(const RingAttention *ra, const AttnParams *p, int rank, int origin) {
+    for (int k = 0; k < 4; k++) {
+        const AttnParams a = pair_params(ra, p, rank, origin, k, ra->kv_own, NULL);
+        if (pair_visible(&a)) return 1;
+    }
+    return 0;
 }
 
-// Packs the local k and v of every token into a block (one row of [k | v] per token).
-static void pack_block(RingAttention *ra, void *dst, const AttnParams *p) {
+static int ring_rank(const RingAttention *ra, int r) {
+    const int n = ra->link.size;
+    return ((r % n) + n) % n;
+}
+
+// Starts step s's exchange of the blocks in `own` and into `in` (bytes each): this rank's to
+// rank + s, rank - s's to this one, each only where its receiver sees some of its keys.
+static void start_step(RingAttention *ra, const AttnParams *p, int s, const void *own, void *in,
+                       size_t bytes) {
+    const int rank = ra->link.rank, dst = ring_rank(ra, rank + s), src = ring_rank(ra, rank - s);
+    const int send = ranks_visible(ra, p, dst, rank), recv = ranks_visible(ra, p, rank, src);
+    if (send || recv)
+        ra->link.start(ra->link.ctx, send ? own : NULL, dst, recv ? in : NULL, src, bytes);
+}
+
+// Packs the local k and v of every token into the own block (one row of [k | v] per token).
+static void pack_block(RingAttention *ra, const AttnParams *p) {
     const size_t row = (size_t)ra->kvw * ra->ds;
-    ra->be->copy_2d(ra->be, dst, row, p->k, (size_t)p->k_st.row * ra->ds, row, (size_t)p->B * ra->T);
+    ra->be->copy_2d(ra->be, ra->kv_own, row, p->k, (size_t)p->k_st.row * ra->ds, row,
+                    (size_t)p->B * ra->T);
 }
 
-static size_t block_bytes(const RingAttention *ra, const AttnParams *p) {
-    return (size_t)p->B * ra->T * ra->kvw * ra->ds;
+// The block of step s: the own one at step 0, else the one received for it.
+static const void *step_block(const RingAttention *ra, int s) {
+    return s == 0 ? ra->kv_own : ra->kv_in[s & 1];
 }
 
 void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 0);
     const int size = ra->link.size, rank = ra->link.rank;
-    const size_t bytes = block_bytes(ra, p);
-    pack_block(ra, ra->kv[0], p);
-    int have[2] = {0, 0};   // query half written yet (by its step-0 diagonal)
+    const size_t bytes = (size_t)p->B * ra->T * ra->kvw * ra->ds;
+    pack_block(ra, p);
+    be->fill_zero(be, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
+    be->copy(be, p->lse, ra->lse_inf, (size_t)p->B * ra->NH * ra->T * sizeof(float));
     for (int s = 0; s < size; s++) {
-        const int cur = s & 1, origin = (rank - s + size) % size;
-        if (s < size - 1) ra->link.start(ra->link.ctx, ra->kv[cur], ra->kv[1 - cur], bytes);
-        int qh[4], kh[4];
-        step_pairs(s, qh, kh);
+        if (s > 0) ra->link.wait(ra->link.ctx);  // the block of step s has arrived
+        if (s + 1 < size) start_step(ra, p, s + 1, ra->kv_own, ra->kv_in[(s + 1) & 1], bytes);
+        const int origin = ring_rank(ra, rank - s);
         for (int k = 0; k < 4; k++) {
-            AttnParams a = pair_params(ra, p, qh[k], origin, kh[k], ra->kv[cur], NULL);
-            if (!pair_visible(&a)) {
-                CHECK(!(s == 0 && k < 2));  // the diagonals start each half (step_pairs)
-                continue;
-            }
-            if (!have[qh[k]]) {
-                backend_attention(be, &a, 0);
-                have[qh[k]] = 1;
-                continue;
-            }
-            const AttnParams acc = a;
+            const AttnParams acc = pair_params(ra, p, rank, origin, k, step_block(ra, s), NULL);
+            if (!pair_visible(&acc)) continue;
+            AttnParams a = acc;
             a.out = ra->part_out;
-            a.o_st = (AttnStrides){(int64_t)ra->c * ra->NH * ra->HS, (int64_t)ra->NH * ra->HS, ra->HS};
+            a.o_st = (AttnStrides){(int64_t)ra->c * ra->qw, ra->qw, ra->HS};
             a.lse = ra->part_lse;
             a.lse_batch_stride = a.lse_head_stride = 0;
             backend_attention(be, &a, 0);
             backend_attention_merge(be, &acc, &a);
         }
-        if (s < size - 1) ra->link.wait(ra->link.ctx);
     }
+    be->store_f32(be, p->out, (size_t)p->o_st.row, ra->out_acc, ra->qw, ra->qw,
+                  (size_t)p->B * ra->T);
 }
 
 void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 1);
     const int size = ra->link.size, rank = ra->link.rank;
-    const size_t bytes = block_bytes(ra, p);
-    pack_block(ra, ra->kv[0], p);
-    be->fill_zero(be, ra->dkv[0], bytes);
+    const size_t n = (size_t)p->B * ra->T * ra->kvw;
+    pack_block(ra, p);
+    be->fill_zero(be, ra->dkv_own, n * sizeof(float));
+    be->fill_zero(be, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
     for (int s = 0; s < size; s++) {
-        const int cur = s & 1, origin = (rank - s + size) % size;
-        if (s < size - 1) ra->link.start(ra->link.ctx, ra->kv[cur], ra->kv[1 - cur], bytes);
-        int qh[4], kh[4];
-        step_pairs(s, qh, kh);
+        if (s > 0) ra->link.wait(ra->link.ctx);  // the block of step s (and step s - 1's dK/dV)
+        if (s > 1 && ranks_visible(ra, p, ring_rank(ra, rank + s - 1), rank))
+            be->add_f32(be, ra->dkv_own, ra->dkv_in[(s - 1) & 1], n);
+        if (s + 1 < size) start_step(ra, p, s + 1, ra->kv_own, ra->kv_in[(s + 1) & 1], n * ra->ds);
+        const int origin = ring_rank(ra, rank - s);
+        float *dkv = s == 0 ? ra->dkv_own : ra->dkv_out[s & 1];
+        if (s > 0) be->fill_zero(be, dkv, n * sizeof(float));
         for (int k = 0; k < 4; k++) {
-            AttnParams a = pair_params(ra, p, qh[k], origin, kh[k], ra->kv[cur], ra->dkv[cur]);
-            if (!pair_visible(&a)) {
-                CHECK(!(s == 0 && k < 2));  // dQ would never be started
-                continue;
-            }
-            a.accumulate = !(s == 0 && k < 2);  // the diagonals of step 0 start dQ (step_pairs)
-            backend_attention(be, &a, 1);
+            AttnParams a = pair_params(ra, p, rank, origin, k, step_block(ra, s), dkv);
+            if (pair_visible(&a)) backend_attention(be, &a, 1);
         }
-        // The accumulator follows its block: after `size` sends it is back with its owner.
-        ra->link.start(ra->link.ctx, ra->dkv[cur], ra->dkv[1 - cur], bytes);
-        ra->link.wait(ra->link.ctx);
+        // This rank's part of origin's dK/dV goes back to it; rank + s's part of ours arrives.
+        if (s > 0) {
+            const int from = ring_rank(ra, rank + s);
+            const int send = ranks_visible(ra, p, rank, origin);
+            const int recv = ranks_visible(ra, p, from, rank);
+            if (send || recv)
+                ra->link.start(ra->link.ctx, send ? dkv : NULL, origin,
+                               recv ? ra->dkv_in[s & 1] : NULL, from, n * sizeof(float));
+        }
     }
-    const size_t row = (size_t)ra->kvw * ra->ds;
-    be->copy_2d(be, p->dk, (size_t)p->dk_st.row * ra->ds, ra->dkv[size & 1], row, row,
-                (size_t)p->B * ra->T);
+    if (size > 1) {
+        ra->link.wait(ra->link.ctx);
+        if (ranks_visible(ra, p, ring_rank(ra, rank + size - 1), rank))
+            be->add_f32(be, ra->dkv_own, ra->dkv_in[(size - 1) & 1], n);
+    }
+    be->store_f32(be, p->dq, (size_t)p->dq_st.row, ra->out_acc, ra->qw, ra->qw,
+                  (size_t)p->B * ra->T);
+    be->store_f32(be, p->dk, (size_t)p->dk_st.row, ra->dkv_own, ra->kvw, ra->kvw,
+                  (size_t)p->B * ra->T);
 }

@@ -7,17 +7,19 @@
 // 2 * size - 1 - r, in that order, as its T_local local tokens. Every rank then has the same
 // amount of visible (query, key) pairs.
 //
-// Forward: the K/V block of each rank travels around the ring (size - 1 sends); each rank
-// attends its local queries to every block with explicit chunk positions (attention.h) and
-// merges the partial results through their log-sum-exp, exactly. Chunk pairs with no visible
-// (query, key) pair (the causal future, chunks wholly outside a sliding window) are not computed;
-// they are still sent, because the ring relays every block past every rank. Backward: the blocks
-// travel again, each with an fp32 dK/dV accumulator; each rank adds its queries' contribution,
-// computed from the saved output and global lse, so the accumulator that returns to its owner
-// after size sends holds the block's full dK/dV; dQ stays local.
+// Step s (1 <= s < size): rank r attends its queries to the K/V block of rank r - s, received
+// straight from it, while its own block goes to rank r + s (point-to-point, not relayed), and
+// the transfer of step s + 1 runs while step s computes. A (receiver, origin) pair with no
+// visible (query, key) pair (the causal future, chunks wholly outside a sliding window) is
+// neither computed nor sent: sender and receiver decide it from positions alone. Forward: the
+// partial results merge through their log-sum-exp into an fp32 accumulator, exactly. Backward,
+// from the saved output and global lse: each rank computes its queries' part of the origin's
+// dK/dV in fp32 and sends it back to the origin, which adds what returns into its own fp32
+// accumulator; dQ stays local (fp32 until the end).
 //
-// Memory per rank: two K/V blocks and two dK/dV blocks of (B, T_local, 2 * NKV * HS) and one
-// partial output of (B, c, NH * HS) plus its lse: O(T / size).
+// Memory per rank: its own K/V block and two received ones of (B, T_local, 2 * NKV * HS), fp32
+// dK/dV (own, two outgoing, two incoming) of the same shape, an fp32 output and dQ of (B,
+// T_local, NH * HS) and one partial output of (B, c, NH * HS): O(T / size).
 #pragma once
 #include <stddef.h>
 
@@ -26,10 +28,10 @@
 typedef struct {
     void *ctx;
     int rank, size;  // this process's place in the ring and the ring's length
-    // Starts sending `bytes` of send to the next rank (rank + 1 mod size) and receiving as many
-    // from the previous one into recv (backend memory, untouched until wait). Several may be in
-    // flight; between two ranks they arrive in the order they were started.
-    void (*start)(void *ctx, const void *send, void *recv, size_t bytes);
+    // Starts sending `bytes` of send to ring rank dst and receiving as many from ring rank src
+    // into recv (backend memory, untouched until wait); a NULL send or recv leaves that half
+    // out. Several may be in flight; between two ranks they arrive in the order started.
+    void (*start)(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes);
     void (*wait)(void *ctx);  // finishes every started exchange
 } RingLink;
 

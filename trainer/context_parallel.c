@@ -13,8 +13,7 @@ struct ContextParallel {
     RingLink link;    // ctx: this struct
 };
 
-int cp_layout(const Config *c, int rank, int world, Device dev, CpLayout *out, char *err,
-              size_t errlen) {
+int cp_layout(const Config *c, int rank, int world, CpLayout *out, char *err, size_t errlen) {
     const int cp = c->dist.context_parallel;
     if (world % cp != 0)
         return set_error(err, errlen,
@@ -22,20 +21,15 @@ int cp_layout(const Config *c, int rank, int world, Device dev, CpLayout *out, c
                          "launch a multiple of %d ranks (world = data-parallel size x "
                          "dist.context_parallel) or set dist.context_parallel to a divisor of %d",
                          cp, world, cp, world);
-    if (cp > 1 && dev != DEVICE_CPU)
-        return set_error(err, errlen,
-                         "dist.context_parallel = %d: ring attention runs on the cpu backend only "
-                         "so far: use --device cpu, or dist.context_parallel = 1 on the GPU", cp);
     *out = (CpLayout){.cp = cp, .cp_rank = rank % cp, .dp = world / cp, .dp_rank = rank / cp};
     return 0;
 }
 
 int cp_local_len(const Config *c) { return c->train.seq_len / c->dist.context_parallel; }
 
-static void link_start(void *ctx, const void *send, void *recv, size_t bytes) {
+static void link_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
     ContextParallel *cp = ctx;
-    const int r = cp->layout.cp_rank, n = cp->layout.cp;
-    cp->group->sendrecv_start(cp->group, send, (r + 1) % n, recv, (r + n - 1) % n, bytes);
+    cp->group->sendrecv_start(cp->group, send, dst, recv, src, bytes);
 }
 
 static void link_wait(void *ctx) {
@@ -47,8 +41,7 @@ ContextParallel *cp_open(Comm *world, const Config *c, GPT *m) {
     if (c->dist.context_parallel == 1) return NULL;
     char err[ERR_LEN];
     CpLayout lay;
-    Backend *be = gpt_backend(m);
-    if (cp_layout(c, world->rank, world->world, be->device, &lay, err, sizeof err) != 0)
+    if (cp_layout(c, world->rank, world->world, &lay, err, sizeof err) != 0)
         fatal(EXIT_USAGE, "%s", err);
     if (!world->split || !world->sendrecv_start)
         fatal(EXIT_USAGE, "dist.context_parallel = %d: the %s communicator has no point-to-point "

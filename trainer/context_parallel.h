@@ -17,11 +17,9 @@ typedef struct {
     int dp, dp_rank;   // groups, this rank's group: its data-parallel slice
 } CpLayout;
 
-// The layout of rank `rank` of `world` for c's dist.context_parallel on device dev. Returns 0, or
-// -1 with a message naming the keys to change (CP not dividing the world, a device without ring
-// attention).
-int cp_layout(const Config *c, int rank, int world, Device dev, CpLayout *out, char *err,
-              size_t errlen);
+// The layout of rank `rank` of `world` for c's dist.context_parallel. Returns 0, or -1 with a
+// message naming the keys to change (CP not dividing the world).
+int cp_layout(const Config *c, int rank, int world, CpLayout *out, char *err, size_t errlen);
 // Tokens of each sequence one rank holds: train.seq_len / dist.context_parallel.
 int cp_local_len(const Config *c);
 

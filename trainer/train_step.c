@@ -136,7 +136,7 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     if (c->dist.context_parallel > 1 && !t->comm) {
         char err[ERR_LEN];
         CpLayout lay;
-        if (cp_layout(c, 0, 1, be->device, &lay, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+        if (cp_layout(c, 0, 1, &lay, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     }
     t->cp = t->comm ? cp_open(t->comm, c, m) : NULL;
     t->dp = t->cp ? cp_get_layout(t->cp)->dp : t->world;

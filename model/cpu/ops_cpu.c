@@ -32,6 +32,14 @@ static void cpu_copy_2d(Backend *be, void *dst, size_t dst_pitch, const void *sr
         memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
 }
 static void cpu_synchronize(Backend *be) {}
+static void cpu_add_f32(Backend *be, float *acc, const float *x, size_t n) {
+    cpu_add(be, acc, acc, x, n);
+}
+static void cpu_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src,
+                          size_t src_pitch, size_t width, size_t rows) {
+    cpu_copy_2d(be, dst, dst_pitch * sizeof(float), src, src_pitch * sizeof(float),
+                width * sizeof(float), rows);
+}
 
 static void cpu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {
     memcpy(dst, host, n * sizeof(float));
@@ -80,6 +88,8 @@ Backend *backend_cpu_create(void) {
     be->matmul_forward = cpu_matmul_forward;
     be->matmul_backward = cpu_matmul_backward;
     be->add = cpu_add;
+    be->add_f32 = cpu_add_f32;
+    be->store_f32 = cpu_store_f32;
     be->softmax_xent = cpu_softmax_xent;
     be->dropout = cpu_dropout;
     be->rope_forward = cpu_rope_forward;

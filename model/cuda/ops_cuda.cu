@@ -198,6 +198,8 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->matmul_forward = cuda_matmul_forward;
     be->matmul_backward = cuda_matmul_backward;
     be->add = cuda_add;
+    be->add_f32 = cuda_add_f32;
+    be->store_f32 = cuda_store_f32;
     be->softmax_xent = cuda_softmax_xent;
     be->dropout = cuda_dropout;
     be->rope_forward = cuda_rope_forward;

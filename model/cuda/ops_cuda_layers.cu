@@ -314,28 +314,44 @@ __global__ void add_kernel(T *out, const T *a, const T *b, size_t n) {
     store_f32<T, VEC>(out + i, x);
 }
 
+// out = a + b over n elements of E, vectorised where the pointers allow.
+template <typename E>
+static void add_launch(cudaStream_t st, E *out, const E *a, const E *b, size_t n) {
+    dispatch_vec<E>(0, {out, a, b}, [&](auto vec) {   // flat: the tail goes element-wise
+        constexpr int V = decltype(vec)::value;
+        const size_t bulk = n / V * V;
+        if (bulk)
+            add_kernel<E, V><<<cdiv((long long)(bulk / V), ELT_THREADS), ELT_THREADS, 0, st>>>(
+                out, a, b, bulk);
+        if (bulk < n)
+            add_kernel<E, 1><<<1, ELT_THREADS, 0, st>>>(out + bulk, a + bulk, b + bulk, n - bulk);
+    });
+}
+
 void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n) {
     if (n == 0) return;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        dispatch_vec<E>(0, {out, a, b}, [&](auto vec) {   // flat: the tail goes element-wise
-            constexpr int V = decltype(vec)::value;
-            const size_t bulk = n / V * V;
-            cudaStream_t st = cuda_ctx(be)->stream;
-            if (bulk)
-                add_kernel<E, V><<<cdiv((long long)(bulk / V), ELT_THREADS), ELT_THREADS, 0,
-                                       st>>>((E *)out, (const E *)a, (const E *)b, bulk);
-            if (bulk < n)
-                add_kernel<E, 1><<<1, ELT_THREADS, 0, st>>>((E *)out + bulk, (const E *)a + bulk,
-                                                          (const E *)b + bulk, n - bulk);
-        });
+        add_launch<E>(cuda_ctx(be)->stream, (E *)out, (const E *)a, (const E *)b, n);
     });
     CUDA_CHECK_LAUNCH();
 }
 
-template <typename T> __global__ void convert_from_f32_kernel(T *dst, const float *src, size_t n) {
+void cuda_add_f32(Backend *be, float *acc, const float *x, size_t n) {
+    if (n == 0) return;
+    add_launch<float>(cuda_ctx(be)->stream, acc, acc, x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dst (rows, width; every dst_pitch elements) = src (fp32, every src_pitch elements); n =
+// rows * width.
+template <typename T>
+__global__ void store_f32_kernel(T *dst, size_t dst_pitch, const float *src, size_t src_pitch,
+                                 size_t width, size_t n) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = from_f32<T>(src[i]);
+    if (i >= n) return;
+    const size_t r = i / width, w = i % width;
+    dst[r * dst_pitch + w] = from_f32<T>(src[r * src_pitch + w]);
 }
 
 template <typename T> __global__ void convert_to_f32_kernel(float *dst, const T *src, size_t n) {
@@ -343,14 +359,20 @@ template <typename T> __global__ void convert_to_f32_kernel(float *dst, const T 
     if (i < n) dst[i] = to_f32(src[i]);
 }
 
-void cuda_convert_f32_to(Backend *be, void *dst, const float *src, size_t n) {
+void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, size_t src_pitch,
+                    size_t width, size_t rows) {
+    const size_t n = width * rows;
     if (n == 0) return;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        convert_from_f32_kernel<E><<<cdiv((long long)n, ELT_THREADS), ELT_THREADS, 0,
-                                     cuda_ctx(be)->stream>>>((E *)dst, src, n);
+        store_f32_kernel<E><<<cdiv((long long)n, ELT_THREADS), ELT_THREADS, 0,
+                              cuda_ctx(be)->stream>>>((E *)dst, dst_pitch, src, src_pitch, width, n);
     });
     CUDA_CHECK_LAUNCH();
+}
+
+void cuda_convert_f32_to(Backend *be, void *dst, const float *src, size_t n) {
+    cuda_store_f32(be, dst, n, src, n, n, 1);
 }
 
 void cuda_convert_to_f32(Backend *be, float *dst, const void *src, size_t n) {

@@ -1,8 +1,10 @@
 // GPU attention tests: attn_forward / attn_backward on a CUDA context (flash and naive) against the CPU
 // reference (attn_*_cpu, fp32) and a float64 reference, over odd shapes, GQA, strided fused QKV,
-// windows, ALiBi, documents, dropout, fully masked rows and the deterministic mode, on the
-// kernel family attn_select_kernel picks (a context of kernel auto) and again on a context of
-// kernel sm80; then the context's own refusals, which leave the process running.
+// windows, ALiBi (per head, or per batch row and head), documents, dropout, fully masked rows,
+// causal T_q > T_k and the deterministic mode, and a problem split into chunk pairs as context
+// parallelism's ring runs it (explicit positions, strided LSE, gradients accumulated in fp32),
+// on the kernel family attn_select_kernel picks (a context of kernel auto) and again on a context
+// of kernel sm80; then the context's own refusals, which leave the process running.
 //
 // Tolerance (STYLE.md, after flash-attention's tests): the GPU's error against float64 must stay
 // within 2x the error of a straightforward implementation in the same precision (float64
@@ -106,7 +108,7 @@ typedef struct {
     AttnImpl impl;
     int B, T_q, T_k, NH, NKV, HS;
     int causal, wl, wr;
-    int alibi, docs, fused;  // ALiBi slopes; 3 documents per batch row; fused QKV layout
+    int alibi, docs, fused;  // ALiBi slopes (1: (NH), 2: (B, NH)); 3 documents per row; fused QKV
     float dropout;
     int deterministic;
 } Case;
@@ -163,6 +165,7 @@ static double rnd(DType lowp, double x) { return lowp == DTYPE_F32 ? x : round_t
 
 static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const Buf *v, const Buf *dout,
                           const float *slopes_h, DType lowp, Ref *r) {
+    const int64_t shift = attn_query_shift(p);
     const int G = p->NH / p->NKV, HS = p->HS, Tq = p->T_q, Tk = p->T_k;
     const double ks = p->dropout_p > 0 ? 1.0 / (1.0 - p->dropout_p) : 1.0;
     size_t nkv = (size_t)p->B * Tk * p->NKV * HS;
@@ -177,7 +180,7 @@ static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const
             for (int i = 0; i < Tq; i++) {
                 const float *qi = at(q, b, i, h), *doi = at(dout, b, i, h);
                 double *Pi = P + (size_t)i * Tk, *dSi = DS + (size_t)i * Tk;
-                const int pos = attn_aligned_pos(Tq, Tk, i);
+                const int pos = (int)(i + shift);
                 double mx = -INFINITY;
                 for (int j = 0; j < Tk; j++) {
                     double s = -INFINITY;
@@ -186,7 +189,7 @@ static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const
                         double acc = 0;
                         for (int d = 0; d < HS; d++) acc += (double)qi[d] * kj[d];
                         s = rnd(lowp, acc * p->scale);
-                        if (slopes_h) s += attn_alibi_bias(slopes_h[h], pos, j);
+                        if (slopes_h) s += attn_alibi_bias(slopes_h[b * p->alibi_batch_stride + h], pos, j);
                     }
                     Pi[j] = s;
                     if (s > mx) mx = s;
@@ -307,6 +310,45 @@ static int lse_ok(const float *lse, const double *ref, size_t n, double *worst) 
     return *worst < 1e-4;
 }
 
+// ALiBi slopes into h (NH of them, or (B, NH) with per_batch: each batch row its own) and a
+// device copy (returned).
+static float *make_slopes(float *h, int B, int NH, int per_batch) {
+    const int n = per_batch ? B * NH : NH;
+    for (int i = 0; i < n; i++) h[i] = powf(2.0f, -8.0f * (i % NH + 1) / NH) * (1.0f + 0.5f * (i / NH));
+    float *d;
+    CUDA_OK(cudaMalloc((void **)&d, n * sizeof(float)));
+    CUDA_OK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// The CPU reference's forward and backward of pc (host tensors, lse contiguous); slopes per batch
+// row run one batch row at a time with that row's slopes, so the comparison does not depend on
+// the CPU reading alibi_batch_stride.
+static void cpu_reference(const AttnParams *pc) {
+    if (!pc->alibi_slopes || !pc->alibi_batch_stride) {
+        attn_forward_cpu(pc);
+        attn_backward_cpu(pc);
+        return;
+    }
+    for (int b = 0; b < pc->B; b++) {
+        AttnParams r = *pc;
+        r.B = 1;
+        r.alibi_slopes = pc->alibi_slopes + b * pc->alibi_batch_stride;
+        r.alibi_batch_stride = 0;
+        r.q = (const float *)pc->q + b * pc->q_st.batch;
+        r.k = (const float *)pc->k + b * pc->k_st.batch;
+        r.v = (const float *)pc->v + b * pc->v_st.batch;
+        r.dout = (const float *)pc->dout + b * pc->do_st.batch;
+        r.out = (float *)pc->out + b * pc->o_st.batch;
+        r.dq = (float *)pc->dq + b * pc->dq_st.batch;
+        r.dk = (float *)pc->dk + b * pc->dk_st.batch;
+        r.dv = (float *)pc->dv + b * pc->dv_st.batch;
+        r.lse = pc->lse + (size_t)b * pc->NH * pc->T_q;
+        attn_forward_cpu(&r);
+        attn_backward_cpu(&r);
+    }
+}
+
 static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
     char err[ERR_LEN];
     const int B = c->B, Tq = c->T_q, Tk = c->T_k, NH = c->NH, NKV = c->NKV, HS = c->HS;
@@ -344,13 +386,8 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
         upload(ins[i]->d, ins[i]->h, ins[i]->n, dt);
     }
 
-    float slopes_h[64];
-    float *slopes_d = NULL;
-    if (c->alibi) {
-        for (int h = 0; h < NH; h++) slopes_h[h] = powf(2.0f, -8.0f * (h + 1) / NH);
-        CUDA_OK(cudaMalloc((void **)&slopes_d, NH * sizeof(float)));
-        CUDA_OK(cudaMemcpy(slopes_d, slopes_h, NH * sizeof(float), cudaMemcpyHostToDevice));
-    }
+    float slopes_h[4 * 64];
+    float *slopes_d = c->alibi ? make_slopes(slopes_h, B, NH, c->alibi == 2) : NULL;
     int cu_h[64 * 3 + 1], n_docs = 0;
     int *cu_d = NULL;
     if (c->docs) {  // three documents per row of uneven lengths (the last may be short)
@@ -374,6 +411,11 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
     p.q_st = q.st; p.k_st = k.st; p.v_st = v.st; p.o_st = out.st; p.do_st = dout.st;
     p.dq_st = dq.st; p.dk_st = dk.st; p.dv_st = dv.st;
     p.n_docs = c->docs ? n_docs : 0;
+    p.alibi_batch_stride = c->alibi == 2 ? NH : 0;
+    if (p.causal && Tq > Tk) {  // bottom-right alignment, given as explicit positions
+        p.pos_explicit = 1;
+        p.k_pos0 = Tq - Tk;
+    }
 
     // CPU reference (fp32) on the host copies
     AttnParams pc = p;
@@ -390,10 +432,7 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
     pc.cu_seqlens = c->docs ? cu_h : NULL;
     int cpu_ok = attn_check(&pc, DEVICE_CPU, 1, err, sizeof err) == 0;
     EXPECT(cpu_ok, "%s: CPU reference rejects the case: %s", c->name, err);
-    if (cpu_ok) {
-        attn_forward_cpu(&pc);
-        attn_backward_cpu(&pc);
-    }
+    if (cpu_ok) cpu_reference(&pc);
 
     // float64 and same-precision references
     size_t nq = (size_t)B * Tq * NH * HS, nk = (size_t)B * Tk * NKV * HS, nl = (size_t)B * NH * Tq;
@@ -498,6 +537,174 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
     buf_free(&dout);
 }
 
+// ---- chunk pairs (context parallelism's ring) ---------------------------------------------
+
+// One problem of T queries and T keys split at q_split and k_split into two query chunks and
+// two key chunks, all four pairs run as separate calls.
+typedef struct {
+    const char *name;
+    DType dtype;
+    int B, T, NH, NKV, HS;
+    int causal, wl, wr, alibi;  // alibi as in Case
+    int q_split, k_split;
+    int deterministic;
+} ChunkCase;
+
+// The pair (queries [q0, q1), keys [k0, k1)) of the unsplit problem p: explicit positions, every
+// tensor pointer moved to its chunk's first row (dq, dk, dv fp32, as accumulate reads them), the
+// lse addressed inside p's (B, NH, T) layout through its strides.
+static AttnParams chunk_params(const AttnParams *p, int q0, int q1, int k0, int k1) {
+    AttnParams c = *p;
+    const size_t es = esize(p->dtype);
+    c.pos_explicit = 1;
+    c.q_pos0 = q0;
+    c.k_pos0 = k0;
+    c.T_q = q1 - q0;
+    c.T_k = k1 - k0;
+    c.q = (const char *)p->q + q0 * p->q_st.row * es;
+    c.k = (const char *)p->k + k0 * p->k_st.row * es;
+    c.v = (const char *)p->v + k0 * p->v_st.row * es;
+    c.out = (char *)p->out + q0 * p->o_st.row * es;
+    c.dout = (const char *)p->dout + q0 * p->do_st.row * es;
+    c.dq = (float *)p->dq + q0 * p->dq_st.row;
+    c.dk = (float *)p->dk + k0 * p->dk_st.row;
+    c.dv = (float *)p->dv + k0 * p->dv_st.row;
+    c.lse = p->lse + q0;
+    c.lse_batch_stride = (int64_t)p->NH * p->T_q;
+    c.lse_head_stride = p->T_q;
+    return c;
+}
+
+// Forward over the four pairs (each pair's out into its key chunk's own tensor, its lse into its
+// key chunk's plane of (2, B, NH, T) by the lse strides), merged on the host through the lse;
+// then the backward of every pair with accumulate, from the merged out and lse, adding into fp32
+// dq, dk, dv that start from random values. Merged out and lse and the summed gradients must
+// match the unsplit problem's float64 reference within the bounds of run_case.
+static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
+    char err[ERR_LEN];
+    const int B = c->B, T = c->T, NH = c->NH, NKV = c->NKV, HS = c->HS;
+    const DType dt = c->dtype;
+    const AttnStrides sq = {(int64_t)T * NH * HS, NH * HS, HS}, sk = {(int64_t)T * NKV * HS, NKV * HS, HS};
+    const size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS, nl = (size_t)B * NH * T;
+    Buf q = buf_alloc(nq, sq, dt), k = buf_alloc(nk, sk, dt), v = buf_alloc(nk, sk, dt), dout = buf_alloc(nq, sq, dt);
+    Buf out = buf_alloc(nq, sq, dt), part[2] = {buf_alloc(nq, sq, dt), buf_alloc(nq, sq, dt)};
+    Buf dq = buf_alloc(nq, sq, DTYPE_F32), dk = buf_alloc(nk, sk, DTYPE_F32), dv = buf_alloc(nk, sk, DTYPE_F32);
+    Buf *ins[4] = {&q, &k, &v, &dout}, *grads[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 4; i++) {
+        for (size_t e = 0; e < ins[i]->n; e++) ins[i]->h[e] = round_to(dt, rng_normal(rng));
+        upload(ins[i]->d, ins[i]->h, ins[i]->n, dt);
+    }
+    float slopes_h[4 * 64];
+    float *slopes_d = c->alibi ? make_slopes(slopes_h, B, NH, c->alibi == 2) : NULL;
+
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.B = B; p.T_q = p.T_k = T; p.NH = NH; p.NKV = NKV; p.HS = HS;
+    p.scale = 1.0f / sqrtf((float)HS);
+    p.causal = c->causal; p.window_left = c->wl; p.window_right = c->wr;
+    p.dtype = dt; p.impl = ATTN_IMPL_FLASH; p.deterministic = c->deterministic;
+    p.alibi_batch_stride = c->alibi == 2 ? NH : 0;
+    p.q_st = p.o_st = p.do_st = p.dq_st = sq;
+    p.k_st = p.v_st = p.dk_st = p.dv_st = sk;
+    Ref r64, rlp;
+    Ref *rs[2] = {&r64, &rlp};
+    for (int i = 0; i < 2; i++) {
+        rs[i]->out = malloc(nq * sizeof(double)); rs[i]->dq = malloc(nq * sizeof(double));
+        rs[i]->dk = malloc(nk * sizeof(double)); rs[i]->dv = malloc(nk * sizeof(double));
+        rs[i]->lse = malloc(nl * sizeof(double));
+        ref_attention(&p, &q, &k, &v, &dout, c->alibi ? slopes_h : NULL, i ? dt : DTYPE_F32, rs[i]);
+    }
+
+    const int qb[3] = {0, c->q_split, T}, kb[3] = {0, c->k_split, T};
+    float *lse_d, *lse_parts_d;
+    CUDA_OK(cudaMalloc((void **)&lse_d, nl * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&lse_parts_d, 2 * nl * sizeof(float)));
+    CUDA_OK(cudaMemset(lse_parts_d, 0xFF, 2 * nl * sizeof(float)));  // NaN: every row must be written
+    p.q = q.d; p.k = k.d; p.v = v.d; p.dout = dout.d; p.dq = dq.d; p.dk = dk.d; p.dv = dv.d;
+    p.alibi_slopes = slopes_d;
+    for (int kc = 0; kc < 2; kc++) {
+        CUDA_OK(cudaMemset(part[kc].d, 0xFF, nq * esize(dt)));
+        for (int qc = 0; qc < 2; qc++) {
+            AttnParams pp = p;
+            pp.out = part[kc].d;
+            pp.lse = lse_parts_d + kc * nl;
+            pp = chunk_params(&pp, qb[qc], qb[qc + 1], kb[kc], kb[kc + 1]);
+            EXPECT(attn_forward(ctx, &pp, err, sizeof err) == 0, "%s: forward of chunk pair (%d, %d) refused: %s",
+                   c->name, qc, kc, err);
+        }
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    float *lse_parts = malloc(2 * nl * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    CUDA_OK(cudaMemcpy(lse_parts, lse_parts_d, 2 * nl * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int kc = 0; kc < 2; kc++) download(part[kc].h, part[kc].d, nq, dt);
+    for (int b = 0; b < B; b++)  // the merge of attention.h's attn_merge, in double
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const size_t l = ((size_t)b * NH + h) * T + i;
+                const float l0 = lse_parts[l], l1 = lse_parts[nl + l];
+                const double m = isinf(l0) ? l1 : isinf(l1) ? l0 : fmax(l0, l1);
+                const double w0 = isinf(l0) ? 0 : exp(l0 - m), w1 = isinf(l1) ? 0 : exp(l1 - m);
+                lse[l] = w0 + w1 > 0 ? (float)(m + log(w0 + w1)) : INFINITY;
+                if (isnan(l0) || isnan(l1)) lse[l] = NAN;
+                const float *o0 = at(&part[0], b, i, h), *o1 = at(&part[1], b, i, h);
+                float *o = at(&out, b, i, h);
+                for (int d = 0; d < HS; d++)
+                    o[d] = w0 + w1 > 0 ? (float)((w0 * o0[d] + w1 * o1[d]) / (w0 + w1)) : 0.f;
+            }
+    double lse_err;
+    printf("  %-34s", c->name);
+    const double e_out = err_vs(&out, r64.out, r64.out, B, T, NH, HS), b_out = 2 * err_d(rlp.out, r64.out, nq) + ATOL;
+    printf(" out %.1e/%.1e", e_out, b_out);
+    EXPECT(e_out <= b_out, "%s: merged out error vs float64 %.3e > bound %.3e", c->name, e_out, b_out);
+    EXPECT(lse_ok(lse, r64.lse, nl, &lse_err), "%s: merged LSE wrong or not +inf on a fully masked row (worst %.2e)",
+           c->name, lse_err);
+
+    // backward from the merged out (in the element type) and lse
+    for (size_t e = 0; e < nq; e++) out.h[e] = round_to(dt, out.h[e]);
+    upload(out.d, out.h, nq, dt);
+    CUDA_OK(cudaMemcpy(lse_d, lse, nl * sizeof(float), cudaMemcpyHostToDevice));
+    float *start[3];
+    for (int g = 0; g < 3; g++) {
+        start[g] = malloc(grads[g]->n * sizeof(float));
+        for (size_t e = 0; e < grads[g]->n; e++) start[g][e] = grads[g]->h[e] = rng_normal(rng);
+        upload(grads[g]->d, grads[g]->h, grads[g]->n, DTYPE_F32);
+    }
+    p.out = out.d;
+    p.lse = lse_d;
+    p.accumulate = 1;
+    for (int kc = 0; kc < 2; kc++)
+        for (int qc = 0; qc < 2; qc++) {
+            AttnParams pp = chunk_params(&p, qb[qc], qb[qc + 1], kb[kc], kb[kc + 1]);
+            EXPECT(attn_backward(ctx, &pp, err, sizeof err) == 0, "%s: backward of chunk pair (%d, %d) refused: %s",
+                   c->name, qc, kc, err);
+        }
+    CUDA_OK(cudaDeviceSynchronize());
+    const char *names[3] = {"dq", "dk", "dv"};
+    const double *ref[3] = {r64.dq, r64.dk, r64.dv}, *lowp[3] = {rlp.dq, rlp.dk, rlp.dv};
+    const int Hs[3] = {NH, NKV, NKV};
+    for (int g = 0; g < 3; g++) {
+        download(grads[g]->h, grads[g]->d, grads[g]->n, DTYPE_F32);
+        for (size_t e = 0; e < grads[g]->n; e++) grads[g]->h[e] -= start[g][e];  // this call's share
+        const double e_gpu = err_vs(grads[g], ref[g], ref[g], B, T, Hs[g], HS);
+        const double bound = 2 * err_d(lowp[g], ref[g], g ? nk : nq) + ATOL;
+        printf(" %s %.1e/%.1e", names[g], e_gpu, bound);
+        EXPECT(e_gpu <= bound, "%s: summed %s error vs float64 %.3e > bound %.3e", c->name, names[g], e_gpu, bound);
+        free(start[g]);
+    }
+    printf(" lse %.1e\n", lse_err);
+
+    free(lse_parts);
+    free(lse);
+    for (int i = 0; i < 2; i++) {
+        free(rs[i]->out); free(rs[i]->dq); free(rs[i]->dk); free(rs[i]->dv); free(rs[i]->lse);
+    }
+    CUDA_OK(cudaFree(lse_d));
+    CUDA_OK(cudaFree(lse_parts_d));
+    if (slopes_d) CUDA_OK(cudaFree(slopes_d));
+    Buf *all[10] = {&q, &k, &v, &dout, &out, &part[0], &part[1], &dq, &dk, &dv};
+    for (int i = 0; i < 10; i++) buf_free(all[i]);
+}
+
 // Dropout statistics: the keep rate of attn_dropout_keep (the rule the kernels share, and which
 // the CPU comparison above shows they follow) is 1 - p within 5 standard deviations.
 static void test_dropout_stats(void) {
@@ -590,6 +797,22 @@ int main(int argc, char **argv) {
         {"naive fp16 hs128 T=97 drop+alibi", FP, NV, 1, 97, 97, 2, 2, 128, 0, -1, -1, 1, 0, 0, 0.2f, 0},
         {"naive fp32 hs64 causal T=100", DTYPE_F32, NV, 1, 100, 100, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
         {"naive bf16 hs64 window+docs", BF, NV, 2, 120, 120, 2, 2, 64, 1, 20, 0, 0, 1, 0, 0, 0},
+        {"bf16 hs64 GQA 4/2 causal Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
+        {"fp16 hs128 GQA 4/1 causal Tq=200 Tk=70 win 30/0", FP, FL, 1, 200, 70, 4, 1, 128, 1, 30, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal Tq=257 Tk=129 win 40/10 det", BF, FL, 2, 257, 129, 2, 2, 64, 1, 40, 10, 0, 0, 0, 0, 1},
+        {"bf16 hs64 alibi per batch row causal", BF, FL, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0},
+        {"fp16 hs128 alibi per batch row det", FP, FL, 2, 100, 100, 2, 2, 128, 0, 20, 20, 2, 0, 0, 0, 1},
+    };
+    // name, dtype, B, T, NH, NKV, HS, causal, wl, wr, alibi, q_split, k_split, det
+    const ChunkCase chunk_cases[] = {
+        {"chunks bf16 hs64 causal GQA", BF, 2, 300, 4, 2, 64, 1, -1, -1, 0, 170, 70, 0},
+        {"chunks fp16 hs128 causal window 50/0", FP, 1, 257, 2, 1, 128, 1, 50, 0, 0, 100, 190, 0},
+        {"chunks bf16 hs64 full window 30/30", BF, 1, 200, 2, 2, 64, 0, 30, 30, 0, 64, 137, 0},
+        {"chunks bf16 hs64 causal alibi per row", BF, 2, 160, 2, 2, 64, 1, -1, -1, 2, 97, 33, 0},
+        {"chunks bf16 hs128 causal deterministic", BF, 1, 230, 2, 2, 128, 1, -1, -1, 1, 129, 100, 1},
+    };
+    const ChunkCase quick_chunks[] = {
+        {"quick chunks bf16 hs64 causal", BF, 1, 100, 2, 1, 64, 1, -1, -1, 0, 60, 30, 0},
     };
     const Case *list = quick ? quick_cases : cases;
     const int n = quick ? (int)(sizeof quick_cases / sizeof *quick_cases) : (int)(sizeof cases / sizeof *cases);
@@ -605,6 +828,14 @@ int main(int argc, char **argv) {
             char name[160];
             snprintf(name, sizeof name, "%s%s", fam ? "[sm80] " : "", list[i].name);
             TEST_CASE(name, run_case(ctxs[fam], &list[i], &rng));
+        }
+        const ChunkCase *chunks = quick ? quick_chunks : chunk_cases;
+        const int n_chunks = quick ? (int)(sizeof quick_chunks / sizeof *quick_chunks)
+                                   : (int)(sizeof chunk_cases / sizeof *chunk_cases);
+        for (int i = 0; i < n_chunks; i++) {
+            char name[160];
+            snprintf(name, sizeof name, "%s%s", fam ? "[sm80] " : "", chunks[i].name);
+            TEST_CASE(name, run_chunks(ctxs[fam], &chunks[i], &rng));
         }
     }
     TEST_CASE("refusals return a status and leave the process running", test_refusals(ctxs[0]));
