@@ -55,7 +55,9 @@ typedef struct {
 
     // --- masking ---
     // Query i (0-based in T_q) is aligned to key position i + (T_k - T_q) ("bottom-right"
-    // alignment, as in flash-attention), so causal with T_q == T_k is the usual lower triangle.
+    // alignment, as in flash-attention), so causal with T_q == T_k is the usual lower triangle;
+    // causal with T_q > T_k leaves the first T_q - T_k queries without a visible key (output 0,
+    // lse +INFINITY, dq 0), as every other fully masked row.
     // With pos_explicit, query i sits at position q_pos0 + i and key j at k_pos0 + j instead: a
     // chunk of queries against a chunk of keys of one longer sequence (context parallelism).
     // Causal, window and ALiBi then compare these positions; any T_q, T_k is accepted, and a
@@ -112,7 +114,9 @@ void attn_context_destroy(AttnContext *ctx);
 // Forward (out, lse) and backward (dq, dk, dv; needs out and lse from the forward) of p on the
 // context's device: one validation (attn_check), then the kernel. Asynchronous on the stream.
 // Return 0, or -1 with err naming the parameter (HS, T_q, window_left, impl, dtype, ...) and
-// what is accepted; callers add what those are in their own terms. The process keeps running.
+// what is accepted; callers add what those are in their own terms. A CUDA launch, cuBLAS or
+// allocation failure returns -1 with CUDA's message the same way. No entry point of this header
+// prints or ends the process.
 int attn_forward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 
@@ -125,6 +129,10 @@ void attn_fused_qkv(AttnParams *p, const void *qkv, void *out, int B, int T, int
 // The gradients in the same layout (after attn_fused_qkv): dq, dk, dv into dqkv, dout like out.
 void attn_fused_qkv_grads(AttnParams *p, void *dqkv, const void *dout, size_t elem_bytes);
 
+// sizeof(AttnParams) in this build, for mirrors of the struct in other languages (ctypes) to
+// check their layout against.
+size_t attn_params_size(void);
+
 // Validates the params for `dev` (and for backward when `backward` is set). Returns 0 when they
 // are acceptable, otherwise writes a message a user can act on into err and returns -1.
 int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t errlen);
@@ -133,7 +141,8 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
 // Flash implementations need O(B*NH*T); naive needs O(B*NH*T_q*T_k).
 size_t attn_workspace_bytes(const AttnParams *p, Device dev);
 // Whether the problem runs the materialised (naive) path on dev: impl naive, or fp32 on CUDA,
-// which has no tensor-core flash kernel.
+// which has no tensor-core flash kernel. On CUDA, attn_check refuses softcap for the flash
+// kernels (so far the one feature of this struct they lack).
 int attn_runs_naive(const AttnParams *p, Device dev);
 
 // The CPU reference itself (fp32), on params attn_check accepted: what attn_forward runs on a

@@ -24,7 +24,11 @@ AttnContext *attn_context_create(Device dev, void *stream, AttnKernel kernel, ch
         set_error(err, errlen, "attention: unknown kernel family %d: use auto, sm90 or sm80", (int)kernel);
         return NULL;
     }
-    AttnContext *ctx = xcalloc(1, sizeof *ctx);
+    AttnContext *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        set_error(err, errlen, "attention: out of memory for a context");
+        return NULL;
+    }
     ctx->device = dev;
     if (dev == DEVICE_CUDA) {
 #ifdef FLASHGPT_CUDA

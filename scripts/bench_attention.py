@@ -52,10 +52,13 @@ class Strides(C.Structure):
     _fields_ = [("batch", C.c_int64), ("row", C.c_int64), ("head", C.c_int64)]
 
 
-def params_type(ring):
+def params_type(ring, softcap=False):
     """attention/attention.h's AttnParams, field for field; ring=False: the layout of builds from
     before context parallelism added the lse strides, accumulate and explicit positions (told
-    apart by their lack of attn_merge), so --ab still loads them."""
+    apart by their lack of attn_merge); softcap=False: builds from before softcap and
+    alibi_batch_stride (told apart by their lack of attn_params_size), so --ab still loads them."""
+    cap = [("softcap", C.c_float)] if softcap else []
+    slope_stride = [("alibi_batch_stride", C.c_int64)] if softcap else []
     ring_lse = [("lse_batch_stride", C.c_int64), ("lse_head_stride", C.c_int64)] if ring else []
     ring_acc = [("accumulate", C.c_int)] if ring else []
     ring_pos = [("pos_explicit", C.c_int), ("q_pos0", C.c_int64), ("k_pos0", C.c_int64)] if ring else []
@@ -70,15 +73,17 @@ def params_type(ring):
         ("scale", C.c_float),
         ("causal", C.c_int), *ring_pos,
         ("window_left", C.c_int), ("window_right", C.c_int),
-        ("alibi_slopes", C.c_void_p), ("cu_seqlens", C.c_void_p), ("n_docs", C.c_int),
+        *cap, ("alibi_slopes", C.c_void_p), *slope_stride, ("cu_seqlens", C.c_void_p), ("n_docs", C.c_int),
         ("dropout_p", C.c_float), ("seed", C.c_uint64), ("offset", C.c_uint64),
         ("dtype", C.c_int), ("impl", C.c_int), ("deterministic", C.c_int),
         ("stream", C.c_void_p), ("workspace", C.c_void_p), ("workspace_bytes", C.c_size_t),
     ]
-    return type("AttnParams" if ring else "AttnParamsBeforeRing", (C.Structure,), {"_fields_": fields})
+    name = "AttnParams" if softcap else "AttnParamsBeforeSoftcap" if ring else "AttnParamsBeforeRing"
+    return type(name, (C.Structure,), {"_fields_": fields})
 
 
-AttnParams, AttnParamsBeforeRing = params_type(True), params_type(False)
+AttnParams = params_type(True, True)
+AttnParamsBeforeSoftcap, AttnParamsBeforeRing = params_type(True), params_type(False)
 
 
 def strides(t):  # (B, T, H, D) tensor -> element strides
@@ -92,7 +97,14 @@ class Ours:
         # RTLD_LOCAL: a second build loaded beside this one (--ab) keeps its own symbols.
         self.path = lib_path
         self.lib = C.CDLL(os.path.abspath(lib_path), mode=os.RTLD_LOCAL)
-        self.P = AttnParams if hasattr(self.lib, "attn_merge") else AttnParamsBeforeRing
+        if hasattr(self.lib, "attn_params_size"):
+            self.P = AttnParams
+            self.lib.attn_params_size.restype = C.c_size_t
+            if self.lib.attn_params_size() != C.sizeof(AttnParams):
+                raise RuntimeError(f"{lib_path}: its AttnParams has {self.lib.attn_params_size()} bytes, "
+                                   f"this script's mirror {C.sizeof(AttnParams)}: update the mirror")
+        else:
+            self.P = AttnParamsBeforeSoftcap if hasattr(self.lib, "attn_merge") else AttnParamsBeforeRing
         self.lib.attn_workspace_bytes.restype = C.c_size_t
         self.lib.attn_workspace_bytes.argtypes = [C.POINTER(self.P), C.c_int]
         self.ctx = None

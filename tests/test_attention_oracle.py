@@ -70,6 +70,7 @@ def lib(tmp_path_factory):
     lib.attn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
                                ctypes.c_size_t]
     lib.attn_check.restype = ctypes.c_int
+    lib.attn_params_size.restype = ctypes.c_size_t
     lib.attn_forward_cpu.argtypes = [ctypes.POINTER(AttnParams)]
     lib.attn_backward_cpu.argtypes = [ctypes.POINTER(AttnParams)]
     return lib
@@ -255,8 +256,9 @@ def test_against_torch(lib, case, impl):
 
 
 def test_params_layout_matches_header(lib):
-    """The ctypes mirror of AttnParams is laid out like the C struct: attn_check reads fields at
-    the ends of the struct back as this test set them."""
+    """The ctypes mirror of AttnParams is laid out like the C struct: it has the struct's size,
+    and attn_check reads fields at the ends of the struct back as this test set them."""
+    assert ctypes.sizeof(AttnParams) == lib.attn_params_size()
     p = AttnParams()
     p.B, p.T_q, p.T_k, p.NH, p.NKV, p.HS, p.scale = 1, 4, 4, 6, 4, 8, 0.5
     err = ctypes.create_string_buffer(256)
