@@ -147,14 +147,15 @@ int attn_runs_naive(const AttnParams *p, Device dev);
 
 // The CPU reference itself (fp32), on params attn_check accepted: what attn_forward runs on a
 // CPU context, and what the oracle tests drive directly. impl picks the tiled flash version or
-// the materialised naive one.
-void attn_forward_cpu(const AttnParams *p);
+// the materialised naive one. Returns 0, or -1 when the per-thread scratch memory (naive:
+// T_q * T_k floats, twice in backward) cannot be allocated; the outputs are then incomplete.
+int attn_forward_cpu(const AttnParams *p);
 // Needs out and lse from the forward. The flash backward is exact for any subset of the keys as
 // long as out and lse are those of the attention over ALL keys (D = rowsum(dO * O) and P =
 // exp(S - lse) then are the full softmax's): a ring of key chunks runs it once per chunk with
 // accumulate. The naive backward recomputes its softmax over the keys it is given, so it
 // refuses accumulate.
-void attn_backward_cpu(const AttnParams *p);
+int attn_backward_cpu(const AttnParams *p);
 
 // Partial results over disjoint key sets of the same queries combine exactly through their
 // log-sum-exp: acc's out and lse (B, T_q, NH, HS and B, NH, T_q, by their strides) become those

@@ -11,12 +11,12 @@
 // Every sum runs in a fixed order that does not depend on the tensors' strides or on the thread
 // count, so results are bitwise reproducible and equal for contiguous and fused QKV layouts.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/attention.h"
 #include "attention/attention_cpu.h"
 #include "attention/mask.h"
-#include "common/check.h"
 
 // Tile shape: 64 x 64 fp32 scores are 16 KiB and a (64, HS <= 128) K^T tile 32 KiB, so one tile
 // of each stays in L2 while the query rows stream past.
@@ -34,18 +34,18 @@ typedef struct {
     float *m, *l;  // (BR) running max and sum (forward)
 } FlashScratch;
 
-static FlashScratch scratch_alloc(int HS) {
-    FlashScratch w;
-    w.kt = xmalloc(sizeof(float) * HS * FLASH_BC);
-    w.vt = xmalloc(sizeof(float) * HS * FLASH_BC);
-    w.s = xmalloc(sizeof(float) * FLASH_BR * FLASH_BC);
-    w.dp = xmalloc(sizeof(float) * FLASH_BR * FLASH_BC);
-    w.acc = xmalloc(sizeof(float) * (FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC) * HS);
-    w.dv = xmalloc(sizeof(float) * FLASH_BC * HS);
-    w.dcap = xmalloc(sizeof(float) * FLASH_BR * FLASH_BC);
-    w.m = xmalloc(sizeof(float) * FLASH_BR);
-    w.l = xmalloc(sizeof(float) * FLASH_BR);
-    return w;
+// Returns 0, or -1 when an allocation failed (scratch_free still frees the rest).
+static int scratch_alloc(FlashScratch *w, int HS) {
+    w->kt = malloc(sizeof(float) * HS * FLASH_BC);
+    w->vt = malloc(sizeof(float) * HS * FLASH_BC);
+    w->s = malloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w->dp = malloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w->acc = malloc(sizeof(float) * (FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC) * HS);
+    w->dv = malloc(sizeof(float) * FLASH_BC * HS);
+    w->dcap = malloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w->m = malloc(sizeof(float) * FLASH_BR);
+    w->l = malloc(sizeof(float) * FLASH_BR);
+    return w->kt && w->vt && w->s && w->dp && w->acc && w->dv && w->dcap && w->m && w->l ? 0 : -1;
 }
 
 static void scratch_free(FlashScratch *w) {
@@ -218,17 +218,22 @@ static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int
     }
 }
 
-void attn_cpu_flash_forward(const AttnParams *p) {
+// A thread whose scratch allocation fails skips its share of the work, and the call returns -1.
+int attn_cpu_flash_forward(const AttnParams *p) {
     const int n_qt = (p->T_q + FLASH_BR - 1) / FLASH_BR;
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        FlashScratch w = scratch_alloc(p->HS);
+        FlashScratch w;
+        failed = scratch_alloc(&w, p->HS) != 0;
 #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
             for (int h = 0; h < p->NH; h++)
-                for (int t = 0; t < n_qt; t++) forward_tile(p, &w, b, h, t * FLASH_BR);
+                for (int t = 0; t < n_qt; t++)
+                    if (!failed) forward_tile(p, &w, b, h, t * FLASH_BR);
         scratch_free(&w);
     }
+    return failed ? -1 : 0;
 }
 
 // Per (b, kv head g): per-row state shared by every key tile.
@@ -330,17 +335,22 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
     }
 }
 
-void attn_cpu_flash_backward(const AttnParams *p) {
+int attn_cpu_flash_backward(const AttnParams *p) {
     const int group = p->NH / p->NKV, n_qt = (p->T_q + FLASH_BR - 1) / FLASH_BR;
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        FlashScratch w = scratch_alloc(p->HS);
-        BackwardRows rows = {xmalloc(sizeof(AttnKeyRange) * p->T_q), xmalloc(sizeof(AttnKeyRange) * n_qt),
-                             xmalloc(sizeof(float) * (size_t)group * p->T_q)};
+        FlashScratch w;
+        failed = scratch_alloc(&w, p->HS) != 0;
+        BackwardRows rows = {malloc(sizeof(AttnKeyRange) * p->T_q), malloc(sizeof(AttnKeyRange) * n_qt),
+                             malloc(sizeof(float) * (size_t)group * p->T_q)};
+        failed = failed || !rows.rng || !rows.tiles || !rows.D;
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
-            for (int g = 0; g < p->NKV; g++) backward_kv_head(p, &w, &rows, b, g);
+            for (int g = 0; g < p->NKV; g++)
+                if (!failed) backward_kv_head(p, &w, &rows, b, g);
         free(rows.rng); free(rows.tiles); free(rows.D);
         scratch_free(&w);
     }
+    return failed ? -1 : 0;
 }

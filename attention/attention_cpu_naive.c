@@ -3,12 +3,12 @@
 // against; its backward recomputes the softmax from the scores and uses the textbook softmax
 // gradient dS = P * (dP - rowsum(P * dP)), independent of the flash D = rowsum(dO * O) identity.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/attention.h"
 #include "attention/attention_cpu.h"
 #include "attention/mask.h"
-#include "common/check.h"
 
 static float dot(const float *a, const float *b, int n) {
     float s = 0.0f;
@@ -84,15 +84,19 @@ static void forward_head(const AttnParams *p, float *P, int b, int h) {
     }
 }
 
-void attn_cpu_naive_forward(const AttnParams *p) {
-#pragma omp parallel
+int attn_cpu_naive_forward(const AttnParams *p) {
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        float *P = xmalloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
+        float *P = malloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
+        failed = !P;  // this thread's rows are skipped; the caller reports the failure
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
-            for (int h = 0; h < p->NH; h++) forward_head(p, P, b, h);
+            for (int h = 0; h < p->NH; h++)
+                if (P) forward_head(p, P, b, h);
         free(P);
     }
+    return failed ? -1 : 0;
 }
 
 // Gradients of query head h of kv head g; dK, dV of (b, g) accumulate (zeroed by the caller).
@@ -133,16 +137,19 @@ static void backward_head(const AttnParams *p, float *P, float *dP, float *lse, 
     }
 }
 
-void attn_cpu_naive_backward(const AttnParams *p) {
+int attn_cpu_naive_backward(const AttnParams *p) {
     const int group = p->NH / p->NKV;
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        float *P = xmalloc(sizeof(float) * (size_t)p->T_q * p->T_k);   // (T_q, T_k)
-        float *dP = xmalloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
-        float *lse = xmalloc(sizeof(float) * p->T_q);                  // (T_q) recomputed
+        float *P = malloc(sizeof(float) * (size_t)p->T_q * p->T_k);   // (T_q, T_k)
+        float *dP = malloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
+        float *lse = malloc(sizeof(float) * p->T_q);                  // (T_q) recomputed
+        failed = !P || !dP || !lse;
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
             for (int g = 0; g < p->NKV; g++) {
+                if (failed) continue;
                 for (int j = 0; j < p->T_k && !p->accumulate; j++) {
                     memset(attn_cpu_row_mut(p->dk, p->dk_st, b, j, g), 0, sizeof(float) * p->HS);
                     memset(attn_cpu_row_mut(p->dv, p->dv_st, b, j, g), 0, sizeof(float) * p->HS);
@@ -151,4 +158,5 @@ void attn_cpu_naive_backward(const AttnParams *p) {
             }
         free(P); free(dP); free(lse);
     }
+    return failed ? -1 : 0;
 }
