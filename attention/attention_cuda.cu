@@ -49,8 +49,9 @@ struct AttnGpu {
 // Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family unless
 // the context asked for sm80; ALiBi, dropout and the deterministic backward stay on the sm80
 // family. fp32 (no tensor-core flash kernel) and impl naive run the materialised version
-// (attn_runs_naive; attn_check has refused the features the flash kernels lack). Only the sm90 forward's tile depends on T (fwd_wgs); causality changes no
-// tile (flash_tiles.cuh documents why). Returns -1 with a message when nothing fits.
+// (attn_runs_naive; attn_check has refused the features the flash kernels lack). Only the sm90
+// forward's tile depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents
+// why). Returns -1 with a message when nothing fits.
 static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backward, AttnKernelChoice *c,
                               char *err, size_t errlen) {
     c->hs = p.HS;
@@ -246,7 +247,8 @@ static int attach_workspace(AttnGpu *g, AttnParams *p, char *err, size_t errlen)
     if (p->workspace) return 0;   // attn_check accepted its size
     if (need > g->ws_bytes) {
         cudaError_t e = cudaStreamSynchronize(g->stream);
-        if (e != cudaSuccess) return cuda_failed(e, "waiting for the stream before growing the workspace", err, errlen);
+        if (e != cudaSuccess)
+            return cuda_failed(e, "waiting for the stream before growing the workspace", err, errlen);
         e = cudaFree(g->ws);
         if (e != cudaSuccess) return cuda_failed(e, "freeing the old workspace", err, errlen);
         g->ws = NULL;
@@ -297,7 +299,7 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
     else sm80_dispatch(run, c, backward);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
-        return cuda_failed(e, c.family == FAMILY_SM90 ? "the sm90 flash kernels' launch" : "the sm80 flash kernels' launch",
-                           err, errlen);
+        return cuda_failed(e, c.family == FAMILY_SM90 ? "the sm90 flash kernels' launch"
+                                                      : "the sm80 flash kernels' launch", err, errlen);
     return 0;
 }

@@ -601,12 +601,16 @@ static void test_deterministic(void) {
 // ---------------------------------------------------------------------------------------------
 // attn_check's bad-input paths: each rejected with a message naming the problem.
 
+// rc (of a call that wrote err) is -1 and the message mentions needle.
+static void expect_refused(int rc, const char *err, const char *needle, const char *what) {
+    EXPECT(rc == -1 && strstr(err, needle) != NULL, "%s: rc %d, message '%s' should mention '%s'", what, rc,
+           err, needle);
+}
+
 static void expect_rejected(const AttnParams *p, Device dev, int backward, const char *needle,
                             const char *what) {
     char err[256] = "";
-    int rc = attn_check(p, dev, backward, err, sizeof err);
-    EXPECT(rc == -1 && strstr(err, needle) != NULL, "%s: rc %d, message '%s' should mention '%s'", what, rc,
-           err, needle);
+    expect_refused(attn_check(p, dev, backward, err, sizeof err), err, needle, what);
 }
 
 static void test_check_bad_inputs(void) {
@@ -733,11 +737,6 @@ static void test_check_bad_inputs(void) {
 // ---------------------------------------------------------------------------------------------
 // The entry points of attention.h as a library sees them: refused requests come back as a status
 // with a message, and the process (this test) keeps running and computing afterwards.
-
-static void expect_refused(int rc, const char *err, const char *needle, const char *what) {
-    EXPECT(rc == -1 && strstr(err, needle) != NULL, "%s: rc %d, message '%s' should mention '%s'", what, rc,
-           err, needle);
-}
 
 static void test_refusals_return(void) {
     Shape s = {1, 24, 17, 2, 1, 16, 1, -1, -1, 0, 0, 0};
