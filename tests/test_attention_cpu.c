@@ -678,7 +678,7 @@ static void test_check_bad_inputs(void) {
     EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "padded slope stride rejected: %s", err);
     p.alibi_slopes = NULL;
     expect_rejected(&p, DEVICE_CPU, 0, "alibi_slopes is NULL", "slope stride without slopes");
-    p = good; p.cu_seqlens = NULL; p.T_q = 20;  // bottom-right: queries 0..3 see no key
+    p = good; p.cu_seqlens = NULL; p.T_k = 12;  // bottom-right: queries 0..3 see no key
     EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "causal T_q > T_k rejected: %s", err);
     p = good; p.dropout_p = 1.0f;
     expect_rejected(&p, DEVICE_CPU, 0, "dropout", "dropout 1");

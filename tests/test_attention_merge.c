@@ -278,8 +278,8 @@ static void test_refusals(void) {
     float x[4] __attribute__((aligned(16))) = {0};
     AttnParams p = problem(&c, x, x, x, 0, TK, x, x, NULL);
     char err[512];
-    EXPECT(attn_check(&p, DEVICE_CUDA, 0, err, sizeof err) != 0 && strstr(err, "cpu only"),
-           "cuda must refuse explicit positions: %s", err);
+    EXPECT(attn_check(&p, DEVICE_CUDA, 0, err, sizeof err) != 0 && strstr(err, "materialised path"),
+           "cuda's materialised path (fp32) must refuse explicit positions: %s", err);
     p.pos_explicit = 0;
     p.accumulate = 1;
     p.impl = ATTN_IMPL_NAIVE;
