@@ -55,7 +55,9 @@ typedef struct {
 
     // --- masking ---
     // Query i (0-based in T_q) is aligned to key position i + (T_k - T_q) ("bottom-right"
-    // alignment, as in flash-attention), so causal with T_q == T_k is the usual lower triangle.
+    // alignment, as in flash-attention), so causal with T_q == T_k is the usual lower triangle;
+    // causal with T_q > T_k leaves the first T_q - T_k queries without a visible key (output 0,
+    // lse +INFINITY, dq 0), as every other fully masked row.
     // With pos_explicit, query i sits at position q_pos0 + i and key j at k_pos0 + j instead: a
     // chunk of queries against a chunk of keys of one longer sequence (context parallelism).
     // Causal, window and ALiBi then compare these positions; any T_q, T_k is accepted, and a
@@ -65,8 +67,10 @@ typedef struct {
     int64_t q_pos0, k_pos0;
     int window_left, window_right;  // key j is visible to aligned query position p only if
                                     // p - window_left <= j <= p + window_right; -1 = unbounded
-    const float *alibi_slopes;      // (NH), or (B, NH) by alibi_batch_stride (last in the struct),
-                                    // or NULL: adds -slope * |p - j| to each score
+    // ALiBi: adds -slope * |p - j| to each (capped) score. alibi_slopes is NULL (off), or (NH)
+    // slopes shared by every batch row when alibi_batch_stride (below) is 0, or (B, NH) slopes
+    // with row b's at alibi_slopes + b * alibi_batch_stride (any stride >= NH).
+    const float *alibi_slopes;
     // Packed documents (requires T_q == T_k): cu_seqlens[0..n_docs] are cumulative offsets over
     // the flattened (B*T) token index, starting at 0 and ending at B*T; a document never crosses
     // a batch row (row starts must appear in the list). Tokens attend only inside their document.
@@ -88,9 +92,13 @@ typedef struct {
     void *workspace;
     size_t workspace_bytes;
 
-    // --- masking, continued: last, so that the layout before it stays that of earlier builds
-    // (scripts/bench_attention.py drives both) ---
-    int64_t alibi_batch_stride;     // 0: slopes (NH) shared by every batch row; NH: (B, NH)
+    // --- masking, continued: last, so that the layout before them stays that of earlier builds
+    // (scripts/bench_attention.py --ab drives both) ---
+    int64_t alibi_batch_stride;     // 0: slopes (NH) shared by every batch row; >= NH: (B, NH)
+    // Soft-capping of the logits (Gemma 2, flash-attn 2.6+): 0 = off; > 0: each scaled score s
+    // becomes softcap * tanh(s / softcap), and only then are ALiBi added and masks applied (the
+    // order flash-attn uses). Forward and backward.
+    float softcap;
 } AttnParams;
 
 // ---- the context: made once per backend (device, stream, kernel family) ----
@@ -109,7 +117,9 @@ void attn_context_destroy(AttnContext *ctx);
 // Forward (out, lse) and backward (dq, dk, dv; needs out and lse from the forward) of p on the
 // context's device: one validation (attn_check), then the kernel. Asynchronous on the stream.
 // Return 0, or -1 with err naming the parameter (HS, T_q, window_left, impl, dtype, ...) and
-// what is accepted; callers add what those are in their own terms. The process keeps running.
+// what is accepted; callers add what those are in their own terms. A CUDA launch, cuBLAS or
+// allocation failure returns -1 with CUDA's message the same way. No entry point of this header
+// prints or ends the process.
 int attn_forward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 
@@ -122,6 +132,10 @@ void attn_fused_qkv(AttnParams *p, const void *qkv, void *out, int B, int T, int
 // The gradients in the same layout (after attn_fused_qkv): dq, dk, dv into dqkv, dout like out.
 void attn_fused_qkv_grads(AttnParams *p, void *dqkv, const void *dout, size_t elem_bytes);
 
+// sizeof(AttnParams) in this build, for mirrors of the struct in other languages (ctypes) to
+// check their layout against.
+size_t attn_params_size(void);
+
 // Validates the params for `dev` (and for backward when `backward` is set). Returns 0 when they
 // are acceptable, otherwise writes a message a user can act on into err and returns -1.
 int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t errlen);
@@ -130,19 +144,21 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
 // Flash implementations need O(B*NH*T); naive needs O(B*NH*T_q*T_k).
 size_t attn_workspace_bytes(const AttnParams *p, Device dev);
 // Whether the problem runs the materialised (naive) path on dev: impl naive, or fp32 on CUDA,
-// which has no tensor-core flash kernel.
+// which has no tensor-core flash kernel. On CUDA, attn_check refuses softcap for the flash
+// kernels (so far the one feature of this struct they lack).
 int attn_runs_naive(const AttnParams *p, Device dev);
 
 // The CPU reference itself (fp32), on params attn_check accepted: what attn_forward runs on a
 // CPU context, and what the oracle tests drive directly. impl picks the tiled flash version or
-// the materialised naive one.
-void attn_forward_cpu(const AttnParams *p);
+// the materialised naive one. Returns 0, or -1 when the per-thread scratch memory (naive:
+// T_q * T_k floats, twice in backward) cannot be allocated; the outputs are then incomplete.
+int attn_forward_cpu(const AttnParams *p);
 // Needs out and lse from the forward. The flash backward is exact for any subset of the keys as
 // long as out and lse are those of the attention over ALL keys (D = rowsum(dO * O) and P =
 // exp(S - lse) then are the full softmax's): a ring of key chunks runs it once per chunk with
 // accumulate. The naive backward recomputes its softmax over the keys it is given, so it
 // refuses accumulate.
-void attn_backward_cpu(const AttnParams *p);
+int attn_backward_cpu(const AttnParams *p);
 
 // Partial results over disjoint key sets of the same queries combine exactly through their
 // log-sum-exp: acc's out and lse (B, T_q, NH, HS and B, NH, T_q, by their strides) become those

@@ -15,8 +15,9 @@ static inline float *attn_cpu_row_mut(void *base, AttnStrides st, int b, int t, 
 static inline float attn_cpu_keep_scale(const AttnParams *p) { return 1.0f / (1.0f - p->dropout_p); }
 
 // FlashAttention-2 on the CPU: tiled, online softmax, O(T) extra memory per (b, h).
-void attn_cpu_flash_forward(const AttnParams *p);
-void attn_cpu_flash_backward(const AttnParams *p);
+// Each returns 0, or -1 when a thread's scratch memory could not be allocated.
+int attn_cpu_flash_forward(const AttnParams *p);
+int attn_cpu_flash_backward(const AttnParams *p);
 // The materialised (T_q, T_k) score matrix per (b, h): the simple reference.
-void attn_cpu_naive_forward(const AttnParams *p);
-void attn_cpu_naive_backward(const AttnParams *p);
+int attn_cpu_naive_forward(const AttnParams *p);
+int attn_cpu_naive_backward(const AttnParams *p);

@@ -11,12 +11,12 @@
 // Every sum runs in a fixed order that does not depend on the tensors' strides or on the thread
 // count, so results are bitwise reproducible and equal for contiguous and fused QKV layouts.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/attention.h"
 #include "attention/attention_cpu.h"
 #include "attention/mask.h"
-#include "common/check.h"
 
 // Tile shape: 64 x 64 fp32 scores are 16 KiB and a (64, HS <= 128) K^T tile 32 KiB, so one tile
 // of each stays in L2 while the query rows stream past.
@@ -30,24 +30,26 @@ typedef struct {
     float *dp;   // (BR, BC) dP, then dS (backward)
     float *acc;  // (BR, HS) forward output accumulator; (BC, HS) dK accumulator in backward
     float *dv;   // (BC, HS) dV accumulator (backward)
+    float *dcap; // (BR, BC) the soft-cap's derivative at each score (backward with softcap)
     float *m, *l;  // (BR) running max and sum (forward)
 } FlashScratch;
 
-static FlashScratch scratch_alloc(int HS) {
-    FlashScratch w;
-    w.kt = xmalloc(sizeof(float) * HS * FLASH_BC);
-    w.vt = xmalloc(sizeof(float) * HS * FLASH_BC);
-    w.s = xmalloc(sizeof(float) * FLASH_BR * FLASH_BC);
-    w.dp = xmalloc(sizeof(float) * FLASH_BR * FLASH_BC);
-    w.acc = xmalloc(sizeof(float) * (FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC) * HS);
-    w.dv = xmalloc(sizeof(float) * FLASH_BC * HS);
-    w.m = xmalloc(sizeof(float) * FLASH_BR);
-    w.l = xmalloc(sizeof(float) * FLASH_BR);
-    return w;
+// Returns 0, or -1 when an allocation failed (scratch_free still frees the rest).
+static int scratch_alloc(FlashScratch *w, int HS) {
+    w->kt = malloc(sizeof(float) * HS * FLASH_BC);
+    w->vt = malloc(sizeof(float) * HS * FLASH_BC);
+    w->s = malloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w->dp = malloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w->acc = malloc(sizeof(float) * (FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC) * HS);
+    w->dv = malloc(sizeof(float) * FLASH_BC * HS);
+    w->dcap = malloc(sizeof(float) * FLASH_BR * FLASH_BC);
+    w->m = malloc(sizeof(float) * FLASH_BR);
+    w->l = malloc(sizeof(float) * FLASH_BR);
+    return w->kt && w->vt && w->s && w->dp && w->acc && w->dv && w->dcap && w->m && w->l ? 0 : -1;
 }
 
 static void scratch_free(FlashScratch *w) {
-    free(w->kt); free(w->vt); free(w->s); free(w->dp); free(w->acc); free(w->dv);
+    free(w->kt); free(w->vt); free(w->s); free(w->dp); free(w->acc); free(w->dv); free(w->dcap);
     free(w->m); free(w->l);
 }
 
@@ -121,19 +123,25 @@ static void row_pointers(const float **rows, const void *x, AttnStrides st, int 
     for (int t = 0; t < n; t++) rows[t] = attn_cpu_row(x, st, b, t0 + t, h);
 }
 
-// Scaled, biased and masked scores s (br, BC) of query rows i0.. against key tile j0.. (K^T in
-// w->kt). rng[r] is the key range of query i0 + r. Forward and backward share this so the
-// backward recomputes exactly the forward's scores.
-static void tile_scores(const AttnParams *p, float *s, const float *kt, int b, int h, int i0, int br,
-                        int j0, int bc, const AttnKeyRange *rng) {
+// Scaled, capped, biased and masked scores s (br, BC) of query rows i0.. against key tile j0..
+// (K^T in w->kt). rng[r] is the key range of query i0 + r. Forward and backward share this so
+// the backward recomputes exactly the forward's scores; with softcap, dcap (br, BC) receives the
+// cap's derivative at each score when it is not NULL.
+static void tile_scores(const AttnParams *p, float *s, float *dcap, const float *kt, int b, int h,
+                        int i0, int br, int j0, int bc, const AttnKeyRange *rng) {
     tile_matmul_t(s, p->q, p->q_st, b, h, i0, br, kt, bc, p->HS);
     const int shift = (int)attn_query_shift(p);  // positions fit an int (train.seq_len <= 2^22)
-    const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
+    const float slope = p->alibi_slopes ? attn_alibi_slope(p, b, h) : 0.0f;
     int full = 1;  // every (r, c) visible: the bulk of the tiles skips the per-element mask
     for (int r = 0; r < br; r++) full &= rng[r].lo <= j0 && rng[r].hi >= j0 + bc;
     for (int r = 0; r < br; r++) {
         float *sr = s + r * FLASH_BC;
         for (int c = 0; c < bc; c++) sr[c] *= p->scale;
+        if (p->softcap > 0.0f)
+            for (int c = 0; c < bc; c++) {
+                if (dcap) dcap[r * FLASH_BC + c] = attn_softcap_grad(p->softcap, sr[c]);
+                sr[c] = attn_softcap(p->softcap, sr[c]);
+            }
         if (p->alibi_slopes)
             for (int c = 0; c < bc; c++) sr[c] += attn_alibi_bias(slope, i0 + r + shift, j0 + c);
         if (!full)
@@ -169,7 +177,7 @@ static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int
     for (int j0 = u.lo - u.lo % FLASH_BC; j0 < u.hi; j0 += FLASH_BC) {
         const int bc = min_i(FLASH_BC, p->T_k - j0);
         gather_transposed(w->kt, p->k, p->k_st, b, g, j0, bc, HS);
-        tile_scores(p, w->s, w->kt, b, h, i0, br, j0, bc, rng);
+        tile_scores(p, w->s, NULL, w->kt, b, h, i0, br, j0, bc, rng);
         const float *vrows[FLASH_BC];
         row_pointers(vrows, p->v, p->v_st, b, j0, bc, g);
         for (int r = 0; r < br; r++) {
@@ -210,17 +218,22 @@ static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int
     }
 }
 
-void attn_cpu_flash_forward(const AttnParams *p) {
+// A thread whose scratch allocation fails skips its share of the work, and the call returns -1.
+int attn_cpu_flash_forward(const AttnParams *p) {
     const int n_qt = (p->T_q + FLASH_BR - 1) / FLASH_BR;
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        FlashScratch w = scratch_alloc(p->HS);
+        FlashScratch w;
+        failed = scratch_alloc(&w, p->HS) != 0;
 #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
             for (int h = 0; h < p->NH; h++)
-                for (int t = 0; t < n_qt; t++) forward_tile(p, &w, b, h, t * FLASH_BR);
+                for (int t = 0; t < n_qt; t++)
+                    if (!failed) forward_tile(p, &w, b, h, t * FLASH_BR);
         scratch_free(&w);
     }
+    return failed ? -1 : 0;
 }
 
 // Per (b, kv head g): per-row state shared by every key tile.
@@ -230,8 +243,9 @@ typedef struct {
     float *D;              // (group, T_q) rowsum(dO * O) of each query head of the group
 } BackwardRows;
 
-// dV_acc += P_d^T dO, dS = P * (dP - D), dK_acc += dS^T Q, dQ += scale * dS K for one
-// (query tile, key tile) pair; w->s holds the scores on entry.
+// dV_acc += P_d^T dO, dS = P * (dP - D) (times the cap's derivative with softcap),
+// dK_acc += dS^T Q, dQ += scale * dS K for one (query tile, key tile) pair; w->s holds the
+// scores on entry, w->dcap their cap derivatives.
 static void backward_pair(const AttnParams *p, FlashScratch *w, const float *D, int b, int h, int g,
                           int i0, int br, int j0, int bc) {
     const int HS = p->HS;
@@ -251,6 +265,7 @@ static void backward_pair(const AttnParams *p, FlashScratch *w, const float *D, 
             }
             sr[c] = pd;                    // dropped probability: what multiplied V
             dpr[c] = pc * (dpc - D[i]);    // dS
+            if (p->softcap > 0.0f) dpr[c] *= w->dcap[r * FLASH_BC + c];
         }
     }
     const float *qrows[FLASH_BR], *dorows[FLASH_BR], *krows[FLASH_BC];
@@ -299,7 +314,7 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
                 AttnKeyRange u = rows->tiles[t];
                 if (u.lo >= u.hi || u.hi <= j0 || u.lo >= j0 + bc) continue;  // fully masked pair
                 const int i0 = t * FLASH_BR, br = min_i(FLASH_BR, p->T_q - i0);
-                tile_scores(p, w->s, w->kt, b, h, i0, br, j0, bc, rows->rng + i0);
+                tile_scores(p, w->s, w->dcap, w->kt, b, h, i0, br, j0, bc, rows->rng + i0);
                 backward_pair(p, w, rows->D + (int64_t)hh * p->T_q, b, h, g, i0, br, j0, bc);
             }
         }
@@ -320,17 +335,22 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
     }
 }
 
-void attn_cpu_flash_backward(const AttnParams *p) {
+int attn_cpu_flash_backward(const AttnParams *p) {
     const int group = p->NH / p->NKV, n_qt = (p->T_q + FLASH_BR - 1) / FLASH_BR;
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        FlashScratch w = scratch_alloc(p->HS);
-        BackwardRows rows = {xmalloc(sizeof(AttnKeyRange) * p->T_q), xmalloc(sizeof(AttnKeyRange) * n_qt),
-                             xmalloc(sizeof(float) * (size_t)group * p->T_q)};
+        FlashScratch w;
+        failed = scratch_alloc(&w, p->HS) != 0;
+        BackwardRows rows = {malloc(sizeof(AttnKeyRange) * p->T_q), malloc(sizeof(AttnKeyRange) * n_qt),
+                             malloc(sizeof(float) * (size_t)group * p->T_q)};
+        failed = failed || !rows.rng || !rows.tiles || !rows.D;
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
-            for (int g = 0; g < p->NKV; g++) backward_kv_head(p, &w, &rows, b, g);
+            for (int g = 0; g < p->NKV; g++)
+                if (!failed) backward_kv_head(p, &w, &rows, b, g);
         free(rows.rng); free(rows.tiles); free(rows.D);
         scratch_free(&w);
     }
+    return failed ? -1 : 0;
 }

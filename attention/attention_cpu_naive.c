@@ -3,12 +3,12 @@
 // against; its backward recomputes the softmax from the scores and uses the textbook softmax
 // gradient dS = P * (dP - rowsum(P * dP)), independent of the flash D = rowsum(dO * O) identity.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/attention.h"
 #include "attention/attention_cpu.h"
 #include "attention/mask.h"
-#include "common/check.h"
 
 static float dot(const float *a, const float *b, int n) {
     float s = 0.0f;
@@ -22,14 +22,20 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, int
     for (int d = 0; d < n; d++) y[d] += a * x[d];
 }
 
-// P (T_q, T_k) = softmax of the scaled, biased, masked scores of head h; lse (T_q) of each row
-// (+inf and a zero row when every key is masked).
+// The scaled score of query i of head h against key j, before capping, ALiBi and masks.
+static float raw_score(const AttnParams *p, int b, int h, int i, int j) {
+    const int g = h / (p->NH / p->NKV);
+    return dot(attn_cpu_row(p->q, p->q_st, b, i, h), attn_cpu_row(p->k, p->k_st, b, j, g), p->HS) *
+           p->scale;
+}
+
+// P (T_q, T_k) = softmax of the scaled, capped, biased, masked scores of head h; lse (T_q) of
+// each row (+inf and a zero row when every key is masked).
 static void softmax_rows(const AttnParams *p, float *P, float *lse, int b, int h) {
-    const int g = h / (p->NH / p->NKV), shift = (int)attn_query_shift(p);
-    const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
+    const int shift = (int)attn_query_shift(p);
+    const float slope = p->alibi_slopes ? attn_alibi_slope(p, b, h) : 0.0f;
     for (int i = 0; i < p->T_q; i++) {
         float *pr = P + (int64_t)i * p->T_k;
-        const float *q = attn_cpu_row(p->q, p->q_st, b, i, h);
         AttnKeyRange r = attn_key_range(p, b, i);
         float mx = -INFINITY;
         for (int j = 0; j < p->T_k; j++) {
@@ -37,7 +43,8 @@ static void softmax_rows(const AttnParams *p, float *P, float *lse, int b, int h
                 pr[j] = -INFINITY;
                 continue;
             }
-            pr[j] = dot(q, attn_cpu_row(p->k, p->k_st, b, j, g), p->HS) * p->scale;
+            pr[j] = raw_score(p, b, h, i, j);
+            if (p->softcap > 0.0f) pr[j] = attn_softcap(p->softcap, pr[j]);
             if (p->alibi_slopes) pr[j] += attn_alibi_bias(slope, i + shift, j);
             mx = fmaxf(mx, pr[j]);
         }
@@ -77,15 +84,19 @@ static void forward_head(const AttnParams *p, float *P, int b, int h) {
     }
 }
 
-void attn_cpu_naive_forward(const AttnParams *p) {
-#pragma omp parallel
+int attn_cpu_naive_forward(const AttnParams *p) {
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        float *P = xmalloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
+        float *P = malloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
+        failed = !P;  // this thread's rows are skipped; the caller reports the failure
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
-            for (int h = 0; h < p->NH; h++) forward_head(p, P, b, h);
+            for (int h = 0; h < p->NH; h++)
+                if (P) forward_head(p, P, b, h);
         free(P);
     }
+    return failed ? -1 : 0;
 }
 
 // Gradients of query head h of kv head g; dK, dV of (b, g) accumulate (zeroed by the caller).
@@ -119,22 +130,26 @@ static void backward_head(const AttnParams *p, float *P, float *dP, float *lse, 
         for (int j = 0; j < p->T_k; j++) {
             float ds = pr[j] * (dpr[j] - (float)rs) * p->scale;
             if (ds == 0.0f) continue;
+            if (p->softcap > 0.0f) ds *= attn_softcap_grad(p->softcap, raw_score(p, b, h, i, j));
             axpy(dq, ds, attn_cpu_row(p->k, p->k_st, b, j, g), HS);
             axpy(attn_cpu_row_mut(p->dk, p->dk_st, b, j, g), ds, q, HS);
         }
     }
 }
 
-void attn_cpu_naive_backward(const AttnParams *p) {
+int attn_cpu_naive_backward(const AttnParams *p) {
     const int group = p->NH / p->NKV;
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel reduction(|| : failed)
     {
-        float *P = xmalloc(sizeof(float) * (size_t)p->T_q * p->T_k);   // (T_q, T_k)
-        float *dP = xmalloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
-        float *lse = xmalloc(sizeof(float) * p->T_q);                  // (T_q) recomputed
+        float *P = malloc(sizeof(float) * (size_t)p->T_q * p->T_k);   // (T_q, T_k)
+        float *dP = malloc(sizeof(float) * (size_t)p->T_q * p->T_k);  // (T_q, T_k)
+        float *lse = malloc(sizeof(float) * p->T_q);                  // (T_q) recomputed
+        failed = !P || !dP || !lse;
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < p->B; b++)
             for (int g = 0; g < p->NKV; g++) {
+                if (failed) continue;
                 for (int j = 0; j < p->T_k && !p->accumulate; j++) {
                     memset(attn_cpu_row_mut(p->dk, p->dk_st, b, j, g), 0, sizeof(float) * p->HS);
                     memset(attn_cpu_row_mut(p->dv, p->dv_st, b, j, g), 0, sizeof(float) * p->HS);
@@ -143,4 +158,5 @@ void attn_cpu_naive_backward(const AttnParams *p) {
             }
         free(P); free(dP); free(lse);
     }
+    return failed ? -1 : 0;
 }

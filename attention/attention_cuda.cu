@@ -2,11 +2,14 @@
 // call would otherwise look up again (architecture, the Hopper kernels' presence, the driver's
 // tensor-map encoder, a cuBLAS handle, a growing workspace, the kernel choice per shape), asks
 // the one selection function for a kernel family and tile, and dispatches; every run-time
-// choice becomes a template parameter in sm80_dispatch() and sm90_dispatch() alone.
+// choice becomes a template parameter in sm80_dispatch() and sm90_dispatch() alone. Every
+// failure (a launch, cudaFuncSetAttribute in a launcher, cuBLAS, an allocation) comes back as
+// attention.h's status with CUDA's message; nothing here ends the process.
 #include "attention/attention_gpu.h"
 #include "attention/flash_common.cuh"
 #include "attention/flash_tiles.cuh"
 #include "attention/mask.h"
+#include "attention/naive_cuda.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,8 +49,9 @@ struct AttnGpu {
 // Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family unless
 // the context asked for sm80; ALiBi, dropout and the deterministic backward stay on the sm80
 // family. fp32 (no tensor-core flash kernel) and impl naive run the materialised version
-// (attn_runs_naive). Only the sm90 forward's tile depends on T (fwd_wgs); causality changes no
-// tile (flash_tiles.cuh documents why). Returns -1 with a message when nothing fits.
+// (attn_runs_naive; attn_check has refused the features the flash kernels lack). Only the sm90
+// forward's tile depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents
+// why). Returns -1 with a message when nothing fits.
 static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backward, AttnKernelChoice *c,
                               char *err, size_t errlen) {
     c->hs = p.HS;
@@ -99,15 +103,13 @@ static void sm80_run(const AttnParams &p, int backward, cudaStream_t s) {
     else flash_bwd_dq_launch<T, HS, EXTRAS>(p, dsum, s);
 }
 
+// attn_select_kernel only returns head sizes 64 and 128 for the flash families.
 template <typename T>
 static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
-    switch (c.hs * 2 + (int)c.extras) {
-    case 64 * 2 + 0: sm80_run<T, 64, false>(p, backward, s); break;
-    case 64 * 2 + 1: sm80_run<T, 64, true>(p, backward, s); break;
-    case 128 * 2 + 0: sm80_run<T, 128, false>(p, backward, s); break;
-    case 128 * 2 + 1: sm80_run<T, 128, true>(p, backward, s); break;
-    default: CHECK(!"attn_select_kernel returned a head size without a kernel");
-    }
+    if (c.hs == 64 && c.extras) sm80_run<T, 64, true>(p, backward, s);
+    else if (c.hs == 64) sm80_run<T, 64, false>(p, backward, s);
+    else if (c.extras) sm80_run<T, 128, true>(p, backward, s);
+    else sm80_run<T, 128, false>(p, backward, s);
 }
 
 // The sm90 backward always uses the fp32 dQ accumulator (attn_select_kernel keeps the
@@ -171,7 +173,11 @@ extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, 
         snprintf(err, errlen, "attention: no usable CUDA device (%s)", cudaGetErrorString(cudaGetLastError()));
         return NULL;
     }
-    AttnGpu *g = static_cast<AttnGpu *>(xcalloc(1, sizeof(AttnGpu)));
+    AttnGpu *g = static_cast<AttnGpu *>(calloc(1, sizeof(AttnGpu)));
+    if (!g) {
+        snprintf(err, errlen, "attention: out of memory for a CUDA context");
+        return NULL;
+    }
     g->stream = static_cast<cudaStream_t>(stream);
     g->kernel = kernel;
     g->arch = major * 10 + minor;
@@ -190,12 +196,21 @@ extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, 
     return g;
 }
 
+// Nothing to report to: a failure here (a device already in an error state) leaves the memory
+// to the driver, which frees it with the process, and clears CUDA's error for the caller.
 extern "C" void attn_gpu_destroy(AttnGpu *g) {
     if (!g) return;
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    if (g->blas) CUBLAS_CHECK(cublasDestroy(g->blas));
-    CUDA_CHECK(cudaFree(g->ws));
+    if (cudaStreamSynchronize(g->stream) == cudaSuccess) cudaFree(g->ws);
+    if (g->blas) cublasDestroy(g->blas);
+    cudaGetLastError();
     free(g);
+}
+
+// err := "attention: <what> failed: <CUDA's message>"; -1. Clears CUDA's error state.
+static int cuda_failed(cudaError_t e, const char *what, char *err, size_t errlen) {
+    cudaGetLastError();
+    snprintf(err, errlen, "attention: %s failed: %s", what, cudaGetErrorString(e));
+    return -1;
 }
 
 static bool same_key(const PlanKey &a, const PlanKey &b) { return memcmp(&a, &b, sizeof a) == 0; }
@@ -231,8 +246,11 @@ static int attach_workspace(AttnGpu *g, AttnParams *p, char *err, size_t errlen)
     const size_t need = attn_workspace_bytes(p, DEVICE_CUDA);
     if (p->workspace) return 0;   // attn_check accepted its size
     if (need > g->ws_bytes) {
-        CUDA_CHECK(cudaStreamSynchronize(g->stream));
-        CUDA_CHECK(cudaFree(g->ws));
+        cudaError_t e = cudaStreamSynchronize(g->stream);
+        if (e != cudaSuccess)
+            return cuda_failed(e, "waiting for the stream before growing the workspace", err, errlen);
+        e = cudaFree(g->ws);
+        if (e != cudaSuccess) return cuda_failed(e, "freeing the old workspace", err, errlen);
         g->ws = NULL;
         g->ws_bytes = 0;
         if (cudaMalloc(&g->ws, need) != cudaSuccess) {
@@ -264,12 +282,24 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
     run.stream = g->stream;
     if (attach_workspace(g, &run, err, errlen) != 0) return -1;
     if (c.family == FAMILY_NAIVE) {
-        if (!g->blas) CUBLAS_CHECK(cublasCreate(&g->blas));
-        if (backward) naive_backward_cuda(run, g->blas);
-        else naive_forward_cuda(run, g->blas);
-        return 0;
+        if (!g->blas) {
+            const cublasStatus_t st = cublasCreate(&g->blas);
+            if (st != CUBLAS_STATUS_SUCCESS) {
+                g->blas = NULL;
+                snprintf(err, errlen, "attention: cublasCreate failed for the naive path: %s",
+                         cublasGetStatusString(st));
+                return -1;
+            }
+        }
+        return naive_run_cuda(run, g->blas, backward, err, errlen);
     }
+    // The launchers queue their kernels (and set their shared-memory attributes) and return; the
+    // first launch or attribute error is still CUDA's last error here.
     if (c.family == FAMILY_SM90) sm90_dispatch(run, c, backward, g->encode);
     else sm80_dispatch(run, c, backward);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return cuda_failed(e, c.family == FAMILY_SM90 ? "the sm90 flash kernels' launch"
+                                                      : "the sm80 flash kernels' launch", err, errlen);
     return 0;
 }

@@ -24,7 +24,11 @@ AttnContext *attn_context_create(Device dev, void *stream, AttnKernel kernel, ch
         set_error(err, errlen, "attention: unknown kernel family %d: use auto, sm90 or sm80", (int)kernel);
         return NULL;
     }
-    AttnContext *ctx = xcalloc(1, sizeof *ctx);
+    AttnContext *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        set_error(err, errlen, "attention: out of memory for a context");
+        return NULL;
+    }
     ctx->device = dev;
     if (dev == DEVICE_CUDA) {
 #ifdef FLASHGPT_CUDA
@@ -57,8 +61,12 @@ static int attn_run(AttnContext *ctx, AttnParams *p, int backward, char *err, si
     if (ctx->device == DEVICE_CUDA) return attn_gpu_run(ctx->gpu, p, backward, err, errlen);
 #endif
     p->stream = NULL;
-    if (backward) attn_backward_cpu(p);
-    else attn_forward_cpu(p);
+    if ((backward ? attn_backward_cpu(p) : attn_forward_cpu(p)) != 0)
+        return set_error(err, errlen, "attention: out of memory for the cpu %s's scratch (B=%d, NH=%d, "
+                                      "T_q=%d, T_k=%d%s)", backward ? "backward" : "forward", p->B,
+                         p->NH, p->T_q, p->T_k,
+                         p->impl == ATTN_IMPL_NAIVE ? "; naive holds T_q x T_k floats per thread: "
+                                                      "impl flash needs O(T)" : "");
     return 0;
 }
 

@@ -197,8 +197,3 @@ bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 template <typename T>
 void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
 template <typename T> void flash_bwd_convert_dq(const AttnParams &p, const float *dq_accum, cudaStream_t s);
-
-// Naive baseline (naive_cuda.cu): materialised scores through cuBLAS (the context's handle).
-void naive_forward_cuda(const AttnParams &p, cublasHandle_t h);
-void naive_backward_cuda(const AttnParams &p, cublasHandle_t h);
-size_t naive_workspace_bytes(const AttnParams &p);

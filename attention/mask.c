@@ -109,6 +109,15 @@ static int check_docs(const AttnParams *p, char *err, size_t errlen) {
     return 0;
 }
 
+// The features of attention.h the CUDA flash kernels do not have yet; the naive CUDA path has
+// them all (attn_runs_naive decides which path a problem takes).
+static int cuda_flash_lacks(const AttnParams *p, char *err, size_t errlen) {
+    if (p->softcap > 0.0f)
+        return set_error(err, errlen, "attention: softcap runs on the cpu and the naive cuda path so "
+                                      "far: use impl naive (attention.impl = naive) or --device cpu");
+    return 0;
+}
+
 int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t errlen) {
     if (!p) return set_error(err, errlen, "attention: params are NULL");
     const char *devname = dev == DEVICE_CPU ? "cpu" : "cuda";
@@ -172,11 +181,19 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
                     "attention: lse strides (batch %lld, head %lld) make elements overlap for B=%d, "
                     "NH=%d, T_q=%d", (long long)p->lse_batch_stride,
                     (long long)p->lse_head_stride, p->B, p->NH, p->T_q);
-    if (p->causal && p->T_q > p->T_k && !p->pos_explicit)
+    if (!(p->softcap >= 0.0f) || !isfinite(p->softcap))
+        return set_error(err, errlen, "attention: softcap %g must be 0 (off) or a finite number > 0",
+                         p->softcap);
+    if (p->alibi_batch_stride < 0 || (p->alibi_batch_stride > 0 && p->alibi_batch_stride < p->NH))
         return set_error(err, errlen,
-                    "attention: causal attention needs T_q <= T_k (queries align to the last keys), "
-                    "got T_q=%d, T_k=%d",
-                    p->T_q, p->T_k);
+                         "attention: alibi_batch_stride %lld must be 0 (slopes (NH) shared by every "
+                         "batch row) or at least NH = %d (slopes (B, NH))",
+                         (long long)p->alibi_batch_stride, p->NH);
+    if (p->alibi_batch_stride && !p->alibi_slopes)
+        return set_error(err, errlen, "attention: alibi_batch_stride is %lld but alibi_slopes is NULL",
+                         (long long)p->alibi_batch_stride);
+    if (dev == DEVICE_CUDA && !attn_runs_naive(p, dev) && cuda_flash_lacks(p, err, errlen) != 0)
+        return -1;
     if (p->window_left < -1 || p->window_right < -1)
         return set_error(err, errlen,
                     "attention: window (left %d, right %d) must be -1 (unbounded) or >= 0",

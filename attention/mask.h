@@ -8,6 +8,8 @@
 #include "attention/attention.h"
 #include "attention/philox.h"
 
+#include <math.h>
+
 typedef struct {
     int lo, hi;  // visible keys j satisfy lo <= j < hi; empty (fully masked row) when lo >= hi
 } AttnKeyRange;
@@ -60,10 +62,24 @@ ATTN_HD AttnKeyRange attn_key_range(const AttnParams *p, int b, int i) {
     return r;
 }
 
-// ALiBi bias of key j for aligned query position pos (added to the already scaled score).
+// ALiBi bias of key j for aligned query position pos (added to the scaled, capped score).
 ATTN_HD float attn_alibi_bias(float slope, int pos, int j) {
     int dist = pos > j ? pos - j : j - pos;
     return -slope * (float)dist;
+}
+// The ALiBi slope of query head h in batch row b: (NH) slopes shared by every row when
+// alibi_batch_stride is 0, row b's own (B, NH) slopes otherwise. Only with alibi_slopes set.
+ATTN_HD float attn_alibi_slope(const AttnParams *p, int b, int h) {
+    return p->alibi_slopes[(int64_t)b * p->alibi_batch_stride + h];
+}
+
+// Logit soft-capping of a scaled score s: softcap * tanh(s / softcap) (softcap > 0), applied
+// before ALiBi and the masks; cap_grad is its derivative, 1 - tanh^2(s / softcap), which the
+// backward multiplies into dS. tanh saturates to +-1 for large |s|, so neither can overflow.
+ATTN_HD float attn_softcap(float softcap, float s) { return softcap * tanhf(s / softcap); }
+ATTN_HD float attn_softcap_grad(float softcap, float s) {
+    const float t = tanhf(s / softcap);
+    return 1.0f - t * t;
 }
 
 // Index of element (b, h, i, j) of the (B, NH, T_q, T_k) probability tensor: the Philox counter

@@ -1,14 +1,17 @@
 // naive_cuda: standard attention with the scores materialised, (B, NH, T_q, T_k), through cuBLAS:
-// S = scale Q K^T, a row softmax kernel (masks, ALiBi, LSE, dropout), O = P V; backward
-// recomputes P from the LSE and runs dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = scale dS K,
-// dK = scale dS^T Q. It is the memory and speed baseline (`attention.impl = naive`) and the path
-// for fp32 and head sizes the flash kernels do not cover. Matrices are row-major in our terms;
-// cuBLAS sees each as its column-major transpose.
+// S = scale Q K^T, a row softmax kernel (soft-cap, masks, ALiBi, LSE, dropout), O = P V; backward
+// recomputes P from the scores and the LSE and runs dV = P^T dO, dP = dO V^T,
+// dS = P (dP - D) (times the cap's derivative), dQ = scale dS K, dK = scale dS^T Q. It is the
+// memory and speed baseline (`attention.impl = naive`), the path for fp32 and head sizes the
+// flash kernels do not cover, and for the features they lack (mask.c's cuda_flash_lacks).
+// Matrices are row-major in our terms; cuBLAS sees each as its column-major transpose.
 #include <cublas_v2.h>
+#include <stdio.h>
 
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
+#include "attention/naive_cuda.cuh"
 
 #define NAIVE_THREADS 256
 
@@ -39,6 +42,20 @@ static cudaDataType_t cuda_type(DType t) {
     return t == DTYPE_BF16 ? CUDA_R_16BF : t == DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+// The first failure of a pass (a cuBLAS status or a kernel launch error): once one is set the
+// remaining steps are not queued, and the entry point turns it into the caller's message.
+struct NaiveStatus {
+    cublasStatus_t blas;
+    cudaError_t cuda;
+    bool ok() const { return blas == CUBLAS_STATUS_SUCCESS && cuda == cudaSuccess; }
+};
+
+// After a kernel launch: its configuration error, if any, becomes the pass's status.
+static void launched(NaiveStatus *st) {
+    const cudaError_t e = cudaGetLastError();
+    if (st->ok()) st->cuda = e;
+}
+
 // C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C for `batch` matrices, fp32 accumulation.
 struct Gemm {
     cublasHandle_t h;
@@ -50,10 +67,11 @@ struct Gemm {
     int batch;
     float alpha, beta;
 };
-static void gemm_run(const Gemm &g) {
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(g.h, g.ta, g.tb, g.m, g.n, g.k, &g.alpha, g.a, g.at, (int)g.lda,
-                                            g.sa, g.b, g.bt, (int)g.ldb, g.sb, &g.beta, g.c, g.ct, (int)g.ldc,
-                                            g.sc, g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+static void gemm_run(const Gemm &g, NaiveStatus *st) {
+    if (!st->ok()) return;
+    st->blas = cublasGemmStridedBatchedEx(g.h, g.ta, g.tb, g.m, g.n, g.k, &g.alpha, g.a, g.at, (int)g.lda,
+                                          g.sa, g.b, g.bt, (int)g.ldb, g.sb, &g.beta, g.c, g.ct, (int)g.ldc,
+                                          g.sc, g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 template <typename T> __device__ __forceinline__ T st_f(float x) { return ElemTraits<T>::from_float(x); }
@@ -73,70 +91,90 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *scrat
     return v;
 }
 
-// Masked score of element j of row (b, h, i): scale already applied by the GEMM.
-__device__ __forceinline__ float naive_score(const AttnParams &p, const float *srow, RowRange rr, float slope,
-                                             int pos, int j) {
-    if (j < rr.lo || j >= rr.hi) return -INFINITY;
-    float x = srow[j];
-    if (p.alibi_slopes) x += attn_alibi_bias(slope, pos, j);
+// Score row (b, h, i) of the (B, NH, T_q, T_k) matrices, block row = (b * NH + h) * T_q + i: its
+// visible keys, the ALiBi slope and the query's position.
+struct NaiveRow {
+    int64_t row;
+    int b, h, i, pos;
+    RowRange rr;
+    float slope;
+};
+__device__ __forceinline__ NaiveRow naive_row(const AttnParams &p) {
+    NaiveRow r;
+    r.row = blockIdx.x;
+    r.i = (int)(r.row % p.T_q);
+    r.h = (int)((r.row / p.T_q) % p.NH);
+    r.b = (int)(r.row / ((int64_t)p.T_q * p.NH));
+    r.pos = r.i + (int)attn_query_shift(&p);
+    r.rr = row_range(p, r.b, r.i);
+    r.slope = p.alibi_slopes ? attn_alibi_slope(&p, r.b, r.h) : 0.f;
+    return r;
+}
+
+// Capped, biased, masked score of element j of a row from its raw score x (scale already
+// applied by the GEMM).
+__device__ __forceinline__ float naive_score(const AttnParams &p, const NaiveRow &r, float x, int j) {
+    if (j < r.rr.lo || j >= r.rr.hi) return -INFINITY;
+    if (p.softcap > 0.f) x = attn_softcap(p.softcap, x);
+    if (p.alibi_slopes) x += attn_alibi_bias(r.slope, r.pos, j);
     return x;
 }
 
-// One block per row (b, h, i): P = softmax(S) in place (fp32), P_drop in the element type, LSE.
-// With `from_lse` (backward) the LSE saved by the forward is used instead of recomputing it.
+// One block per row (b, h, i): P_drop in the element type and, in the forward, the LSE and
+// P = softmax(S) in place (fp32). With `from_lse` (backward) the LSE saved by the forward is used
+// instead of recomputing it, and S keeps the raw scores that naive_dsoftmax_kernel reads.
 template <typename T> __global__ void naive_softmax_kernel(const AttnParams p, float *s, T *pd, bool from_lse) {
     __shared__ float scratch[NAIVE_THREADS / 32];
-    const int64_t row = blockIdx.x;  // (b * NH + h) * T_q + i
-    const int i = (int)(row % p.T_q), h = (int)((row / p.T_q) % p.NH), b = (int)(row / ((int64_t)p.T_q * p.NH));
-    float *srow = s + row * p.T_k;
-    T *prow = pd + row * p.T_k;
-    const RowRange rr = row_range(p, b, i);
-    const int pos = attn_aligned_pos(p.T_q, p.T_k, i);
-    const float slope = p.alibi_slopes ? p.alibi_slopes[h] : 0.f;
+    const NaiveRow r = naive_row(p);
+    float *srow = s + r.row * p.T_k;
+    T *prow = pd + r.row * p.T_k;
     float lse;
     if (from_lse) {
-        lse = p.lse[row];
+        lse = p.lse[attn_lse_offset(&p, r.b, r.h) + r.i];
     } else {
         float mx = -INFINITY;
-        for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) mx = fmaxf(mx, naive_score(p, srow, rr, slope, pos, j));
+        for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) mx = fmaxf(mx, naive_score(p, r, srow[j], j));
         mx = block_reduce(mx, true, scratch);
         const float m_use = mx == -INFINITY ? 0.f : mx;
         float sum = 0.f;
-        for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) sum += expf(naive_score(p, srow, rr, slope, pos, j) - m_use);
+        for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) sum += expf(naive_score(p, r, srow[j], j) - m_use);
         sum = block_reduce(sum, false, scratch);
         lse = sum > 0.f ? m_use + logf(sum) : INFINITY;  // fully masked row: P = 0, LSE +inf
-        if (threadIdx.x == 0 && p.lse) p.lse[row] = lse;
+        if (threadIdx.x == 0 && p.lse) p.lse[attn_lse_offset(&p, r.b, r.h) + r.i] = lse;
     }
     const float keep_scale = p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
     for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) {
-        const float pr = expf(naive_score(p, srow, rr, slope, pos, j) - lse);
-        srow[j] = pr;
-        const bool keep = p.dropout_p <= 0.f || attn_dropout_keep_elem(&p, attn_dropout_elem(&p, b, h, i, j));
+        const float pr = expf(naive_score(p, r, srow[j], j) - lse);
+        if (!from_lse) srow[j] = pr;
+        const bool keep = p.dropout_p <= 0.f || attn_dropout_keep_elem(&p, attn_dropout_elem(&p, r.b, r.h, r.i, j));
         prow[j] = st_f<T>(keep ? pr * keep_scale : 0.f);
     }
 }
 
-// dS = P * (dP_drop - D) with D = sum_j P_drop dP; row (b, h, i). dP (fp32) is read from `dp`
-// and dS is written over it in the element type at the same row start (row stride ld_ds
-// elements); the chunked read-barrier-write keeps the in-place narrowing race-free.
+// dS = P * (dP_drop - D) * cap'(S) with D = sum_j P_drop dP; row (b, h, i). P is recomputed from
+// the raw scores s and the saved LSE; dP (fp32) is read from `dp` and dS is written over it in
+// the element type at the same row start (row stride ld_ds elements); the chunked
+// read-barrier-write keeps the in-place narrowing race-free.
 template <typename T> __global__ void naive_dsoftmax_kernel(const AttnParams p, const float *s, float *dp, int64_t ld_ds) {
     __shared__ float scratch[NAIVE_THREADS / 32];
-    const int64_t row = blockIdx.x;
-    const int i = (int)(row % p.T_q), h = (int)((row / p.T_q) % p.NH), b = (int)(row / ((int64_t)p.T_q * p.NH));
-    const float *prow = s + row * p.T_k;
-    float *dprow = dp + row * p.T_k;
-    T *dsrow = reinterpret_cast<T *>(dp) + row * ld_ds;
+    const NaiveRow r = naive_row(p);
+    const float *srow = s + r.row * p.T_k;
+    const float lse = p.lse[attn_lse_offset(&p, r.b, r.h) + r.i];
+    float *dprow = dp + r.row * p.T_k;
+    T *dsrow = reinterpret_cast<T *>(dp) + r.row * ld_ds;
     const float keep_scale = p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    auto prob = [&](int j) { return expf(naive_score(p, r, srow[j], j) - lse); };  // +inf lse: 0
     auto dp_eff = [&](int j) {  // dL/dP (undropped) = dL/dP_drop * keep / (1 - p)
         if (p.dropout_p <= 0.f) return dprow[j];
-        return attn_dropout_keep_elem(&p, attn_dropout_elem(&p, b, h, i, j)) ? dprow[j] * keep_scale : 0.f;
+        return attn_dropout_keep_elem(&p, attn_dropout_elem(&p, r.b, r.h, r.i, j)) ? dprow[j] * keep_scale : 0.f;
     };
     float d = 0.f;
-    for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) d += prow[j] * dp_eff(j);
+    for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) d += prob(j) * dp_eff(j);
     d = block_reduce(d, false, scratch);
     for (int j0 = 0; j0 < p.T_k; j0 += NAIVE_THREADS) {
         const int j = j0 + threadIdx.x;
-        const float v = j < p.T_k ? prow[j] * (dp_eff(j) - d) : 0.f;
+        float v = j < p.T_k ? prob(j) * (dp_eff(j) - d) : 0.f;
+        if (j < p.T_k && p.softcap > 0.f && v != 0.f) v *= attn_softcap_grad(p.softcap, srow[j]);
         __syncthreads();  // every thread has read its dP of this chunk before anyone narrows it
         if (j < p.T_k) dsrow[j] = st_f<T>(v);
     }
@@ -151,7 +189,8 @@ template <typename T> __global__ void naive_convert_kernel(const AttnParams p, c
     static_cast<T *>(dst)[b * st.batch + (int64_t)j * st.row + g * st.head + c] = st_f<T>(acc[idx]);
 }
 
-template <typename T> static void naive_forward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
+template <typename T> static NaiveStatus naive_forward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
+    NaiveStatus st = {CUBLAS_STATUS_SUCCESS, cudaSuccess};
     const NaiveBuffers nb = naive_buffers(p);
     const int G = p.NH / p.NKV;
     const cudaDataType_t dt = cuda_type(p.dtype);
@@ -165,11 +204,11 @@ template <typename T> static void naive_forward_t(const AttnParams &p, cublasHan
             float *sc = nb.s + ((int64_t)b * p.NH + h0) * tt;
             // S^T (T_k x T_q) = K (T_k x HS) Q^T: col-major C = op(A)=K^T^T, B = Q^T
             gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, k, dt, p.k_st.row, 0, q, dt, p.q_st.row,
-                      p.q_st.head, sc, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f});
+                      p.q_st.head, sc, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f}, &st);
         }
     const unsigned rows = (unsigned)((int64_t)p.B * p.NH * p.T_q);
     naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), false);
-    CUDA_CHECK(cudaGetLastError());
+    launched(&st);
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
             const int h0 = g * G;
@@ -178,11 +217,13 @@ template <typename T> static void naive_forward_t(const AttnParams &p, cublasHan
             char *o = (char *)p.out + (b * p.o_st.batch + h0 * p.o_st.head) * eb;
             // O^T (HS x T_q) = V^T (HS x T_k) P^T (T_k x T_q)
             gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, v, dt, p.v_st.row, 0, pd, dt, p.T_k, tt, o,
-                      dt, p.o_st.row, p.o_st.head, G, 1.f, 0.f});
+                      dt, p.o_st.row, p.o_st.head, G, 1.f, 0.f}, &st);
         }
+    return st;
 }
 
-template <typename T> static void naive_backward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
+template <typename T> static NaiveStatus naive_backward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
+    NaiveStatus st = {CUBLAS_STATUS_SUCCESS, cudaSuccess};
     const NaiveBuffers nb = naive_buffers(p);
     const int G = p.NH / p.NKV;
     const cudaDataType_t dt = cuda_type(p.dtype);
@@ -197,10 +238,10 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
             const char *q = (const char *)p.q + (b * p.q_st.batch + h0 * p.q_st.head) * eb;
             const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * eb;
             gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, k, dt, p.k_st.row, 0, q, dt, p.q_st.row,
-                      p.q_st.head, nb.s + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f});
+                      p.q_st.head, nb.s + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f}, &st);
         }
     naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), true);
-    CUDA_CHECK(cudaGetLastError());
+    launched(&st);
     // dV (T_k x HS) = P_drop^T dO: col-major dV^T (HS x T_k) = dO^T (HS x T_q) P_drop (T_q x T_k)
     for (int b = 0; b < p.B; b++)
         for (int hh = 0; hh < p.NH; hh++) {
@@ -210,10 +251,10 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
             if (gqa)
                 gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, dt, p.do_st.row, 0, pd, dt, p.T_k, 0,
                           nb.dv_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, 1.f,
-                          hh % G == 0 ? 0.f : 1.f});
+                          hh % G == 0 ? 0.f : 1.f}, &st);
             else
                 gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, dt, p.do_st.row, 0, pd, dt, p.T_k, 0,
-                          (char *)p.dv + (b * p.dv_st.batch + g * p.dv_st.head) * eb, dt, p.dv_st.row, 0, 1, 1.f, 0.f});
+                          (char *)p.dv + (b * p.dv_st.batch + g * p.dv_st.head) * eb, dt, p.dv_st.row, 0, 1, 1.f, 0.f}, &st);
         }
     // dP^T (T_k x T_q) = V dO^T, fp32, over P_drop (dead now)
     float *dp = static_cast<float *>(nb.pd);
@@ -223,10 +264,10 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
             const char *dO = (const char *)p.dout + (b * p.do_st.batch + h0 * p.do_st.head) * eb;
             const char *v = (const char *)p.v + (b * p.v_st.batch + g * p.v_st.head) * eb;
             gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, v, dt, p.v_st.row, 0, dO, dt, p.do_st.row,
-                      p.do_st.head, dp + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, 1.f, 0.f});
+                      p.do_st.head, dp + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, 1.f, 0.f}, &st);
         }
     naive_dsoftmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, dp, ld_ds);
-    CUDA_CHECK(cudaGetLastError());
+    launched(&st);
     const T *ds = reinterpret_cast<const T *>(dp);  // (B, NH, T_q, T_k) with row stride ld_ds
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
@@ -236,7 +277,7 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
             char *dq = (char *)p.dq + (b * p.dq_st.batch + h0 * p.dq_st.head) * eb;
             // dQ^T (HS x T_q) = K^T (HS x T_k) dS^T (T_k x T_q)
             gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, k, dt, p.k_st.row, 0, dsg, dt, ld_ds,
-                      p.T_q * ld_ds, dq, dt, p.dq_st.row, p.dq_st.head, G, p.scale, 0.f});
+                      p.T_q * ld_ds, dq, dt, p.dq_st.row, p.dq_st.head, G, p.scale, 0.f}, &st);
         }
     // dK (T_k x HS) = scale dS^T Q: col-major dK^T (HS x T_k) = Q^T (HS x T_q) dS (T_q x T_k)
     for (int b = 0; b < p.B; b++)
@@ -247,32 +288,42 @@ template <typename T> static void naive_backward_t(const AttnParams &p, cublasHa
             if (gqa)
                 gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, dt, p.q_st.row, 0, dsh, dt, ld_ds, 0,
                           nb.dk_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, p.scale,
-                          hh % G == 0 ? 0.f : 1.f});
+                          hh % G == 0 ? 0.f : 1.f}, &st);
             else
                 gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, dt, p.q_st.row, 0, dsh, dt, ld_ds, 0,
-                          (char *)p.dk + (b * p.dk_st.batch + g * p.dk_st.head) * eb, dt, p.dk_st.row, 0, 1, p.scale, 0.f});
+                          (char *)p.dk + (b * p.dk_st.batch + g * p.dk_st.head) * eb, dt, p.dk_st.row, 0, 1, p.scale, 0.f}, &st);
         }
     if (gqa) {
         const int64_t n = (int64_t)p.B * p.NKV * p.T_k * p.HS;
         const unsigned blocks = (unsigned)((n + 255) / 256);
         naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dk_acc, p.dk, p.dk_st);
         naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dv_acc, p.dv, p.dv_st);
-        CUDA_CHECK(cudaGetLastError());
+        launched(&st);
     }
+    return st;
 }
 
-void naive_forward_cuda(const AttnParams &p, cublasHandle_t h) {
-    cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    CUBLAS_CHECK(cublasSetStream(h, s));
-    if (p.dtype == DTYPE_BF16) naive_forward_t<__nv_bfloat16>(p, h, s);
-    else if (p.dtype == DTYPE_F16) naive_forward_t<__half>(p, h, s);
-    else naive_forward_t<float>(p, h, s);
+// The pass's status as attention.h's: 0, or -1 with the failing library's message.
+static int naive_result(NaiveStatus st, char *err, size_t errlen) {
+    if (st.blas != CUBLAS_STATUS_SUCCESS)
+        snprintf(err, errlen, "attention: cuBLAS failed in the naive path: %s", cublasGetStatusString(st.blas));
+    else if (st.cuda != cudaSuccess)
+        snprintf(err, errlen, "attention: a naive-path kernel launch failed: %s", cudaGetErrorString(st.cuda));
+    return st.ok() ? 0 : -1;
 }
 
-void naive_backward_cuda(const AttnParams &p, cublasHandle_t h) {
+template <typename T>
+static NaiveStatus naive_pass(const AttnParams &p, cublasHandle_t h, int backward, cudaStream_t s) {
+    return backward ? naive_backward_t<T>(p, h, s) : naive_forward_t<T>(p, h, s);
+}
+
+int naive_run_cuda(const AttnParams &p, cublasHandle_t h, int backward, char *err, size_t errlen) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    CUBLAS_CHECK(cublasSetStream(h, s));
-    if (p.dtype == DTYPE_BF16) naive_backward_t<__nv_bfloat16>(p, h, s);
-    else if (p.dtype == DTYPE_F16) naive_backward_t<__half>(p, h, s);
-    else naive_backward_t<float>(p, h, s);
+    NaiveStatus st = {cublasSetStream(h, s), cudaSuccess};
+    if (st.ok()) {
+        if (p.dtype == DTYPE_BF16) st = naive_pass<__nv_bfloat16>(p, h, backward, s);
+        else if (p.dtype == DTYPE_F16) st = naive_pass<__half>(p, h, backward, s);
+        else st = naive_pass<float>(p, h, backward, s);
+    }
+    return naive_result(st, err, errlen);
 }

@@ -1,4 +1,5 @@
-// params: AttnParams for the fused QKV layout, the one every GPT-style caller uses.
+// params: AttnParams for the fused QKV layout, the one every GPT-style caller uses, and the
+// struct's size for mirrors in other languages.
 #include <math.h>
 
 #include "attention/attention.h"
@@ -29,3 +30,5 @@ void attn_fused_qkv_grads(AttnParams *p, void *dqkv, const void *dout, size_t el
     p->dv = (char *)dqkv + (size_t)(p->NH + p->NKV) * p->HS * elem_bytes;
     p->dq_st = p->dk_st = p->dv_st = p->q_st;
 }
+
+size_t attn_params_size(void) { return sizeof(AttnParams); }

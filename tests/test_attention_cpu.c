@@ -601,12 +601,16 @@ static void test_deterministic(void) {
 // ---------------------------------------------------------------------------------------------
 // attn_check's bad-input paths: each rejected with a message naming the problem.
 
+// rc (of a call that wrote err) is -1 and the message mentions needle.
+static void expect_refused(int rc, const char *err, const char *needle, const char *what) {
+    EXPECT(rc == -1 && strstr(err, needle) != NULL, "%s: rc %d, message '%s' should mention '%s'", what, rc,
+           err, needle);
+}
+
 static void expect_rejected(const AttnParams *p, Device dev, int backward, const char *needle,
                             const char *what) {
     char err[256] = "";
-    int rc = attn_check(p, dev, backward, err, sizeof err);
-    EXPECT(rc == -1 && strstr(err, needle) != NULL, "%s: rc %d, message '%s' should mention '%s'", what, rc,
-           err, needle);
+    expect_refused(attn_check(p, dev, backward, err, sizeof err), err, needle, what);
 }
 
 static void test_check_bad_inputs(void) {
@@ -615,6 +619,7 @@ static void test_check_bad_inputs(void) {
     Outputs o = outputs_make(&s);
     const AttnParams good = params_make(&in, &o, ATTN_IMPL_FLASH);
     char err[256];
+    float slopes[2 * 6] = {0};  // (B, NH) in rows of 6 (padded) or 4
     EXPECT(attn_check(&good, DEVICE_CPU, 0, err, sizeof err) == 0, "valid forward rejected: %s", err);
     EXPECT(attn_check(&good, DEVICE_CPU, 1, err, sizeof err) == 0, "valid backward rejected: %s", err);
     AttnParams p;
@@ -640,6 +645,16 @@ static void test_check_bad_inputs(void) {
     expect_rejected(&p, DEVICE_CUDA, 0, "not a multiple of 16 bytes", "misaligned cuda stride");
     p = cuda; p.k = (const char *)p.k + 2;
     expect_rejected(&p, DEVICE_CUDA, 0, "aligned", "misaligned cuda pointer");
+    // What the flash kernels lack is refused for them and accepted where the naive path runs it.
+    p = cuda; p.softcap = 20.0f;
+    expect_rejected(&p, DEVICE_CUDA, 1, "softcap runs on the cpu and the naive cuda path",
+                    "softcap on the cuda flash kernels");
+    p.impl = ATTN_IMPL_NAIVE;
+    p.workspace_bytes = 0;
+    p.workspace = NULL;
+    EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) == 0, "softcap on naive cuda rejected: %s", err);
+    p = cuda; p.alibi_slopes = slopes; p.alibi_batch_stride = 4;
+    EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) == 0, "per-batch slopes on cuda rejected: %s", err);
 
     p = good; p.NH = 6; p.NKV = 4;
     expect_rejected(&p, DEVICE_CPU, 0, "n_kv_head must divide n_head", "NKV not dividing NH");
@@ -647,8 +662,24 @@ static void test_check_bad_inputs(void) {
     expect_rejected(&p, DEVICE_CPU, 0, "NKV=0", "NKV 0");
     p = good; p.B = 0;
     expect_rejected(&p, DEVICE_CPU, 0, "B=0", "B 0");
-    p = good; p.cu_seqlens = NULL; p.T_q = 20;
-    expect_rejected(&p, DEVICE_CPU, 0, "T_q <= T_k", "causal T_q > T_k");
+    p = good; p.softcap = -1.0f;
+    expect_rejected(&p, DEVICE_CPU, 0, "softcap -1", "negative softcap");
+    p = good; p.softcap = NAN;
+    expect_rejected(&p, DEVICE_CPU, 0, "softcap", "softcap NaN");
+    p = good; p.softcap = INFINITY;
+    expect_rejected(&p, DEVICE_CPU, 0, "softcap", "softcap inf");
+    p = good; p.softcap = 30.0f;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "softcap 30 rejected on cpu: %s", err);
+    p = good; p.alibi_slopes = slopes; p.alibi_batch_stride = -4;
+    expect_rejected(&p, DEVICE_CPU, 0, "alibi_batch_stride -4", "negative slope stride");
+    p.alibi_batch_stride = 3;
+    expect_rejected(&p, DEVICE_CPU, 0, "at least NH = 4", "slope stride below NH");
+    p.alibi_batch_stride = 6;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "padded slope stride rejected: %s", err);
+    p.alibi_slopes = NULL;
+    expect_rejected(&p, DEVICE_CPU, 0, "alibi_slopes is NULL", "slope stride without slopes");
+    p = good; p.cu_seqlens = NULL; p.T_k = 12;  // bottom-right: queries 0..3 see no key
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "causal T_q > T_k rejected: %s", err);
     p = good; p.dropout_p = 1.0f;
     expect_rejected(&p, DEVICE_CPU, 0, "dropout", "dropout 1");
     p = good; p.dropout_p = NAN;
@@ -703,8 +734,62 @@ static void test_check_bad_inputs(void) {
     inputs_free(&in);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The entry points of attention.h as a library sees them: refused requests come back as a status
+// with a message, and the process (this test) keeps running and computing afterwards.
+
+static void test_refusals_return(void) {
+    Shape s = {1, 24, 17, 2, 1, 16, 1, -1, -1, 0, 0, 0};
+    Inputs in = inputs_make(s, 29);
+    Outputs o = outputs_make(&s);
+    char err[256];
+    AttnContext *bad = attn_context_create((Device)9, NULL, ATTN_KERNEL_AUTO, err, sizeof err);
+    expect_refused(bad == NULL ? -1 : 0, err, "unknown device", "context for device 9");
+    bad = attn_context_create(DEVICE_CPU, NULL, (AttnKernel)5, err, sizeof err);
+    expect_refused(bad == NULL ? -1 : 0, err, "kernel family", "context for kernel 5");
+    AttnContext *ctx = attn_context_create(DEVICE_CPU, NULL, ATTN_KERNEL_AUTO, err, sizeof err);
+    EXPECT(ctx != NULL, "cpu context: %s", err);
+    if (!ctx) return;
+    const AttnParams good = params_make(&in, &o, ATTN_IMPL_FLASH);
+    AttnParams p;
+    for (int round = 0; round < 3; round++) {  // refusals leave no state behind: again and again
+        p = good; p.HS = 0;
+        expect_refused(attn_forward(ctx, &p, err, sizeof err), err, "head size 0", "forward with HS 0");
+        p = good; p.softcap = -2.0f;
+        expect_refused(attn_forward(ctx, &p, err, sizeof err), err, "softcap", "forward with softcap -2");
+        p = good; p.dtype = DTYPE_F16;
+        expect_refused(attn_forward(ctx, &p, err, sizeof err), err, "fp32 only", "forward in fp16 on cpu");
+        p = good; p.dq = NULL;
+        expect_refused(attn_backward(ctx, &p, err, sizeof err), err, "'dq' is NULL", "backward without dq");
+        p = good; p.lse = NULL;
+        expect_refused(attn_merge(ctx, &good, &p, err, sizeof err), err, "shapes must be the same",
+                       "merge without lse");
+    }
+    // A good request after the refusals: causal T_q > T_k, whose first 7 queries see no key.
+    poison(o.out, n_q(&s)); poison(o.lse, n_lse(&s)); poison(o.dq, n_q(&s));
+    p = good;
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == 0, "good forward after refusals: %s", err);
+    EXPECT(attn_backward(ctx, &p, err, sizeof err) == 0, "good backward after refusals: %s", err);
+    int rows_ok = 1;
+    for (int h = 0; h < s.NH; h++)
+        for (int i = 0; i < s.T_q; i++) {
+            const float lse = o.lse[h * s.T_q + i];
+            const int empty = i < s.T_q - s.T_k;
+            rows_ok &= empty ? lse == INFINITY : isfinite(lse);
+            for (int d = 0; d < s.HS; d++) {
+                const size_t e = ((size_t)i * s.NH + h) * s.HS + d;
+                rows_ok &= empty ? o.out[e] == 0.0f && o.dq[e] == 0.0f : isfinite(o.out[e]) && isfinite(o.dq[e]);
+            }
+        }
+    EXPECT(rows_ok, "causal T_q > T_k: rows before T_q - T_k give out 0, lse +inf, dq 0, the rest finite");
+    attn_context_destroy(ctx);
+    outputs_free(&o);
+    inputs_free(&in);
+}
+
 int main(void) {
     TEST_CASE("attn_check rejects bad input", test_check_bad_inputs());
+    TEST_CASE("refused calls return a status and the process goes on", test_refusals_return());
     TEST_CASE("attn_visible matches an explicit mask", test_visible_rules());
     TEST_CASE("dropout keep statistics", test_dropout_statistics());
     TEST_CASE("flash vs naive vs float64 over odd shapes", test_flash_vs_naive());

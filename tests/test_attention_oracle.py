@@ -1,6 +1,7 @@
 """The CPU attention reference (attention/attention.h, both impls) against PyTorch autograd in
-float64: out, lse and dq/dk/dv over causal, sliding-window, GQA/MQA, ALiBi, document and dropout
-problems, T_q < T_k included. The masks are rebuilt here from the rules written in attention.h, and
+float64: out, lse and dq/dk/dv over causal, sliding-window, GQA/MQA, ALiBi (slopes (NH) and per
+batch row (B, NH)), soft-capping, document and dropout problems, T_q < T_k and causal T_q > T_k
+(whose first T_q - T_k queries see no key: output 0, lse +inf, dq 0) included. The masks are rebuilt here from the rules written in attention.h, and
 the dropout keep-mask from a numpy Philox-4x32-10 written from its paper, so neither shares code
 with the C side.
 
@@ -47,12 +48,12 @@ class AttnParams(ctypes.Structure):  # mirrors AttnParams in attention/attention
         ("scale", ctypes.c_float),
         ("causal", ctypes.c_int), ("pos_explicit", ctypes.c_int), ("q_pos0", ctypes.c_int64), ("k_pos0", ctypes.c_int64),
         ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
-        ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
+        ("alibi_slopes", ctypes.c_void_p),
         ("cu_seqlens", ctypes.c_void_p), ("n_docs", ctypes.c_int),
         ("dropout_p", ctypes.c_float), ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64),
         ("dtype", ctypes.c_int), ("impl", ctypes.c_int), ("deterministic", ctypes.c_int),
         ("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
-        ("alibi_batch_stride", ctypes.c_int64),
+        ("alibi_batch_stride", ctypes.c_int64), ("softcap", ctypes.c_float),
     ]
 
 
@@ -70,6 +71,7 @@ def lib(tmp_path_factory):
     lib.attn_check.argtypes = [ctypes.POINTER(AttnParams), ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
                                ctypes.c_size_t]
     lib.attn_check.restype = ctypes.c_int
+    lib.attn_params_size.restype = ctypes.c_size_t
     lib.attn_forward_cpu.argtypes = [ctypes.POINTER(AttnParams)]
     lib.attn_backward_cpu.argtypes = [ctypes.POINTER(AttnParams)]
     return lib
@@ -117,21 +119,28 @@ def philox_keep_mask(seed, offset, B, NH, T_q, T_k, p):
     return (words >= np.uint64(int(thresh))).reshape(B, NH, T_q, T_k)
 
 
-def torch_reference(q, k, v, dout, scale, slopes, mask, keep, dropout):
-    """float64 out (B, T_q, NH, HS), lse (B, NH, T_q) and dq, dk, dv by autograd."""
+def torch_reference(q, k, v, dout, scale, softcap, slopes, mask, keep, dropout):
+    """float64 out (B, T_q, NH, HS), lse (B, NH, T_q) and dq, dk, dv by autograd. softcap 0 is
+    off; slopes are (NH) or (B, NH); a row with no visible key gets output 0 and lse +inf."""
     q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
     NH, NKV = q.shape[2], k.shape[2]
     kk = k.repeat_interleave(NH // NKV, dim=2)
     vv = v.repeat_interleave(NH // NKV, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, kk) * float(scale)
     T_q, T_k = q.shape[1], k.shape[1]
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     if slopes is not None:
         pos = torch.arange(T_q)[:, None] + (T_k - T_q)
         dist = (pos - torch.arange(T_k)[None, :]).abs().double()
-        s = s - torch.tensor(slopes, dtype=torch.float64)[None, :, None, None] * dist
-    s = s.masked_fill(~torch.tensor(mask)[:, None], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1)
+        sl = torch.tensor(slopes, dtype=torch.float64)
+        sl = sl[None, :, None, None] if sl.dim() == 1 else sl[:, :, None, None]
+        s = s - sl * dist
+    m = torch.tensor(mask)[:, None]
+    alive = m.any(dim=-1)  # (B, 1, T_q): rows with a visible key
+    s = s.masked_fill(~m, float("-inf")).masked_fill(~alive[..., None], 0.0)
+    lse = torch.logsumexp(s, dim=-1).masked_fill(~alive, float("inf"))
+    p = torch.softmax(s, dim=-1) * alive[..., None]
     if keep is not None:
         p = p * torch.tensor(keep, dtype=torch.float64) / (1.0 - float(np.float32(dropout)))
     out = torch.einsum("bhij,bjhd->bihd", p, vv)
@@ -153,28 +162,52 @@ def random_docs(rng, B, T):
     return np.array(cu, dtype=np.int32)
 
 
-# (B, T_q, T_k, NH, NKV, HS, causal, window_left, window_right, alibi, docs, dropout)
+# alibi: 0 none, 1 slopes (NH), 2 slopes (B, NH) with batch stride NH, 3 the same with a padded
+# stride NH + 3 (every stride >= NH is accepted).
+ALIBI_NONE, ALIBI_SHARED, ALIBI_PER_ROW, ALIBI_PER_ROW_PADDED = 0, 1, 2, 3
+
+# (B, T_q, T_k, NH, NKV, HS, causal, window_left, window_right, alibi, docs, dropout, softcap)
 CASES = [
-    (2, 256, 256, 4, 2, 32, 1, -1, -1, 0, 0, 0.0),
-    (1, 97, 256, 4, 1, 16, 0, 30, 10, 0, 0, 0.0),
-    (3, 128, 128, 2, 2, 32, 1, -1, -1, 1, 1, 0.0),
-    (1, 300, 300, 2, 1, 64, 1, 50, -1, 0, 0, 0.0),
-    (2, 97, 97, 2, 1, 16, 1, -1, -1, 0, 0, 0.25),
-    (2, 1, 500, 4, 2, 32, 1, -1, -1, 1, 0, 0.0),
-    (1, 70, 70, 3, 3, 8, 0, 5, 5, 1, 1, 0.5),
+    (2, 256, 256, 4, 2, 32, 1, -1, -1, 0, 0, 0.0, 0.0),
+    (1, 97, 256, 4, 1, 16, 0, 30, 10, 0, 0, 0.0, 0.0),
+    (3, 128, 128, 2, 2, 32, 1, -1, -1, 1, 1, 0.0, 0.0),
+    (1, 300, 300, 2, 1, 64, 1, 50, -1, 0, 0, 0.0, 0.0),
+    (2, 97, 97, 2, 1, 16, 1, -1, -1, 0, 0, 0.25, 0.0),
+    (2, 1, 500, 4, 2, 32, 1, -1, -1, 1, 0, 0.0, 0.0),
+    (1, 70, 70, 3, 3, 8, 0, 5, 5, 1, 1, 0.5, 0.0),
+    # causal T_q > T_k: the first T_q - T_k queries see no key (whole 64-row tiles of them here)
+    (2, 200, 77, 4, 2, 16, 1, -1, -1, 0, 0, 0.0, 0.0),
+    (1, 161, 33, 6, 2, 24, 1, 12, -1, 0, 0, 0.0, 0.0),
+    (2, 99, 70, 4, 1, 8, 1, 9, 3, 2, 0, 0.0, 0.0),
+    (1, 131, 130, 2, 2, 16, 1, -1, -1, 0, 0, 0.3, 1.5),
+    # per-batch-row ALiBi slopes
+    (3, 65, 130, 4, 2, 16, 1, -1, -1, 2, 0, 0.0, 0.0),
+    (2, 97, 97, 3, 1, 32, 0, 20, 20, 3, 0, 0.0, 0.0),
+    (3, 80, 80, 2, 2, 16, 1, -1, -1, 2, 1, 0.0, 0.0),
+    # soft-capping, with and without causal masking and ALiBi
+    (2, 97, 150, 4, 2, 32, 0, -1, -1, 0, 0, 0.0, 1.5),
+    (2, 129, 129, 4, 4, 16, 1, -1, -1, 0, 0, 0.0, 0.7),
+    (1, 100, 100, 2, 1, 64, 1, -1, -1, 1, 0, 0.0, 3.0),
+    (2, 70, 90, 3, 1, 8, 0, 10, 10, 3, 0, 0.0, 1.0),
 ]
 
 
 @pytest.mark.parametrize("impl", [IMPL_FLASH, IMPL_NAIVE], ids=["flash", "naive"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "B%d_Tq%d_Tk%d_NH%d_NKV%d_HS%d_c%d_w%d,%d_a%d_d%d_p%g" % c)
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: "B%d_Tq%d_Tk%d_NH%d_NKV%d_HS%d_c%d_w%d,%d_a%d_d%d_p%g_cap%g" % c)
 def test_against_torch(lib, case, impl):
-    B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, dropout = case
+    B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, dropout, softcap = case
     rng = np.random.default_rng(sum(case[:6]))
     q = rng.standard_normal((B, T_q, NH, HS)).astype(np.float32)
     k = rng.standard_normal((B, T_k, NKV, HS)).astype(np.float32)
     v = rng.standard_normal((B, T_k, NKV, HS)).astype(np.float32)
     dout = rng.standard_normal((B, T_q, NH, HS)).astype(np.float32)
     slopes = (2.0 ** (-8.0 * np.arange(1, NH + 1) / NH)).astype(np.float32) if alibi else None
+    slope_stride = {ALIBI_PER_ROW: NH, ALIBI_PER_ROW_PADDED: NH + 3}.get(alibi, 0)
+    if slope_stride:  # (B, NH) slopes, row b's scaled by a random factor, in rows of slope_stride
+        table = np.full((B, slope_stride), np.nan, np.float32)
+        table[:, :NH] = slopes[None, :] * rng.uniform(0.25, 4.0, (B, 1)).astype(np.float32)
+        slopes = table[:, :NH].copy()
     cu = random_docs(rng, B, T_q) if docs else None
     seed, offset = 0x123456789ABC, 42
 
@@ -194,7 +227,9 @@ def test_against_torch(lib, case, impl):
     p.B, p.T_q, p.T_k, p.NH, p.NKV, p.HS = B, T_q, T_k, NH, NKV, HS
     p.scale = 1.0 / np.sqrt(HS)
     p.causal, p.window_left, p.window_right = causal, wl, wr
-    p.alibi_slopes = slopes.ctypes.data if alibi else None
+    p.alibi_slopes = (table if slope_stride else slopes).ctypes.data if alibi else None
+    p.alibi_batch_stride = slope_stride
+    p.softcap = softcap
     p.cu_seqlens = cu.ctypes.data if docs else None
     p.n_docs = len(cu) - 1 if docs else 0
     p.dropout_p, p.seed, p.offset = dropout, seed, offset
@@ -206,18 +241,25 @@ def test_against_torch(lib, case, impl):
 
     mask = explicit_mask(B, T_q, T_k, causal, wl, wr, cu)
     keep = philox_keep_mask(seed, offset, B, NH, T_q, T_k, dropout) if dropout > 0 else None
-    r_out, r_lse, r_dq, r_dk, r_dv = torch_reference(q, k, v, dout, np.float32(p.scale), slopes, mask, keep,
-                                                     dropout)
+    r_out, r_lse, r_dq, r_dk, r_dv = torch_reference(q, k, v, dout, np.float32(p.scale), float(np.float32(softcap)),
+                                                     slopes, mask, keep, dropout)
+    empty = ~mask.any(axis=2)  # (B, T_q): rows with no visible key
+    if causal and T_q > T_k and wr < 0 and not docs:
+        assert empty[:, :T_q - T_k].all() and not empty[:, T_q - T_k:].any()
+    assert np.array_equal(np.isinf(lse), np.broadcast_to(empty[:, None], lse.shape)), "lse +inf rows"
+    assert (out[empty] == 0).all() and (dq[empty] == 0).all(), "rows with no visible key: out and dq 0"
     tol = fwd_tol(T_k)
     assert rel_err(out, r_out) <= tol, f"out error {rel_err(out, r_out):.3g} > {tol:.3g}"
-    assert rel_err(lse, r_lse) <= tol, f"lse error {rel_err(lse, r_lse):.3g} > {tol:.3g}"
+    seen = ~np.isinf(r_lse)
+    assert rel_err(lse[seen], r_lse[seen]) <= tol, f"lse error {rel_err(lse[seen], r_lse[seen]):.3g} > {tol:.3g}"
     for name, a, ref in (("dq", dq, r_dq), ("dk", dk, r_dk), ("dv", dv, r_dv)):
         assert rel_err(a, ref) <= GRAD_TOL, f"{name} error {rel_err(a, ref):.3g} > {GRAD_TOL:.3g}"
 
 
 def test_params_layout_matches_header(lib):
-    """The ctypes mirror of AttnParams is laid out like the C struct: attn_check reads fields at
-    the ends of the struct back as this test set them."""
+    """The ctypes mirror of AttnParams is laid out like the C struct: it has the struct's size,
+    and attn_check reads fields at the ends of the struct back as this test set them."""
+    assert ctypes.sizeof(AttnParams) == lib.attn_params_size()
     p = AttnParams()
     p.B, p.T_q, p.T_k, p.NH, p.NKV, p.HS, p.scale = 1, 4, 4, 6, 4, 8, 0.5
     err = ctypes.create_string_buffer(256)

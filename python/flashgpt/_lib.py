@@ -36,11 +36,12 @@ class AttnParams(C.Structure):
         ("scale", C.c_float),
         ("causal", C.c_int), ("pos_explicit", C.c_int), ("q_pos0", C.c_int64), ("k_pos0", C.c_int64),
         ("window_left", C.c_int), ("window_right", C.c_int),
-        ("alibi_slopes", C.c_void_p), ("alibi_batch_stride", C.c_int64),
+        ("alibi_slopes", C.c_void_p),
         ("cu_seqlens", C.c_void_p), ("n_docs", C.c_int),
         ("dropout_p", C.c_float), ("seed", C.c_uint64), ("offset", C.c_uint64),
         ("dtype", C.c_int), ("impl", C.c_int), ("deterministic", C.c_int),
         ("stream", C.c_void_p), ("workspace", C.c_void_p), ("workspace_bytes", C.c_size_t),
+        ("alibi_batch_stride", C.c_int64), ("softcap", C.c_float),
     ]
 
 

@@ -1,10 +1,11 @@
 // GPU attention tests: attn_forward / attn_backward on a CUDA context (flash and naive) against the CPU
 // reference (attn_*_cpu, fp32) and a float64 reference, over odd shapes, GQA, strided fused QKV,
 // windows, ALiBi (per head, or per batch row and head), documents, dropout, fully masked rows,
-// causal T_q > T_k and the deterministic mode, and a problem split into chunk pairs as context
-// parallelism's ring runs it (explicit positions, strided LSE, gradients accumulated in fp32),
-// on the kernel family attn_select_kernel picks (a context of kernel auto) and again on a context
-// of kernel sm80; then the context's own refusals, which leave the process running.
+// causal T_q > T_k, soft-capping (naive path) and the deterministic mode, and a problem split
+// into chunk pairs as context parallelism's ring runs it (explicit positions, strided LSE,
+// gradients accumulated in fp32), on the kernel family attn_select_kernel picks (a context of
+// kernel auto) and again on a context of kernel sm80; then the context's own refusals, which
+// leave the process running.
 //
 // Tolerance (STYLE.md, after flash-attention's tests): the GPU's error against float64 must stay
 // within 2x the error of a straightforward implementation in the same precision (float64
@@ -111,6 +112,7 @@ typedef struct {
     int alibi, docs, fused;  // ALiBi slopes (1: (NH), 2: (B, NH)); 3 documents per row; fused QKV
     float dropout;
     int deterministic;
+    float softcap;  // 0 = off (omitted in most cases below)
 } Case;
 
 // Strided view of a tensor on the host (fp32) and on the device (element type).
@@ -189,6 +191,7 @@ static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const
                         double acc = 0;
                         for (int d = 0; d < HS; d++) acc += (double)qi[d] * kj[d];
                         s = rnd(lowp, acc * p->scale);
+                        if (p->softcap > 0) s = rnd(lowp, p->softcap * tanh(s / p->softcap));
                         if (slopes_h) s += attn_alibi_bias(slopes_h[b * p->alibi_batch_stride + h], pos, j);
                     }
                     Pi[j] = s;
@@ -219,7 +222,15 @@ static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const
                     for (int d = 0; d < HS; d++) dp += (double)doi[d] * vj[d];
                     dp = rnd(lowp, dp);
                     if (p->dropout_p > 0) dp *= attn_dropout_keep(p, b, h, i, j) * ks;
-                    dSi[j] = rnd(lowp, Pi[j] * (dp - D));
+                    double cap_grad = 1;  // d(softcap * tanh(s / softcap)) / ds at the raw score
+                    if (p->softcap > 0) {
+                        const float *kj = at(k, b, j, g);
+                        double acc = 0;
+                        for (int d = 0; d < HS; d++) acc += (double)qi[d] * kj[d];
+                        const double t = tanh(rnd(lowp, acc * p->scale) / p->softcap);
+                        cap_grad = 1 - t * t;
+                    }
+                    dSi[j] = rnd(lowp, Pi[j] * (dp - D) * cap_grad);
                 }
                 double *dqi = r->dq + (((size_t)b * Tq + i) * p->NH + h) * HS;
                 for (int d = 0; d < HS; d++) dqi[d] = 0;
@@ -427,6 +438,7 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
     p.causal = c->causal; p.window_left = c->wl; p.window_right = c->wr;
     p.dropout_p = c->dropout; p.seed = 1234; p.offset = 77;
     p.dtype = dt; p.impl = c->impl; p.deterministic = c->deterministic;
+    p.softcap = c->softcap;
     p.q_st = q.st; p.k_st = k.st; p.v_st = v.st; p.o_st = out.st; p.do_st = dout.st;
     p.dq_st = dq.st; p.dk_st = dk.st; p.dv_st = dv.st;
     p.n_docs = c->docs ? n_docs : 0;
@@ -748,6 +760,12 @@ static void test_refusals(AttnContext *ctx) {
     p.window_left = -5;
     EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "window"),
            "window -5: expected a refusal naming the window, got '%s'", err);
+    p.window_left = -1;
+    p.softcap = 30.0f;  // the flash kernels lack it; the naive path runs it
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "softcap"),
+           "softcap on the flash kernels: expected a refusal naming softcap, got '%s'", err);
+    p.impl = ATTN_IMPL_NAIVE;
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == 0, "softcap on the naive path after a refusal: %s", err);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaFree(buf));
     CUDA_OK(cudaFree(lse));
@@ -764,49 +782,57 @@ int main(int argc, char **argv) {
     rng_seed(&rng, 42);
     const DType BF = DTYPE_BF16, FP = DTYPE_F16;
     const AttnImpl FL = ATTN_IMPL_FLASH, NV = ATTN_IMPL_NAIVE;
-    // name, dtype, impl, B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, fused, dropout, det
+    // name, dtype, impl, B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, fused, dropout, det, softcap
     const Case quick_cases[] = {
-        {"quick bf16 hs64 causal T=97", BF, FL, 1, 97, 97, 2, 1, 64, 1, -1, -1, 0, 0, 1, 0, 0},
-        {"quick fp16 hs128 T=70 alibi+drop", FP, FL, 1, 70, 70, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0.1f, 1},
-        {"quick bf16 hs64 docs naive", BF, NV, 2, 50, 50, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0},
+        {"quick bf16 hs64 causal T=97", BF, FL, 1, 97, 97, 2, 1, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"quick fp16 hs128 T=70 alibi+drop", FP, FL, 1, 70, 70, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0.1f, 1, 0},
+        {"quick bf16 hs64 docs naive", BF, NV, 2, 50, 50, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0, 0},
     };
     const Case cases[] = {
-        {"bf16 hs64 T=1", BF, FL, 2, 1, 1, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=1", BF, FL, 1, 1, 1, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=17", BF, FL, 2, 17, 17, 3, 3, 64, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 T=64", BF, FL, 1, 64, 64, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=97 fused", BF, FL, 2, 97, 97, 4, 4, 64, 1, -1, -1, 0, 0, 1, 0, 0},
-        {"bf16 hs64 T=128", BF, FL, 1, 128, 128, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=1000", BF, FL, 1, 1000, 1000, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 T=1025", BF, FL, 1, 1025, 1025, 2, 1, 64, 0, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=4096", BF, FL, 1, 4096, 4096, 1, 1, 64, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs128 causal T=97", BF, FL, 2, 97, 97, 2, 2, 128, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs128 T=1025 fused", BF, FL, 1, 1025, 1025, 2, 2, 128, 0, -1, -1, 0, 0, 1, 0, 0},
-        {"fp16 hs64 causal T=333", FP, FL, 2, 333, 333, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"fp16 hs128 T=200", FP, FL, 1, 200, 200, 3, 3, 128, 0, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 GQA 8/2 causal T=300", BF, FL, 2, 300, 300, 8, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0},
-        {"bf16 hs128 MQA 4/1 T=150", BF, FL, 1, 150, 150, 4, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 Tq=37 Tk=300", BF, FL, 2, 37, 300, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs128 causal Tq=37 Tk=300", BF, FL, 1, 37, 300, 2, 1, 128, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 window 31/0 causal", BF, FL, 1, 513, 513, 2, 2, 64, 1, 31, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs128 window 50/20", BF, FL, 2, 400, 400, 2, 2, 128, 0, 50, 20, 0, 0, 0, 0, 0},
-        {"bf16 hs64 masked rows Tq=200 Tk=40", BF, FL, 1, 200, 40, 2, 2, 64, 0, 3, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 alibi causal T=300", BF, FL, 1, 300, 300, 4, 4, 64, 1, -1, -1, 1, 0, 0, 0, 0},
-        {"bf16 hs64 docs causal B=2 T=256", BF, FL, 2, 256, 256, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0},
-        {"fp16 hs128 docs T=190", FP, FL, 3, 190, 190, 2, 1, 128, 0, -1, -1, 0, 1, 1, 0, 0},
-        {"bf16 hs64 dropout 0.1 causal T=200", BF, FL, 2, 200, 200, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0},
-        {"fp16 hs128 dropout 0.3 T=129", FP, FL, 1, 129, 129, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0},
-        {"bf16 hs64 deterministic causal T=500", BF, FL, 2, 500, 500, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 1},
-        {"bf16 hs128 deterministic T=300", BF, FL, 1, 300, 300, 2, 2, 128, 0, 40, 40, 1, 0, 0, 0.1f, 1},
-        {"naive bf16 hs64 causal T=300 GQA", BF, NV, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0},
-        {"naive fp16 hs128 T=97 drop+alibi", FP, NV, 1, 97, 97, 2, 2, 128, 0, -1, -1, 1, 0, 0, 0.2f, 0},
-        {"naive fp32 hs64 causal T=100", DTYPE_F32, NV, 1, 100, 100, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"naive bf16 hs64 window+docs", BF, NV, 2, 120, 120, 2, 2, 64, 1, 20, 0, 0, 1, 0, 0, 0},
-        {"bf16 hs64 GQA 4/2 causal Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0},
-        {"fp16 hs128 GQA 4/1 causal Tq=200 Tk=70 win 30/0", FP, FL, 1, 200, 70, 4, 1, 128, 1, 30, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal Tq=257 Tk=129 win 40/10 det", BF, FL, 2, 257, 129, 2, 2, 64, 1, 40, 10, 0, 0, 0, 0, 1},
-        {"bf16 hs64 alibi per batch row causal", BF, FL, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0},
-        {"fp16 hs128 alibi per batch row det", FP, FL, 2, 100, 100, 2, 2, 128, 0, 20, 20, 2, 0, 0, 0, 1},
+        {"bf16 hs64 T=1", BF, FL, 2, 1, 1, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=1", BF, FL, 1, 1, 1, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=17", BF, FL, 2, 17, 17, 3, 3, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 T=64", BF, FL, 1, 64, 64, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=97 fused", BF, FL, 2, 97, 97, 4, 4, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"bf16 hs64 T=128", BF, FL, 1, 128, 128, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=1000", BF, FL, 1, 1000, 1000, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 T=1025", BF, FL, 1, 1025, 1025, 2, 1, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=4096", BF, FL, 1, 4096, 4096, 1, 1, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 causal T=97", BF, FL, 2, 97, 97, 2, 2, 128, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 T=1025 fused", BF, FL, 1, 1025, 1025, 2, 2, 128, 0, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"fp16 hs64 causal T=333", FP, FL, 2, 333, 333, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs128 T=200", FP, FL, 1, 200, 200, 3, 3, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 GQA 8/2 causal T=300", BF, FL, 2, 300, 300, 8, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"bf16 hs128 MQA 4/1 T=150", BF, FL, 1, 150, 150, 4, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 Tq=37 Tk=300", BF, FL, 2, 37, 300, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 causal Tq=37 Tk=300", BF, FL, 1, 37, 300, 2, 1, 128, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 window 31/0 causal", BF, FL, 1, 513, 513, 2, 2, 64, 1, 31, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 window 50/20", BF, FL, 2, 400, 400, 2, 2, 128, 0, 50, 20, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 masked rows Tq=200 Tk=40", BF, FL, 1, 200, 40, 2, 2, 64, 0, 3, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 alibi causal T=300", BF, FL, 1, 300, 300, 4, 4, 64, 1, -1, -1, 1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 docs causal B=2 T=256", BF, FL, 2, 256, 256, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0, 0},
+        {"fp16 hs128 docs T=190", FP, FL, 3, 190, 190, 2, 1, 128, 0, -1, -1, 0, 1, 1, 0, 0, 0},
+        {"bf16 hs64 dropout 0.1 causal T=200", BF, FL, 2, 200, 200, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0, 0},
+        {"fp16 hs128 dropout 0.3 T=129", FP, FL, 1, 129, 129, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0, 0},
+        {"bf16 hs64 deterministic causal T=500", BF, FL, 2, 500, 500, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 1, 0},
+        {"bf16 hs128 deterministic T=300", BF, FL, 1, 300, 300, 2, 2, 128, 0, 40, 40, 1, 0, 0, 0.1f, 1, 0},
+        {"naive bf16 hs64 causal T=300 GQA", BF, NV, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"naive fp16 hs128 T=97 drop+alibi", FP, NV, 1, 97, 97, 2, 2, 128, 0, -1, -1, 1, 0, 0, 0.2f, 0, 0},
+        {"naive fp32 hs64 causal T=100", DTYPE_F32, NV, 1, 100, 100, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"naive bf16 hs64 window+docs", BF, NV, 2, 120, 120, 2, 2, 64, 1, 20, 0, 0, 1, 0, 0, 0, 0},
+        {"bf16 hs64 GQA 4/2 causal Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs128 GQA 4/1 causal Tq=200 Tk=70 win 30/0", FP, FL, 1, 200, 70, 4, 1, 128, 1, 30, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal Tq=257 Tk=129 win 40/10 det", BF, FL, 2, 257, 129, 2, 2, 64, 1, 40, 10, 0, 0, 0, 0, 1, 0},
+        {"bf16 hs64 alibi per batch row causal", BF, FL, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0, 0},
+        {"naive bf16 hs64 GQA causal Tq=200 Tk=77 win 20/0", BF, NV, 2, 200, 77, 4, 2, 64, 1, 20, 0, 0, 0, 0, 0, 0, 0},
+        {"naive fp32 hs32 MQA causal Tq=130 Tk=64", DTYPE_F32, NV, 1, 130, 64, 4, 1, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"naive bf16 hs64 alibi per batch row causal", BF, NV, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0, 0},
+        {"naive fp16 hs128 softcap 1.5 causal alibi", FP, NV, 2, 97, 97, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0, 0, 1.5f},
+        {"naive bf16 hs64 softcap 2 Tq=70 Tk=150 GQA", BF, NV, 1, 70, 150, 4, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 2.0f},
+        {"naive fp32 softcap 0.7 causal Tq=100 Tk=60 drop", DTYPE_F32, NV, 1, 100, 60, 2, 1, 64, 1, -1, -1, 2, 0, 0,
+         0.1f, 0, 0.7f},
+        {"fp32 (naive) softcap 5 alibi per row", DTYPE_F32, FL, 2, 90, 90, 2, 2, 64, 0, 30, 30, 2, 0, 0, 0, 0, 5.0f},
+        {"fp16 hs128 alibi per batch row det", FP, FL, 2, 100, 100, 2, 2, 128, 0, 20, 20, 2, 0, 0, 0, 1, 0},
     };
     // name, dtype, B, T, NH, NKV, HS, causal, wl, wr, alibi, q_split, k_split, det
     const ChunkCase chunk_cases[] = {
