@@ -10,11 +10,11 @@
 static void usage_export(FILE *f) {
     fprintf(f,
             "usage: train_gpt export --checkpoint DIR --format hf --out DIR\n"
-            "Writes a Hugging Face GPT2LMHeadModel directory (model.safetensors in fp32 and\n"
-            "config.json) that transformers.GPT2LMHeadModel.from_pretrained(DIR) loads. Models with\n"
-            "learned positions and one key/value head per query head export exactly; RoPE, ALiBi,\n"
-            "grouped-query attention and sliding windows have no GPT-2 equivalent and are refused.\n"
-            "--out must not exist; it appears only when complete.\n");
+            "Writes a Hugging Face model directory (model.safetensors in fp32, config.json) in the\n"
+            "architecture that computes the model exactly: learned positions -> GPT2LMHeadModel;\n"
+            "RoPE (with grouped-query attention and/or one sliding window on every layer) ->\n"
+            "Starcoder2ForCausalLM; partial RoPE (model.rope_dims) -> GPTNeoXForCausalLM. ALiBi and\n"
+            "the other combinations are refused with the reason. --out must not exist.\n");
 }
 
 static void usage_import(FILE *f) {
@@ -24,9 +24,9 @@ static void usage_import(FILE *f) {
             "Turns a model into a flashgpt checkpoint directory DIR (step 0, zero optimizer moments),\n"
             "which eval, sample and export read directly.\n"
             "  --from llmc FILE.bin  llm.c's model file (magic 20240326; version 3 fp32 or 5 bf16)\n"
-            "  --from hf DIR         a Hugging Face GPT2LMHeadModel directory: config.json and\n"
-            "                        model.safetensors (F32, BF16 or F16; names with or without the\n"
-            "                        'transformer.' prefix)\n"
+            "  --from hf DIR         a Hugging Face gpt2, starcoder2 or gpt_neox directory (its\n"
+            "                        model_type): config.json, model.safetensors (F32, BF16, F16;\n"
+            "                        names with or without the model's prefix)\n"
             "  --out DIR             the new checkpoint directory (must not exist)\n"
             "  --tokenizer FILE      an llm.c tokenizer file to store in the checkpoint, so sample\n"
             "                        prints text (e.g. llm.c's gpt2_tokenizer.bin)\n"
@@ -55,11 +55,12 @@ int cli_export_main(int argc, char **argv) {
     if (strcmp(format, "hf") != 0) fatal(EXIT_USAGE, "export: --format '%s': the one format is hf", format);
     char err[ERR_LEN];
     Config c;
-    const int rc = convert_export_hf(ckpt, out, &c, err, sizeof err);
+    const char *arch = "";
+    const int rc = convert_export_hf(ckpt, out, &c, &arch, err, sizeof err);
     if (rc != EXIT_OK) fatal(rc, "export: %s", err);
-    printf("exported %s to %s (Hugging Face GPT2LMHeadModel: %d layers, %d heads, width %d, vocab %d, "
-           "n_positions %d)\n", ckpt, out, c.model.n_layer, c.model.n_head, c.model.n_embd,
-           c.model.vocab_size, c.model.max_seq_len);
+    printf("exported %s to %s (Hugging Face %s: %d layers, %d heads, %d key/value heads, width %d, "
+           "vocab %d, positions %d)\n", ckpt, out, arch, c.model.n_layer, c.model.n_head, c.model.n_kv_head,
+           c.model.n_embd, c.model.vocab_size, c.model.max_seq_len);
     return EXIT_OK;
 }
 

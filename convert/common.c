@@ -30,22 +30,28 @@ static int set_key(Config *c, const char *key, long long value, const char *sour
     return set_error(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
 }
 
-int convert_import_config(Config *c, const GPTConfig *g, const char *source, char *err, size_t errlen) {
+int convert_import_config(Config *c, const GPTConfig *g, int window, const char *source, char *err,
+                          size_t errlen) {
     config_defaults(c);
+    char kv[128], why[512];
+    snprintf(kv, sizeof kv, "model.rope_theta=%.9g", (double)g->rope_theta);   // 9 digits: the float back
     if (set_key(c, "model.n_layer", g->L, source, err, errlen) != 0 ||
         set_key(c, "model.n_head", g->NH, source, err, errlen) != 0 ||
-        set_key(c, "model.n_kv_head", g->NH, source, err, errlen) != 0 ||
+        set_key(c, "model.n_kv_head", g->NKV, source, err, errlen) != 0 ||
         set_key(c, "model.n_embd", g->C, source, err, errlen) != 0 ||
         set_key(c, "model.vocab_size", g->V, source, err, errlen) != 0 ||
         set_key(c, "model.max_seq_len", g->maxT, source, err, errlen) != 0 ||
+        set_key(c, "model.rope_dims", g->rope_dims, source, err, errlen) != 0 ||
+        set_key(c, "attention.window", window, source, err, errlen) != 0 ||
         set_key(c, "train.batch_size", 1, source, err, errlen) != 0 ||
         set_key(c, "train.seq_len", g->maxT < 1024 ? g->maxT : 1024, source, err, errlen) != 0)
         return -1;
-    c->model.pos_embedding = POS_LEARNED;
+    if (config_set(c, kv, why, sizeof why) != 0)
+        return set_error(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
+    c->model.pos_embedding = g->pos;
     // An imported model comes without training data; the config must still name some, and a run
     // that resumes from this checkpoint uses its own config's data anyway.
     snprintf(c->data.train, sizeof c->data.train, "(imported model: set data.train)");
-    char why[512];
     if (config_validate(c, why, sizeof why) != 0)
         return set_error(err, errlen, "%s: the model does not fit flashgpt's config: %s", source, why);
     return 0;

@@ -6,9 +6,9 @@
 //
 // The entries parse their own options and return the exit code (0, 1 runtime failure, 2 bad
 // usage or bad input). An import writes a complete checkpoint directory (trainer/checkpoint.h:
-// step 0, zero AdamW moments), an export a Hugging Face GPT2LMHeadModel directory; both are
+// step 0, zero AdamW moments), an export a Hugging Face model directory; both are
 // written under a temporary name and renamed into place only when complete, and every input is
-// validated before anything is written.
+// validated before anything is written. convert/hf_arch.h lists the Hugging Face architectures.
 //
 // The rest of this header is shared by the three interop files (convert/common.c holds it).
 #pragma once
@@ -19,11 +19,14 @@
 #include "common/safetensors.h"
 #include "model/gpt.h"
 
-// Exports checkpoint directory ckpt as a Hugging Face GPT2LMHeadModel directory out (which
-// must not exist); *c receives the checkpoint's config. Returns EXIT_OK, EXIT_USAGE (bad input,
-// nothing written) or EXIT_RUNTIME (a write failed, no partial output kept), with err set.
-int convert_export_hf(const char *ckpt, const char *out, Config *c, char *err, size_t errlen);
-// Imports src (from "llmc": llm.c's model file; "hf": a GPT2LMHeadModel directory) into the new
+// Exports checkpoint directory ckpt as a Hugging Face model directory out (which must not
+// exist), in the architecture that computes it exactly (its transformers class into *arch);
+// *c receives the checkpoint's config. Returns EXIT_OK, EXIT_USAGE (bad input or a model no
+// architecture computes, nothing written) or EXIT_RUNTIME (a write failed, no partial output
+// kept), with err set.
+int convert_export_hf(const char *ckpt, const char *out, Config *c, const char **arch, char *err,
+                      size_t errlen);
+// Imports src (from "llmc": llm.c's model file; "hf": a Hugging Face model directory) into the new
 // checkpoint directory out, with the llm.c tokenizer file `tokenizer` (may be NULL) stored in
 // its config; *c and *n_params describe the model. Returns as convert_export_hf.
 int convert_import(const char *from, const char *src, const char *out, const char *tokenizer,
@@ -37,10 +40,12 @@ typedef struct {
     float *params;   // (gpt_num_params) host fp32, the layout of model/gpt.c; padded wte rows 0
 } HostModel;
 
-// The run config of a model imported from `source` (named in messages) with learned positions and
-// the dims V, maxT, L, NH, C of g: range-checked through the config table, defaults elsewhere,
-// batch 1 and seq_len min(1024, maxT) so `eval` and `sample` work on the checkpoint alone.
-int convert_import_config(Config *c, const GPTConfig *g, const char *source, char *err, size_t errlen);
+// The run config of a model imported from `source` (named in messages) with the architecture
+// of g (V, maxT, L, NH, NKV, C, positions, RoPE base and dims) and the sliding window `window`
+// (-1: none) on every layer: range-checked through the config table, defaults elsewhere, batch 1
+// and seq_len min(1024, maxT) so `eval` and `sample` work on the checkpoint alone.
+int convert_import_config(Config *c, const GPTConfig *g, int window, const char *source, char *err,
+                          size_t errlen);
 // Builds the model of a validated config with all parameters 0.
 void convert_model_create(HostModel *hm, const Config *c);
 // Loads a checkpoint directory (its config and weights). Returns 0 or -1 with err set.
@@ -57,9 +62,10 @@ int convert_read_llmc_stream(FILE *f, long long size, const char *path, HostMode
                              size_t errlen);
 int convert_read_hf(const char *dir, HostModel *hm, char *err, size_t errlen);      // convert_hf.c
 // The architecture in the text of a Hugging Face config.json (len bytes; path names it in
-// messages), checked to be the GPT-2 flashgpt computes. Returns 0, or -1 with err set.
-int convert_hf_parse_config(const char *text, size_t len, const char *path, GPTConfig *g, char *err,
-                            size_t errlen);
+// messages; its model_type one of convert/hf_arch.h), checked to be a model flashgpt computes,
+// and its sliding window in *window (-1: none). Returns 0, or -1 with err set.
+int convert_hf_parse_config(const char *text, size_t len, const char *path, GPTConfig *g, int *window,
+                            char *err, size_t errlen);
 
 // Converts n elements of dtype dt (F32, BF16 or F16) to fp32. Returns 0, -1 for other dtypes.
 int convert_to_f32(float *dst, const void *src, DType dt, size_t n);

@@ -93,9 +93,8 @@ int convert_read_llmc_stream(FILE *f, long long size, const char *path, HostMode
     if (h[1] != LLMC_V_FP32 && h[1] != LLMC_V_BF16)
         return set_error(err, errlen, "'%s': unsupported version %d: expected %d (fp32) or %d (bf16)", path,
                          h[1], LLMC_V_FP32, LLMC_V_BF16);
-    GPTConfig g;
-    memset(&g, 0, sizeof g);
-    g.maxT = h[2], g.V = h[3], g.L = h[4], g.NH = h[5], g.C = h[6];
+    GPTConfig g = {.pos = POS_LEARNED, .rope_theta = 10000.0f};   // the rest is set below
+    g.maxT = h[2], g.V = h[3], g.L = h[4], g.NH = g.NKV = h[5], g.C = h[6];
     const int Vp_file = h[7];
     if (g.maxT < 1 || g.V < 2 || g.L < 1 || g.NH < 1 || g.C < 1 || Vp_file < g.V)
         return set_error(err, errlen, "'%s': bad header: maxT %d, V %d, L %d, NH %d, C %d, Vp %d (need all "
@@ -103,7 +102,7 @@ int convert_read_llmc_stream(FILE *f, long long size, const char *path, HostMode
                          Vp_file);
     // The config table's ranges come first: they also keep the size arithmetic below in range.
     Config c;
-    if (convert_import_config(&c, &g, path, err, errlen) != 0) return -1;
+    if (convert_import_config(&c, &g, -1, path, err, errlen) != 0) return -1;
     const int bf16 = h[1] == LLMC_V_BF16;
     const long long C = g.C, L = g.L;
     const long long n_params = ((long long)Vp_file + g.maxT) * C + L * (12 * C * C + 13 * C) + 2 * C;

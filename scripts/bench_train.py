@@ -4,9 +4,14 @@
 usage: python3 scripts/bench_train.py [-c configs/gpt2_124m.json] [--batch 16] [--seq 1024]
            [--steps 20] [--no-compile] [--bin ./train_gpt] [--json OUT.json]
 
+The model sizes: configs/gpt2_124m.json, gpt2_medium.json (350M), gpt2_large.json (774M),
+gpt2_xl.json (1.5B) at 1024 tokens, and configs/long_350m_32k.json (350M, RoPE, 4 key/value
+heads for 16 query heads) at --seq 32768 --batch 1.
+
 flashgpt: `train_gpt bench` (random tokens, one warm-up step, then --steps timed optimizer steps:
 forward, backward, clipping and AdamW) on the config with batch/seq overridden.
-PyTorch: the same GPT-2 architecture (learned positions, pre-LayerNorm blocks, tanh GELU, tied
+PyTorch: the same GPT-2 architecture (the config's positions: learned, or RoPE half-split as
+flashgpt's; grouped-query attention by repeating key/value heads; pre-LayerNorm blocks, tanh GELU, tied
 head, vocabulary padded to a multiple of 128; as in nanoGPT the softmax spans the padded
 vocabulary, flashgpt's only the real one), bf16 autocast, scaled_dot_product_attention
 (causal), fused AdamW with weight decay on 2-D weights, gradient clipping; eager and, unless
@@ -47,19 +52,30 @@ def bench_flashgpt(args):
 def build_torch_model(torch, cfg, seq):
     nn, F = torch.nn, torch.nn.functional
     L, NH, C, V = cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["vocab_size"]
-    Vp = (V + 127) // 128 * 128
+    NKV = cfg.get("n_kv_head") or NH
+    HS, Vp = C // NH, (V + 127) // 128 * 128
+    rope = cfg.get("pos_embedding", "learned") == "rope"
+
+    def rotate(x, cos, sin):   # half-split RoPE over the whole head, (B, H, T, HS)
+        x1, x2 = x[..., :HS // 2], x[..., HS // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
             self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
-            self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.qkv, self.proj = nn.Linear(C, (NH + 2 * NKV) * HS), nn.Linear(C, C)
             self.fc, self.fc_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
 
-        def forward(self, x):
+        def forward(self, x, cos, sin):
             B, T, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in (q, k, v))
+            q, k, v = self.qkv(self.ln1(x)).split([NH * HS, NKV * HS, NKV * HS], dim=2)
+            q = q.view(B, T, NH, HS).transpose(1, 2)
+            k, v = (t.view(B, T, NKV, HS).transpose(1, 2) for t in (k, v))
+            if rope:
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            if NKV != NH:
+                k, v = (t.repeat_interleave(NH // NKV, dim=1) for t in (k, v))
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
             return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
@@ -67,7 +83,8 @@ def build_torch_model(torch, cfg, seq):
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.wte, self.wpe = nn.Embedding(Vp, C), nn.Embedding(max(seq, cfg["max_seq_len"]), C)
+            self.wte = nn.Embedding(Vp, C)
+            self.wpe = None if rope else nn.Embedding(max(seq, cfg["max_seq_len"]), C)
             self.blocks = nn.ModuleList(Block() for _ in range(L))
             self.lnf = nn.LayerNorm(C)
             for n, p in self.named_parameters():
@@ -76,9 +93,18 @@ def build_torch_model(torch, cfg, seq):
                     nn.init.normal_(p, 0.0, std)
 
         def forward(self, idx, targets):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx)
+            cos = sin = None
+            if rope:
+                inv_freq = cfg.get("rope_theta", 10000.0) ** (
+                    -torch.arange(0, HS, 2, device=idx.device, dtype=torch.float32) / HS)
+                ang = pos[:, None].float() * inv_freq   # (T, HS/2)
+                cos, sin = ang.cos(), ang.sin()
+            else:
+                x = x + self.wpe(pos)
             for b in self.blocks:
-                x = b(x)
+                x = b(x, cos, sin)
             # nanoGPT's head (and the anchors'): logits over the padded vocabulary, whose extra
             # columns are never targets; cross_entropy runs in fp32 under autocast. Slicing the
             # head to the real 50257 columns made eager PyTorch 1.5x slower than the anchor
@@ -150,7 +176,11 @@ def main():
         rows["pytorch compile"] = bench_torch(args, cfg, True)
     L, C = cfg["n_layer"], cfg["n_embd"]
     Vp = (cfg["vocab_size"] + 127) // 128 * 128
-    n_params = Vp * C + max(args.seq, args.max_seq_len) * C + L * 12 * C * C + L * 13 * C + 2 * C
+    NH = cfg["n_head"]
+    NKV = cfg.get("n_kv_head") or NH
+    QKV = (NH + 2 * NKV) * (C // NH)   # fused q | k | v rows
+    wpe = 0 if cfg.get("pos_embedding", "learned") == "rope" else max(args.seq, args.max_seq_len) * C
+    n_params = Vp * C + wpe + L * (QKV * C + QKV + 9 * C * C + 10 * C) + 2 * C
     flops = 6 * n_params + 6 * L * args.seq * C
     print(f"GPT ({args.config}), batch {args.batch} x seq {args.seq}, {args.steps} timed steps, bf16")
     print("| implementation | ms/step | tokens/s | MFU | GPU memory GiB | PyTorch allocated GiB | vs flashgpt |")

@@ -2,8 +2,10 @@
 """Plot one or more runs' metrics.jsonl: train and val loss against tokens seen, and tokens/s.
 
 usage: scripts/plot_metrics.py RUN_DIR_OR_METRICS.jsonl [...] [-o plot.png] [--smooth N]
+                               [--positions EVAL.json ...]
 Each run is labelled by its directory name. Later lines for the same step (a resumed run
-re-training steps after its last checkpoint) replace earlier ones.
+re-training steps after its last checkpoint) replace earlier ones. --positions adds a panel of
+the mean loss by token position that `train_gpt eval --per-position --json EVAL.json` wrote.
 """
 import argparse
 import json
@@ -32,6 +34,16 @@ def load(path):
     return label, [train[k] for k in sorted(train)], [val[k] for k in sorted(val)]
 
 
+def load_positions(path):
+    """The buckets of an `eval --per-position --json` file: (first, last, loss) with a loss."""
+    try:
+        ev = json.load(open(path))
+        rows = [(b["first"], b["last"], b["loss"]) for b in ev["per_position"] if b["loss"] is not None]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: {path}: not a train_gpt eval --per-position --json file ({e})")
+    return rows
+
+
 def smooth(xs, n):
     if n <= 1:
         return xs
@@ -46,15 +58,31 @@ def smooth(xs, n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="run directories or metrics.jsonl files")
+    ap.add_argument("runs", nargs="*", help="run directories or metrics.jsonl files")
     ap.add_argument("-o", "--out", default="metrics.png", help="output PNG (default metrics.png)")
     ap.add_argument("--smooth", type=int, default=1, help="moving average over N train steps")
+    ap.add_argument("--positions", nargs="+", default=[], help="eval --per-position --json files")
     args = ap.parse_args()
+    if not args.runs and not args.positions:
+        ap.error("name a run or a --positions file")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(13, 4.5))
+    panels = 3 if args.positions else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5))
+    ax_loss, ax_speed = axes[0], axes[1]
+    for path in args.positions:
+        rows = load_positions(path)
+        axes[2].plot([last for _, last, _ in rows], [loss for _, _, loss in rows], "o-", ms=3,
+                     label=os.path.basename(path))
+    if args.positions:
+        axes[2].set_xscale("log", base=2)
+        axes[2].set_xlabel("token position (bucket end)")
+        axes[2].set_ylabel("loss (nats)")
+        axes[2].set_title("loss by position")
+        axes[2].grid(alpha=0.3)
+        axes[2].legend(fontsize=8)
     for path in args.runs:
         if not os.path.exists(path):
             sys.exit(f"error: {path} does not exist")

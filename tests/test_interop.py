@@ -506,14 +506,18 @@ def test_export_refuses_what_gpt2_cannot_compute(trained, tmp_path):
         (train_tiny(tmp_path, "gqa", n_kv_head=1), ["model.n_kv_head = 1", "grouped-query"]),
         (train_tiny(tmp_path, "alibi", pos_embedding="alibi"), ["model.pos_embedding = alibi"]),
     ]
-    # A windowed and a RoPE run: the same weights with those options in the stored config (the
+    # A windowed run and a RoPE run with alternating windows (tests/test_convert_hf.py has the
+    # RoPE models that export): the same weights with those options in the stored config (the
     # refusal comes from the config alone, before any weight is read).
-    for key, value, needles in [("attention", {"window": 8}, ["attention.window = 8", "sliding window"]),
-                                ("model", {"pos_embedding": "rope"}, ["model.pos_embedding = rope"])]:
+    for key, edits, needles in [
+            ("window", {"attention": {"window": 8}}, ["attention.window = 8", "sliding window"]),
+            ("alternating", {"model": {"pos_embedding": "rope"}, "attention": {"window": 8, "window_every": 2}},
+             ["attention.window_every = 2"])]:
         ckpt = str(tmp_path / f"edited_{key}")
         shutil.copytree(trained, ckpt)
         state = json.load(open(os.path.join(ckpt, "state.json")))
-        state["config"][key].update(value)
+        for section, value in edits.items():
+            state["config"][section].update(value)
         write_state(ckpt, state)   # with its checksum, so the refusal is the config's
         cases.append((ckpt, needles))
     for ckpt, needles in cases:

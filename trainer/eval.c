@@ -16,10 +16,11 @@ long long eval_batches(const Dataset *d, int B, int T, long long tokens) {
     return n < 1 ? 1 : n;
 }
 
-// Mean loss over the non-ignored targets of n_batches batches from the start of d, over every
-// rank of comm (NULL: this process alone; each rank reads its slice of every batch).
-double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm,
-                 const ContextParallel *cp) {
+// The loss sums of n_batches batches from the start of d into sums[0] (loss) and sums[1]
+// (targets); with by_pos (NULL: not kept), also per window position t: loss into by_pos[2t],
+// targets into by_pos[2t + 1] (T positions, no context parallelism).
+static void eval_sums(GPT *m, Dataset *d, int B, int T, long long n_batches, const ContextParallel *cp,
+                      double sums[2], double *by_pos) {
     const int TL = cp ? T / cp_get_layout(cp)->cp : T;
     int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
     int *lin = xmalloc((size_t)B * TL * sizeof(int)), *ltg = xmalloc((size_t)B * TL * sizeof(int));
@@ -39,8 +40,11 @@ double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *co
         }
         gpt_forward(m, lin, ltg, B, TL);
         gpt_losses_f32(m, losses);
-        for (int i = 0; i < B * TL; i++)
-            if (ltg[i] >= 0) sum += losses[i], count++;
+        for (int i = 0; i < B * TL; i++) {
+            if (ltg[i] < 0) continue;
+            sum += losses[i], count++;
+            if (by_pos) by_pos[2 * (i % TL)] += losses[i], by_pos[2 * (i % TL) + 1] += 1;
+        }
     }
     gpt_set_training(m, 1);
     free(in);
@@ -48,7 +52,35 @@ double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *co
     free(lin);
     free(ltg);
     free(losses);
-    double sums[2] = {sum, (double)count};
+    sums[0] = sum;
+    sums[1] = (double)count;
+}
+
+double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm,
+                 const ContextParallel *cp) {
+    double sums[2];
+    eval_sums(m, d, B, T, n_batches, cp, sums, NULL);
     if (comm) comm->allreduce_host_f64(comm, sums, 2);
+    return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+int eval_position_buckets(int T, EvalBucket *buckets, int max) {
+    int n = 0;
+    for (int first = 1, last = 128; first <= T && n < max; first = last + 1, last *= 2)
+        buckets[n++] = (EvalBucket){first, last < T ? last : T, 0.0, 0};
+    return n;
+}
+
+double eval_loss_by_position(GPT *m, Dataset *d, int B, int T, long long n_batches, EvalBucket *buckets,
+                             int n_buckets) {
+    double sums[2], *by_pos = xcalloc((size_t)2 * T, sizeof(double));   // (T, 2)
+    eval_sums(m, d, B, T, n_batches, NULL, sums, by_pos);
+    for (int k = 0; k < n_buckets; k++) {
+        double loss = 0, n = 0;
+        for (int p = buckets[k].first; p <= buckets[k].last; p++) loss += by_pos[2 * (p - 1)], n += by_pos[2 * p - 1];
+        buckets[k].loss = n > 0 ? loss / n : NAN;
+        buckets[k].targets = (long long)n;
+    }
+    free(by_pos);
     return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }

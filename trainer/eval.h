@@ -1,5 +1,5 @@
 // eval: the mean validation loss of a model over a dataset, the same loop for the training run's
-// periodic evaluation and for `train_gpt eval`.
+// periodic evaluation and for `train_gpt eval`, and the loss by token position (long context).
 #pragma once
 #include "data/dataset.h"
 #include "dist/comm.h"
@@ -16,3 +16,18 @@ long long eval_batches(const Dataset *d, int B, int T, long long tokens);
 // training mode.
 double eval_loss(GPT *m, Dataset *d, int B, int T, long long n_batches, Comm *comm,
                  const ContextParallel *cp);
+
+// The mean loss of the targets at window positions [first, last] (1-based: the target at
+// position p is predicted from p tokens of context).
+typedef struct {
+    int first, last;
+    double loss;          // NAN when no target counted
+    long long targets;
+} EvalBucket;
+// The buckets 1-128, 129-256, 257-512, ... (each twice the last), the last one cut at T; at
+// most max. Returns their number.
+int eval_position_buckets(int T, EvalBucket *buckets, int max);
+// eval_loss on this process alone (no context parallelism) that also fills the buckets' loss
+// and targets. Returns the mean loss over all positions.
+double eval_loss_by_position(GPT *m, Dataset *d, int B, int T, long long n_batches, EvalBucket *buckets,
+                             int n_buckets);
