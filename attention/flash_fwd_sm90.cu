@@ -97,15 +97,17 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     };
     // Online softmax of tile i's scores in s (flash_fwd_sm80.cu): s becomes P, the running max and
     // sum move on, corr is the factor O still has to take. A row that has seen only masked keys
-    // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN. Masked<true> for
-    // partial tiles (flash_mask.cuh), Masked<false> for the bulk.
-    auto softmax = [&](int i, auto masked) {
+    // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN. Only partial tiles
+    // are masked: a branch per tile around the masking alone. (The masked and unmasked steps as
+    // two instantiations put two softmax copies into the pipelined loop: 174 -> 202 registers
+    // and 0.93x at D 64, docs/PERFORMANCE.md.)
+    auto softmax = [&](int i, bool masked) {
         const int n0 = (nb_end - 1 - i) * BN;
         if (prescale) {
 #pragma unroll
             for (int e = 0; e < NS * 4; e++) s[e] *= scale_log2;
         }
-        if constexpr (decltype(masked)::value) mask_scores<NS>(s, rr, n0, t);
+        if (masked) mask_scores<NS>(s, rr, n0, t);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     };
     auto softmax_tile = [&](int i) {
         const int n0 = (nb_end - 1 - i) * BN;
-        step_by_class(tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL, [&](auto masked) { softmax(i, masked); });
+        softmax(i, tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL);
     };
     // O *= corr, then P (fp32 in s) packed into pa, the A operand of the next O += P V.
     auto rescale_and_pack = [&]() {

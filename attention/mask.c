@@ -152,11 +152,6 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     if (dev == DEVICE_CPU && p->dtype != DTYPE_F32)
         return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got dtype %s: "
                                  "use fp32", dtype_name(p->dtype));
-    if (attn_runs_naive(p, dev) && (p->pos_explicit || p->lse_batch_stride || p->lse_head_stride))
-        return set_error(err, errlen,
-                    "attention: explicit positions and a strided lse (what context parallelism's "
-                    "ring needs) are implemented by the cuda flash kernels, not by the materialised "
-                    "path (impl naive, or fp32): use impl flash with bf16 or fp16");
     if (backward && p->accumulate && p->impl == ATTN_IMPL_NAIVE)
         return set_error(err, errlen,
                     "attention: accumulate (a sum over key chunks) needs the flash implementation, "

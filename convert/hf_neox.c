@@ -59,7 +59,9 @@ static int neox_parse(const cJSON *o, const char *path, GPTConfig *g, int *windo
         return set_error(err, errlen, "%s: hidden_size %d is not divisible by num_attention_heads %d", path,
                          g->C, g->NH);
     const int HS = g->C / g->NH;
-    const cJSON *pct = hf_json_get(o, "rotary_pct");
+    // transformers 5 keeps it as rope_parameters.partial_rotary_factor in the configs it saves.
+    const cJSON *pct = hf_json_get(o, "rotary_pct"), *params = hf_json_get(o, "rope_parameters");
+    if (!pct && params) pct = hf_json_get(params, "partial_rotary_factor");
     if (pct && (!cJSON_IsNumber(pct) || !(pct->valuedouble > 0 && pct->valuedouble <= 1)))
         return set_error(err, errlen, "%s: rotary_pct must be a number in (0, 1]", path);
     const int R = (int)(HS * (pct ? pct->valuedouble : 0.25));   // GPTNeoXConfig's default 0.25

@@ -294,6 +294,25 @@ def test_export_refuses_what_no_architecture_computes(tmp_path):
                           [ckpt] + needles, tmp_path)
 
 
+def transformers5_neox(c):
+    """The GPT-NeoX config as transformers 5 saves it: rotary_pct and rotary_emb_base inside
+    rope_parameters."""
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": c.pop("rotary_emb_base"),
+                            "partial_rotary_factor": c.pop("rotary_pct")}
+
+
+def test_import_reads_transformers5_rope_parameters(runs, tmp_path):
+    ckpt, hf = runs["partial"]
+    variant, back = str(tmp_path / "variant"), str(tmp_path / "back")
+    edited_config(hf, variant, transformers5_neox)
+    ti.ok(["import", "--from", "hf", variant, "--out", back])
+    want, got = run_config(ckpt)["model"], run_config(back)["model"]
+    assert (got["rope_dims"], got["rope_theta"]) == (want["rope_dims"], want["rope_theta"])
+    ours, _ = read_safetensors(os.path.join(ckpt, "model.safetensors"))
+    again, _ = read_safetensors(os.path.join(back, "model.safetensors"))
+    assert set(again) == set(ours) and all(np.array_equal(again[k], ours[k]) for k in ours)
+
+
 def edited_config(hf, dst, edit):
     shutil.copytree(hf, dst)
     path = os.path.join(dst, "config.json")
