@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             mma_pairs<T, false>(s, qa, [&](int np) { return kaddr + np * 16 * HS * 2; });
         }
 
-        // Scores to probabilities, masked per element only in the Masked<true> instance.
+        // Scores to probabilities, masked per element only where `masked` (partial tiles).
         auto softmax = [&](auto masked) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
                             s[mt][nt][e] = x;
                         }
                 }
-                if constexpr (decltype(masked)::value) mask_scores<NS>(&s[mt][0][0], rr[mt], n0, t);
+                if (bool(masked)) mask_scores<NS>(&s[mt][0][0], rr[mt], n0, t);
 
                 // Online softmax: rescale what was accumulated under the old max. A row that has seen
                 // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
@@ -166,7 +166,11 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
                 }
             }
         };
-        step_by_class(tile_class(qb.first, qb.last, n0, n0 + BN) == TILE_PARTIAL, softmax);
+        // The masked and unmasked steps as two instances at head size 64; at 128 a branch per tile
+        // around the masking alone (two instances measured 0.94x there, docs/PERFORMANCE.md).
+        const bool partial = tile_class(qb.first, qb.last, n0, n0 + BN) == TILE_PARTIAL;
+        if constexpr (HS == 64) step_by_class(partial, softmax);
+        else softmax(partial);
 
         const uint32_t vbase = smem_u32(cV);
 #pragma unroll

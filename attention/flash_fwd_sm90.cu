@@ -98,9 +98,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // Online softmax of tile i's scores in s (flash_fwd_sm80.cu): s becomes P, the running max and
     // sum move on, corr is the factor O still has to take. A row that has seen only masked keys
     // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN. Only partial tiles
-    // are masked: a branch per tile around the masking alone. (The masked and unmasked steps as
-    // two instantiations put two softmax copies into the pipelined loop: 174 -> 202 registers
-    // and 0.93x at D 64, docs/PERFORMANCE.md.)
+    // are masked (softmax_tile).
     auto softmax = [&](int i, bool masked) {
         const int n0 = (nb_end - 1 - i) * BN;
         if (prescale) {
@@ -129,9 +127,14 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
             row_sum[r] = row_sum[r] * corr[r] + sum;
         }
     };
+    // The masked and unmasked steps as two instances at head size 128; at 64 a branch per tile
+    // around the masking alone (two instances put two softmax copies into the pipelined loop,
+    // 174 -> 202 registers, and measured 0.93x there: docs/PERFORMANCE.md).
     auto softmax_tile = [&](int i) {
         const int n0 = (nb_end - 1 - i) * BN;
-        softmax(i, tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL);
+        const bool partial = tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL;
+        if constexpr (HS == 128) step_by_class(partial, [&](auto m) { softmax(i, decltype(m)::value); });
+        else softmax(i, partial);
     };
     // O *= corr, then P (fp32 in s) packed into pa, the A operand of the next O += P V.
     auto rescale_and_pack = [&]() {
