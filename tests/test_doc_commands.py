@@ -120,6 +120,9 @@ RUN = [
     Run(r"^\./train_gpt eval --checkpoint runs/try/ckpt_00000200 --data ", prints=r"(?m)^val_loss: [0-9.]+$",
         after=(README_TRAIN, r"^\./train_gpt prepare --tokenizer char --input input\.txt ")),
     Run(r"^\./train_gpt sample --checkpoint runs/try/ckpt_00000200 ", prints=r"ROMEO:", after=(README_TRAIN,)),
+    Run(r"^\./train_gpt export --checkpoint runs/try/ckpt_00000200 --format hf --out hf_model$",
+        after=(README_TRAIN,), creates=("hf_model/config.json", "hf_model/model.safetensors")),
+    Run(r"^make libattention$", creates=("build/libattention.so",)),
     Run(r"^\./train_gpt bench -c configs/tiny_cpu\.json --steps 5 --breakdown$", append=TINY_MODEL,
         prints=r"[0-9.]+ ms/step, [0-9]+ tokens/s"),
     Run(r"^\./train_gpt bench -c configs/gpt2_124m\.json --steps 20 --attention$",
@@ -163,7 +166,10 @@ NOT_RUN = [
      "builds the GPU attention test and libattention.so for the GPU commands beside it (make test compiles "
      "every CUDA source of the library already)"),
     (r"^scripts/run_gpu_attention\.sh ", f"{GPU} (nvidia-smi, the GPU attention test, compute-sanitizer)"),
-    (r"^python3 scripts/bench_attention\.py\b", f"{GPU} (the CUDA kernels through libattention.so)"),
+    (r"^(python3 )?scripts/bench_attention\.py\b", f"{GPU} (the CUDA kernels through libattention.so)"),
+    (r"^python3 scripts/bench_flash_attn_func\.py\b", f"{GPU} (CUDA tensors through the Python package)"),
+    (r"^export PYTHONPATH=", "a shell setting for the reader's session, not a command (the Python tests set "
+     "PYTHONPATH themselves)"),
     (r"^python3 scripts/bench_train\.py\b", f"{GPU} (train_gpt and PyTorch on CUDA)"),
     (r"^(python3 )?scripts/profile_kernels\.py\b", f"{GPU} and Nsight Compute (ncu)"),
     (r"^for i in 1 2 3; do for b in OLD/train_gpt \./train_gpt; do \$b bench -c configs/gpt2_124m\.json \$B; ",
