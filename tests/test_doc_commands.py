@@ -167,7 +167,8 @@ NOT_RUN = [
      "every CUDA source of the library already)"),
     (r"^scripts/run_gpu_attention\.sh ", f"{GPU} (nvidia-smi, the GPU attention test, compute-sanitizer)"),
     (r"^(python3 )?scripts/bench_attention\.py\b", f"{GPU} (the CUDA kernels through libattention.so)"),
-    (r"^python3 scripts/bench_flash_attn_func\.py\b", f"{GPU} (CUDA tensors through the Python package)"),
+    (r"^(PYTHONPATH=\S+ )?python3 scripts/bench_flash_attn_func\.py\b",
+     f"{GPU} (CUDA tensors through the Python package)"),
     (r"^export PYTHONPATH=", "a shell setting for the reader's session, not a command (the Python tests set "
      "PYTHONPATH themselves)"),
     (r"^python3 scripts/bench_train\.py\b", f"{GPU} (train_gpt and PyTorch on CUDA)"),

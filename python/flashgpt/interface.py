@@ -236,8 +236,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     softmax_scale defaults to 1/sqrt(headdim). With seqlen_q != seqlen_k, query i sits at key
     position i + seqlen_k - seqlen_q (bottom-right alignment): causal lets it see keys up to
-    there (and needs seqlen_q <= seqlen_k), window_size (left, right) keeps keys within [pos -
-    left, pos + right] (-1: unbounded), alibi_slopes (nheads,) or (batch, nheads) fp32 adds
+    there (with seqlen_q > seqlen_k the first seqlen_q - seqlen_k queries see none),
+    window_size (left, right) keeps keys within [pos - left, pos + right] (-1: unbounded),
+    alibi_slopes (nheads,) or (batch, nheads) fp32 adds
     -slope * |pos - j| to each score. A query that sees no key gets output 0. dropout_p applies
     to the attention probabilities (pass 0.0 in evaluation); deterministic makes the backward
     bitwise reproducible. return_attn_probs=True and attn_bias are not supported (ValueError)."""
