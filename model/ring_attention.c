@@ -174,14 +174,18 @@ static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int 
     return span_params(ra, p, rank, origin, (Span){k >> 1, 1, k & 1, 1}, kv, dkv);
 }
 
-// Whether any query of the pair sees any key. The mask depends only on positions here (no
-// documents), so batch row 0 stands for all.
+// Whether any query of the pair sees any key, in O(1) (it is asked several times per ring step
+// and layer). With no documents (check_layout) key j is visible to query i, at key position pos
+// = i + shift, iff the offset j - pos lies in [-window_left, causal ? min(0, window_right) :
+// window_right] (unbounded where -1); the pair's offsets cover [-(T_q - 1 + shift), T_k - 1 -
+// shift] without gaps, so some query sees some key iff the two intervals meet.
 static int pair_visible(const AttnParams *a) {
-    for (int i = 0; i < a->T_q; i++) {
-        AttnKeyRange r = attn_key_range(a, 0, i);
-        if (r.lo < r.hi) return 1;
-    }
-    return 0;
+    const int64_t shift = attn_query_shift(a);
+    int64_t lo = -((int64_t)a->T_q - 1 + shift), hi = (int64_t)a->T_k - 1 - shift;
+    if (a->window_left >= 0 && lo < -(int64_t)a->window_left) lo = -(int64_t)a->window_left;
+    if (a->causal && hi > 0) hi = 0;
+    if (a->window_right >= 0 && hi > a->window_right) hi = a->window_right;
+    return lo <= hi;
 }
 
 // Whether every query of the pair sees every key: the key ranges only grow along the rows, so
