@@ -21,7 +21,6 @@ C_SRC   := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 CU_SRC  := $(foreach m,$(MODULES),$(wildcard $(m)/*.cu))
 C_OBJ    = $(C_SRC:%.c=$(BUILD)/%.o)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
-HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*.cuh)) $(wildcard cli/*.h)
 # The subcommands besides train (cli/) link into train_gpt only, not into the library tests use.
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cli/*.c))
 
@@ -99,13 +98,17 @@ endif
         bench libattention check-deps clean
 all: $(BIN)
 
-$(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/flags
+# Each object lists the headers it includes in a .d file beside it (-MMD), so editing a header
+# rebuilds only the objects that include it.
+$(BUILD)/%.o: %.c $(BUILD)/flags
 	@mkdir -p $(dir $@)
-	$(call say,CC,$<)$(CC) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu $(HEADERS) $(BUILD)/flags
+$(BUILD)/%.cu.o: %.cu $(BUILD)/flags
 	@mkdir -p $(dir $@)
-	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+-include $(OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/train_gpt.d
 
 $(BUILD)/libflashgpt.a: $(OBJ)
 	@rm -f $@
