@@ -144,8 +144,9 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
 // Flash implementations need O(B*NH*T); naive needs O(B*NH*T_q*T_k).
 size_t attn_workspace_bytes(const AttnParams *p, Device dev);
 // Whether the problem runs the materialised (naive) path on dev: impl naive, or fp32 on CUDA,
-// which has no tensor-core flash kernel. On CUDA, attn_check refuses softcap for the flash
-// kernels (so far the one feature of this struct they lack).
+// which has no tensor-core flash kernel. On CUDA, softcap runs on the sm90 flash family only
+// (attn_forward / attn_backward refuse it on the sm80 family, attn_check with the
+// deterministic backward).
 int attn_runs_naive(const AttnParams *p, Device dev);
 
 // The CPU reference itself (fp32), on params attn_check accepted: what attn_forward runs on a

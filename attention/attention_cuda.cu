@@ -19,13 +19,13 @@ typedef enum { FAMILY_NAIVE = 0, FAMILY_SM80 = 1, FAMILY_SM90 = 2 } AttnKernelFa
 typedef struct {
     AttnKernelFamily family;
     int hs;       // head size of the instantiated kernel
-    bool extras;  // ALiBi or dropout: the kernel variant that evaluates them
+    bool extras;  // soft-capping, ALiBi or dropout: the kernel variant that evaluates them
     int fwd_wgs;  // sm90 forward: warpgroups per block (Sm90FwdTile)
 } AttnKernelChoice;
 
 // What a kernel choice depends on besides the context: one cached plan per distinct key.
 typedef struct {
-    int backward, hs, extras, deterministic, naive, long_q;
+    int backward, hs, extras, softcap, deterministic, naive, long_q;
     DType dtype;
 } PlanKey;
 
@@ -46,16 +46,16 @@ struct AttnGpu {
 };
 
 // Picks the kernel family and tile from (arch, dtype, head size, features, direction, T).
-// Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family unless
-// the context asked for sm80; ALiBi, dropout and the deterministic backward stay on the sm80
-// family. fp32 (no tensor-core flash kernel) and impl naive run the materialised version
+// Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family, every
+// feature included, unless the context asked for sm80; softcap runs on that family only.
+// fp32 (no tensor-core flash kernel) and impl naive run the materialised version
 // (attn_runs_naive; attn_check has refused the features the flash kernels lack). Only the sm90
 // forward's tile depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents
 // why). Returns -1 with a message when nothing fits.
 static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backward, AttnKernelChoice *c,
                               char *err, size_t errlen) {
     c->hs = p.HS;
-    c->extras = p.alibi_slopes != NULL || p.dropout_p > 0.f;
+    c->extras = p.alibi_slopes != NULL || p.dropout_p > 0.f || p.softcap > 0.f;
     if (attn_runs_naive(&p, DEVICE_CUDA)) {
         c->family = FAMILY_NAIVE;
         return 0;
@@ -70,13 +70,15 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
                  "or impl naive", p.HS);
         return -1;
     }
-    c->family = FAMILY_SM80;
-    if (g.kernel != ATTN_KERNEL_SM80 && g.arch == 90 && g.sm90_ok && !c->extras &&
-        !(backward && p.deterministic))
-        c->family = FAMILY_SM90;
+    c->family = g.kernel != ATTN_KERNEL_SM80 && g.arch == 90 && g.sm90_ok ? FAMILY_SM90 : FAMILY_SM80;
+    if (p.softcap > 0.f && c->family == FAMILY_SM80) {
+        snprintf(err, errlen, "attention: softcap runs on the sm90 flash kernels (a Hopper GPU, kernel auto or "
+                 "sm90), the cpu and the naive cuda path: use impl naive (attention.impl = naive)");
+        return -1;
+    }
     // HS 64: three warpgroups (BM 192) from 4K queries on, two below (short causal rows are
-    // imbalanced over 192-row tiles); HS 128 fits two only.
-    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 ? 3 : 2;
+    // imbalanced over 192-row tiles); HS 128 fits two only, and so do the feature instances.
+    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
     return 0;
 }
 
@@ -112,27 +114,31 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
     else sm80_run<T, 128, false>(p, backward, s);
 }
 
-// The sm90 backward always uses the fp32 dQ accumulator (attn_select_kernel keeps the
-// deterministic mode on the sm80 family).
-template <typename T, int HS>
+// The deterministic backward runs the sm90 main kernel without dQ and the sm80 family's dQ
+// kernel after it (sm80_run's order); the three-warpgroup forward has no feature instance.
+template <typename T, int HS, bool EXTRAS>
 static void sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
                      cudaStream_t s) {
     if (!backward) {
-        if (HS == 64 && c.fwd_wgs == 3) flash_fwd_sm90_launch<T, 64, 3>(p, enc, s);
-        else flash_fwd_sm90_launch<T, HS, 2>(p, enc, s);
+        if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
+        else flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
         return;
     }
-    float *dq_accum = flash_ws_dq_accum(p), *dsum = flash_ws_dsum(p);
+    float *dq_accum = p.deterministic ? NULL : flash_ws_dq_accum(p);
+    float *dsum = flash_ws_dsum(p);
     flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
-    flash_bwd_sm90_launch<T, HS>(p, dsum, dq_accum, enc, s);
-    flash_bwd_convert_dq<T>(p, dq_accum, s);
+    flash_bwd_sm90_launch<T, HS, EXTRAS>(p, dsum, dq_accum, enc, s);
+    if (dq_accum) flash_bwd_convert_dq<T>(p, dq_accum, s);
+    else flash_bwd_dq_launch<T, HS, EXTRAS>(p, dsum, s);
 }
 
 template <typename T>
 static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
                              cudaStream_t s) {
-    if (c.hs == 64) sm90_run<T, 64>(p, c, backward, enc, s);
-    else sm90_run<T, 128>(p, c, backward, enc, s);
+    if (c.hs == 64 && c.extras) sm90_run<T, 64, true>(p, c, backward, enc, s);
+    else if (c.hs == 64) sm90_run<T, 64, false>(p, c, backward, enc, s);
+    else if (c.extras) sm90_run<T, 128, true>(p, c, backward, enc, s);
+    else sm90_run<T, 128, false>(p, c, backward, enc, s);
 }
 
 static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc) {
@@ -223,7 +229,8 @@ static int plan_for(AttnGpu *g, const AttnParams &p, int backward, AttnKernelCho
     memset(&k, 0, sizeof k);   // padding too: keys are compared bytewise
     k.backward = backward;
     k.hs = p.HS;
-    k.extras = p.alibi_slopes != NULL || p.dropout_p > 0.f;
+    k.extras = p.alibi_slopes != NULL || p.dropout_p > 0.f || p.softcap > 0.f;
+    k.softcap = p.softcap > 0.f;
     k.deterministic = p.deterministic;
     k.naive = attn_runs_naive(&p, DEVICE_CUDA);
     k.long_q = p.T_q >= 4096;

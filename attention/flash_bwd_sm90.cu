@@ -13,15 +13,19 @@
 // Each pair issues S^T and dP^T first; the next pair's copies and this pair's bookkeeping run
 // while the tensor cores work. A third warpgroup, the writer, gives most of its registers to the
 // two MMA warpgroups (setmaxnreg); one warp of it adds each staged dQ block into the fp32
-// accumulator with one bulk reduction, off the MMA warps' path. ALiBi, dropout and the
-// deterministic mode stay on the sm80 kernels.
+// accumulator with one bulk reduction, off the MMA warps' path. Soft-capping, ALiBi and dropout
+// live in the EXTRAS instances only (flash_mask.cuh's ScoreRule; the dropout mask is every
+// implementation's). The deterministic mode runs the instance without dQ (DQ false: no dQ
+// product, no writer; an EXTRAS one, whose features cost nothing when off) and
+// flash_bwd_dq_sm80.cu's dQ kernel after it, as the sm80 family does. Both are compile-time
+// choices: a run-time branch around the dQ product serialises the plain instance's wgmma.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
-template <typename T, int HS>
+template <typename T, int HS, bool EXTRAS, bool DQ>
 __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     flash_bwd_sm90_kernel(const AttnParams p, const float *dsum, float *dq_accum,
                           const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -56,7 +60,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     constexpr int BAR_MMA = 1, DQ_FULL = 2, DQ_EMPTY = 4, NDQ = 128 + 32;
     if (wg == 2) {  // the writer: pairs in the MMA warpgroups' order, each block as it is staged
         setmaxnreg_dec<Tile::REGS_WRITER>();
-        if (warp != 0) return;
+        if (warp != 0 || !DQ) return;
         int hi = 0, mb = 0;
         for (int it = 0; it < pairs.total; it++) {
             const int h = kvh * pairs.G + hi, m0 = (pairs.mb_begin + mb) * BM;
@@ -118,6 +122,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 #pragma unroll
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
     const float scale_log2 = p.scale * LOG2E_F;
+    const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    const uint32_t keep_thresh = EXTRAS ? attn_philox_threshold(p.dropout_p) : 0u;
     const int krow = wg * 64 + warp * 16 + g;  // tile-relative key of d[4j + 0..1]; +8 for 2..3
     const uint32_t k_base = smem_u32(sK), v_base = smem_u32(sV), ds_base = smem_u32(sdS);
     // dQ split between the warpgroups: HS 64 (BM 128) by query halves, HS 128 (BM 64) by column
@@ -174,6 +180,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         // instructions).
         wgmma_wait<1>();
         wgmma_fence_regs(st);
+        uint32_t pa[BM / 16][4], sa[BM / 16][4];
         auto p_step = [&](auto masked) {
 #pragma unroll
             for (int j = 0; j < NQ; j++) {
@@ -193,22 +200,75 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 }
             }
         };
-        step_by_class(partial, p_step);
+        // The feature instance: capped and biased scores (flash_mask.cuh's ScoreRule), P after
+        // dropout packed into pa for dV here, st left holding P times the cap's derivative for
+        // dS, and the keep bits (element 4j + e at bit 4j + e) for dP. Dropout: the 4 lanes of
+        // one t and g / 4 hold 4 adjacent keys (g % 4 = 0..3) for the same 4 elements e; lane
+        // g % 4 = e draws the quad of its element e (query 8j + 2t + (e & 1), keys from
+        // krow - g % 4 + 8 (e >> 1)) and each lane takes its key's bit of every quad, one Philox
+        // block per 4 elements.
+        uint64_t keep_bits = ~0ull;
+        auto p_step_extras = [&](auto masked) {
+            const int h = pairs.head(it), m0 = pairs.m0(it, BM);
+            const ScoreRule rule = score_rule(p, b, h);
+            const int shift = (int)attn_query_shift(&p);
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const int q = 8 * j + 2 * t;
+                const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
+                const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+                unsigned keep4 = 15;  // bit e: element e survives dropout
+                if (p.dropout_p > 0.f) {
+                    const int gq = g & 3, e_mine = gq;
+                    const unsigned mine = dropout_keep_quad(p, keep_thresh, b, h, m0 + q + (e_mine & 1),
+                                                            n0 + krow - gq + 8 * (e_mine >> 1));
+                    keep4 = 0;
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        keep4 |= ((__shfl_sync(0xffffffffu, mine, (lane & ~12) | (e << 2)) >> gq) & 1) << e;
+                }
+                float pd[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = n0 + krow + 8 * (e >> 1), i = m0 + q + (e & 1);
+                    float dcap;
+                    float x = exp2_ftz(score_log2(rule, st[4 * j + e], i + shift, key, &dcap) + nl[e & 1]);
+                    if constexpr (decltype(masked)::value) {
+                        const int2 rg = cRng[q + (e & 1)];
+                        if (key < rg.x || key >= rg.y) x = 0.f;
+                    }
+                    pd[e] = x;
+                    if (p.dropout_p > 0.f) {  // rows past T_q and keys past T_k contribute 0 either way
+                        const bool keep = keep4 >> e & 1;
+                        pd[e] = keep ? x * keep_scale : 0.f;
+                        if (!keep) keep_bits &= ~(1ull << (4 * j + e));
+                    }
+                    st[4 * j + e] = x * dcap;
+                }
+#pragma unroll
+                for (int r = 0; r < 2; r++) pa[j >> 1][(j & 1) * 2 + r] = ElemTraits<T>::pack(pd[2 * r], pd[2 * r + 1]);
+            }
+        };
+        if constexpr (EXTRAS) step_by_class(partial, p_step_extras);
+        else step_by_class(partial, p_step);
         // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ).
         wgmma_wait<0>();
         wgmma_fence_regs(dpt);
-        uint32_t pa[BM / 16][4], sa[BM / 16][4];
 #pragma unroll
         for (int j = 0; j < NQ; j++) {
             const float2 dd = *reinterpret_cast<const float2 *>(cD + 8 * j + 2 * t);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const uint32_t ds = ElemTraits<T>::pack(st[4 * j + 2 * r] * (dpt[4 * j + 2 * r] - dd.x),
-                                                        st[4 * j + 2 * r + 1] * (dpt[4 * j + 2 * r + 1] - dd.y));
+                float dp0 = dpt[4 * j + 2 * r], dp1 = dpt[4 * j + 2 * r + 1];
+                if (EXTRAS && p.dropout_p > 0.f) {
+                    dp0 = keep_bits >> (4 * j + 2 * r) & 1 ? dp0 * keep_scale : 0.f;
+                    dp1 = keep_bits >> (4 * j + 2 * r + 1) & 1 ? dp1 * keep_scale : 0.f;
+                }
+                const uint32_t ds = ElemTraits<T>::pack(st[4 * j + 2 * r] * (dp0 - dd.x), st[4 * j + 2 * r + 1] * (dp1 - dd.y));
                 const uint32_t addr = ds_row[r] + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds) : "memory");
                 sa[j >> 1][(j & 1) * 2 + r] = ds;
-                pa[j >> 1][(j & 1) * 2 + r] = ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
+                if (!EXTRAS) pa[j >> 1][(j & 1) * 2 + r] = ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
             }
         }
         fence_proxy_async();
@@ -217,24 +277,28 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         // dQ first, then dV and dK: staging dQ for the writer warpgroup overlaps the dV/dK products.
         float dq[32];
         wgmma_fence();
+        if constexpr (DQ) {
 #pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++)
-            Wgmma<T, 64, 1, 1>::ss(dq, desc_add(dqa_desc, ks * 16 * 128), desc_add(dqb_desc, ks * 16 * 128), ks > 0);
-        wgmma_commit();
+            for (int ks = 0; ks < BN / 16; ks++)
+                Wgmma<T, 64, 1, 1>::ss(dq, desc_add(dqa_desc, ks * 16 * 128), desc_add(dqb_desc, ks * 16 * 128), ks > 0);
+            wgmma_commit();
+        }
 #pragma unroll
         for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dv, pa[kk], desc_add(o_mndesc, kk * 16 * 128), 1);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dk, sa[kk], desc_add(q_mndesc, kk * 16 * 128), 1);
         wgmma_commit();
-        wgmma_wait<1>();
-        wgmma_fence_regs(dq);
-        if (it > 0) named_barrier(DQ_EMPTY + wg, NDQ);
+        if constexpr (DQ) {
+            wgmma_wait<1>();
+            wgmma_fence_regs(dq);
+            if (it > 0) named_barrier(DQ_EMPTY + wg, NDQ);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int r = 0; r < 2; r++) sdQ_frag[(j * 2 + r) * 32] = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-        fence_proxy_async();
-        named_barrier_arrive(DQ_FULL + wg, NDQ);
+                for (int r = 0; r < 2; r++) sdQ_frag[(j * 2 + r) * 32] = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+            fence_proxy_async();
+            named_barrier_arrive(DQ_FULL + wg, NDQ);
+        }
         wgmma_wait<0>();  // dV and dK read this stage's Q and dO, and pa / sa until here
         wgmma_fence_regs(dk);
         wgmma_fence_regs(dv);
@@ -278,19 +342,22 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 #endif
 }
 
-template <typename T, int HS>
+template <typename T, int HS, bool EXTRAS>
 void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
                            cudaStream_t s) {
     using Tile = Sm90BwdTile<HS>;
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
     const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM);
-    flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(flash_bwd_sm90_kernel<T, HS>, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B),
-                                                      Tile::NTHREADS, s, p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
+    const auto kernel = dq_accum ? flash_bwd_sm90_kernel<T, HS, EXTRAS, true> : flash_bwd_sm90_kernel<T, HS, true, false>;
+    flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(kernel, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B), Tile::NTHREADS, s,
+                                                      p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
 }
 
-#define INSTANTIATE_BWD_SM90(T, HS) \
-    template void flash_bwd_sm90_launch<T, HS>(const AttnParams &, const float *, float *, TensorMapEncoder, \
-                                               cudaStream_t);
+#define INSTANTIATE_BWD_SM90(T, HS)                                                                            \
+    template void flash_bwd_sm90_launch<T, HS, false>(const AttnParams &, const float *, float *, TensorMapEncoder, \
+                                                      cudaStream_t);                                              \
+    template void flash_bwd_sm90_launch<T, HS, true>(const AttnParams &, const float *, float *, TensorMapEncoder,  \
+                                                     cudaStream_t);
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 64)
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 128)
 INSTANTIATE_BWD_SM90(__half, 64)

@@ -5,15 +5,16 @@
 // handed over by mbarriers. The loop
 // is software-pipelined as in FlashAttention-3: S of the next key tile is issued before O += P V
 // of the current one, so the softmax runs while the tensor cores work. Masking follows
-// flash_fwd_sm80.cu (partial tiles masked per element, empty tiles skipped); ALiBi and dropout stay
-// on the sm80 kernels.
+// flash_fwd_sm80.cu (partial tiles masked per element, empty tiles skipped). Soft-capping, ALiBi
+// and dropout live in the EXTRAS instances only (flash_mask.cuh's ScoreRule and Philox quads), so
+// the plain instance keeps its registers; dropout draws the same mask as every implementation.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
-template <typename T, int HS, int NWG>
+template <typename T, int HS, int NWG, bool EXTRAS>
 __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     flash_fwd_sm90_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -39,8 +40,19 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 #pragma unroll
     for (int r = 0; r < 2; r++) rr[r] = row_range(p, b, min(wrow0 + 8 * r + g, p.T_q - 1));
     const float scale_log2 = p.scale * LOG2E_F;
-    const bool prescale = !(p.scale > 0.f);  // a non-positive scale would reverse the max
+    // Scores stay raw and the scale folds into the exponent's FMA, unless the cap or ALiBi must
+    // apply to the scaled score first (or the scale is not positive, which would reverse the max).
+    const bool prescale = (EXTRAS && (p.softcap > 0.f || p.alibi_slopes)) || !(p.scale > 0.f);
     const float sl = prescale ? 1.f : scale_log2;
+    ScoreRule rule{};
+    int pos0 = 0;  // aligned position of the warp's first row, in keys
+    float keep_scale = 1.f;
+    uint32_t keep_thresh = 0;
+    if constexpr (EXTRAS) {
+        rule = score_rule(p, b, h);
+        pos0 = wrow0 + (int)attn_query_shift(&p);
+        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p), keep_thresh = attn_philox_threshold(p.dropout_p);
+    }
 
     // Key tiles run from last to first (the partial diagonal and ragged tiles first, then the
     // bulk): tile i is nb_end - 1 - i, in stage i % STAGES. Thread 0 has the copy engine load
@@ -101,7 +113,13 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // are masked (softmax_tile).
     auto softmax = [&](int i, bool masked) {
         const int n0 = (nb_end - 1 - i) * BN;
-        if (prescale) {
+        if (EXTRAS && prescale) {
+#pragma unroll
+            for (int e = 0; e < NS * 4; e++) {
+                float dcap;
+                s[e] = score_log2(rule, s[e], pos0 + 8 * ((e >> 1) & 1) + g, n0 + (e >> 2) * 8 + 2 * t + (e & 1), &dcap);
+            }
+        } else if (prescale) {
 #pragma unroll
             for (int e = 0; e < NS * 4; e++) s[e] *= scale_log2;
         }
@@ -125,6 +143,25 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
                 sum += s[idx];
             }
             row_sum[r] = row_sum[r] * corr[r] + sum;
+        }
+        // Dropout after the sum (which is over the undropped probabilities). Lanes t and t ^ 1
+        // hold keys 4 (t >> 1) .. + 3 of an n8 tile for rows g and g + 8 between them: the even
+        // one draws the row-g quad, the odd one the row-(g + 8) quad, and they swap, one Philox
+        // block per 4 elements.
+        if (EXTRAS && p.dropout_p > 0.f) {
+            const int odd = t & 1;
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                const unsigned mine =
+                    dropout_keep_quad(p, keep_thresh, b, h, wrow0 + 8 * odd + g, n0 + nt * 8 + 4 * (t >> 1));
+                const unsigned other = __shfl_xor_sync(0xffffffffu, mine, 1);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const unsigned keep = ((r == odd) ? mine : other) >> (2 * odd);
+                    s[nt * 4 + 2 * r] = keep & 1 ? s[nt * 4 + 2 * r] * keep_scale : 0.f;
+                    s[nt * 4 + 2 * r + 1] = keep & 2 ? s[nt * 4 + 2 * r + 1] * keep_scale : 0.f;
+                }
+            }
         }
     };
     // The masked and unmasked steps as two instances at head size 128; at 64 a branch per tile
@@ -203,11 +240,11 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 #endif
 }
 
-template <typename T, int HS, int NWG>
+template <typename T, int HS, int NWG, bool EXTRAS>
 void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
     using Tile = Sm90FwdTile<HS, NWG>;
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
-    flash_launch<Sm90FwdSmem<T, HS, NWG>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HS, NWG>,
+    flash_launch<Sm90FwdSmem<T, HS, NWG>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HS, NWG, EXTRAS>,
                                                            dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B), Tile::NTHREADS,
                                                            s, p, m.q, m.k, m.v);
 }
@@ -216,13 +253,16 @@ void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream
 // without -gencode ...sm_90a runs the sm80 family on Hopper).
 bool flash_sm90_ok() {
     cudaFuncAttributes a;
-    if (cudaFuncGetAttributes(&a, flash_fwd_sm90_kernel<__nv_bfloat16, 64, 2>) != cudaSuccess) return false;
+    if (cudaFuncGetAttributes(&a, flash_fwd_sm90_kernel<__nv_bfloat16, 64, 2, false>) != cudaSuccess) return false;
     return a.binaryVersion == 90;
 }
 
-#define INSTANTIATE_FWD_SM90(T)                                                    \
-    template void flash_fwd_sm90_launch<T, 64, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
-    template void flash_fwd_sm90_launch<T, 64, 3>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
-    template void flash_fwd_sm90_launch<T, 128, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+// The feature instances (EXTRAS) run two warpgroups only (attn_select_kernel).
+#define INSTANTIATE_FWD_SM90(T)                                                                   \
+    template void flash_fwd_sm90_launch<T, 64, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
+    template void flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
+    template void flash_fwd_sm90_launch<T, 128, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template void flash_fwd_sm90_launch<T, 64, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);   \
+    template void flash_fwd_sm90_launch<T, 128, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
 INSTANTIATE_FWD_SM90(__nv_bfloat16)
 INSTANTIATE_FWD_SM90(__half)

@@ -179,3 +179,57 @@ __device__ __forceinline__ float alibi_bias_log2(float slope_log2, int pos, int 
 __device__ __forceinline__ bool dropout_keep(const AttnParams &p, int b, int h, int i, int j) {
     return attn_dropout_keep_elem(&p, attn_dropout_elem(&p, b, h, i, j));
 }
+
+// tanh(x) from one exponential and one division, 1 - 2 / (e^2x + 1): within a few fp32 ulps of
+// 1 in absolute terms, +-1 in the limits (the exponential saturates to inf or flushes to 0).
+__device__ __forceinline__ float tanh_exp2(float x) {
+    return 1.f - __fdividef(2.f, exp2_ftz(2.f * LOG2E_F * x) + 1.f);
+}
+
+// The score rules of the feature instances of the sm90 kernels, in attention.h's order: the raw
+// score times scale, soft-capped (cap > 0), to the log2 domain, plus ALiBi (slope_log2 is the
+// slope times log2(e), 0 without ALiBi, whose bias is then -0).
+struct ScoreRule {
+    float scale, cap, inv_cap, slope_log2;
+};
+__device__ __forceinline__ ScoreRule score_rule(const AttnParams &p, int b, int h) {
+    ScoreRule r;
+    r.scale = p.scale;
+    r.cap = p.softcap;
+    r.inv_cap = p.softcap > 0.f ? 1.f / p.softcap : 0.f;
+    r.slope_log2 = p.alibi_slopes ? alibi_slope(p, b, h) * LOG2E_F : 0.f;
+    return r;
+}
+// The log2-domain score of raw score `raw` for aligned query position pos and key j; *dcap gets
+// the cap's derivative 1 - tanh^2 (1 without the cap).
+__device__ __forceinline__ float score_log2(const ScoreRule &r, float raw, int pos, int j, float *dcap) {
+    float x = raw * r.scale;
+    *dcap = 1.f;
+    if (r.cap > 0.f) {
+        const float t = tanh_exp2(x * r.inv_cap);
+        x = r.cap * t;
+        *dcap = 1.f - t * t;
+    }
+    return fmaf(x, LOG2E_F, alibi_bias_log2(r.slope_log2, pos, j));
+}
+
+// Keep bits of the 4 adjacent elements (b, h, i, j0 + m) (bit m) under the draw threshold
+// thresh (attn_philox_threshold): one Philox block when they are one block's draws, two when
+// they straddle blocks (rows of a T_k that is not a multiple of 4).
+__device__ __forceinline__ unsigned dropout_keep_quad(const AttnParams &p, uint32_t thresh, int b, int h, int i,
+                                                      int j0) {
+    const uint64_t e = attn_dropout_elem(&p, b, h, i, j0);
+    const unsigned k = (unsigned)e & 3;
+    const Philox4 r0 = attn_philox_block(p.seed, p.offset, e >> 2);
+    Philox4 r1 = r0;
+    if (k != 0) r1 = attn_philox_block(p.seed, p.offset, (e >> 2) + 1);
+    // draws 0..7 of the two blocks, element m at draw k + m
+    const uint32_t u[8] = {r0.x[0], r0.x[1], r0.x[2], r0.x[3], r1.x[0], r1.x[1], r1.x[2], r1.x[3]};
+    unsigned bits = 0;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        const uint32_t d = k == 0 ? u[m] : k == 1 ? u[m + 1] : k == 2 ? u[m + 2] : u[m + 3];
+        bits |= (unsigned)(d >= thresh) << m;
+    }
+    return bits;
+}

@@ -181,13 +181,14 @@ void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStr
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s);
 
-// sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; no ALiBi or dropout; the
-// backward only with the fp32 dQ accumulator, not the deterministic mode).
+// sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; EXTRAS = soft-capping, ALiBi or
+// dropout present, the forward's EXTRAS instances with NWG 2 only). The backward adds dQ into
+// dq_accum, or with dq_accum NULL (the deterministic mode) leaves dQ to flash_bwd_dq_launch.
 // The driver's cuTensorMapEncodeTiled (looked up once per context, attention_cuda.cu).
 typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
-template <typename T, int HS, int NWG>
+template <typename T, int HS, int NWG, bool EXTRAS>
 void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s);
-template <typename T, int HS>
+template <typename T, int HS, bool EXTRAS>
 void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
                            cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device

@@ -109,12 +109,14 @@ static int check_docs(const AttnParams *p, char *err, size_t errlen) {
     return 0;
 }
 
-// The features of attention.h the CUDA flash kernels do not have yet; the naive CUDA path has
-// them all (attn_runs_naive decides which path a problem takes).
-static int cuda_flash_lacks(const AttnParams *p, char *err, size_t errlen) {
-    if (p->softcap > 0.0f)
-        return set_error(err, errlen, "attention: softcap runs on the cpu and the naive cuda path so "
-                                      "far: use impl naive (attention.impl = naive) or --device cpu");
+// The feature combinations the CUDA flash kernels do not have on any GPU; the naive CUDA path
+// has them all (attn_runs_naive decides which path a problem takes). Softcap itself runs on
+// the sm90 family only: attn_select_kernel (attention_cuda.cu) refuses it elsewhere.
+static int cuda_flash_lacks(const AttnParams *p, int backward, char *err, size_t errlen) {
+    if (p->softcap > 0.0f && backward && p->deterministic)
+        return set_error(err, errlen, "attention: softcap with the deterministic backward runs on the cpu "
+                                      "and the naive cuda path only: use impl naive (attention.impl = "
+                                      "naive), --device cpu or the non-deterministic backward");
     return 0;
 }
 
@@ -187,7 +189,7 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     if (p->alibi_batch_stride && !p->alibi_slopes)
         return set_error(err, errlen, "attention: alibi_batch_stride is %lld but alibi_slopes is NULL",
                          (long long)p->alibi_batch_stride);
-    if (dev == DEVICE_CUDA && !attn_runs_naive(p, dev) && cuda_flash_lacks(p, err, errlen) != 0)
+    if (dev == DEVICE_CUDA && !attn_runs_naive(p, dev) && cuda_flash_lacks(p, backward, err, errlen) != 0)
         return -1;
     if (p->window_left < -1 || p->window_right < -1)
         return set_error(err, errlen,

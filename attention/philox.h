@@ -27,18 +27,26 @@ ATTN_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3
     return r4;
 }
 
+// The Philox block of draw `blk`: its 4 outputs are the draws of elements 4 blk .. 4 blk + 3
+// of the (B, NH, T_q, T_k) probability tensor, so a kernel holding 4 consecutive elements draws
+// once for them.
+ATTN_HD Philox4 attn_philox_block(uint64_t seed, uint64_t offset, uint64_t blk) {
+    return philox4x32_10((uint32_t)blk, (uint32_t)(blk >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
+                         (uint32_t)seed, (uint32_t)(seed >> 32));
+}
+
 // Uniform 32-bit draw for element `e` of the (B, NH, T_q, T_k) probability tensor: one Philox
 // block serves 4 consecutive elements.
 ATTN_HD uint32_t attn_philox_u32(uint64_t seed, uint64_t offset, uint64_t e) {
-    uint64_t blk = e >> 2;
-    Philox4 r = philox4x32_10((uint32_t)blk, (uint32_t)(blk >> 32), (uint32_t)offset,
-                              (uint32_t)(offset >> 32), (uint32_t)seed, (uint32_t)(seed >> 32));
-    return r.x[e & 3];
+    return attn_philox_block(seed, offset, e >> 2).x[e & 3];
+}
+
+// The smallest draw that keeps an element under dropout probability p: p * 2^32, clamped.
+ATTN_HD uint32_t attn_philox_threshold(float p) {
+    return (uint32_t)((double)p * 4294967296.0 >= 4294967295.0 ? 4294967295u : (double)p * 4294967296.0);
 }
 
 // Keep when the draw is at or above p * 2^32.
 ATTN_HD int attn_philox_keep(uint64_t seed, uint64_t offset, uint64_t e, float p) {
-    uint32_t thresh = (uint32_t)((double)p * 4294967296.0 >= 4294967295.0 ? 4294967295u
-                                                                           : (double)p * 4294967296.0);
-    return attn_philox_u32(seed, offset, e) >= thresh;
+    return attn_philox_u32(seed, offset, e) >= attn_philox_threshold(p);
 }

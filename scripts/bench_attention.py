@@ -28,8 +28,15 @@ changed one as B (B/A > 1: the change made it faster):
 
 Arguments (and that both files exist) are checked before PyTorch is imported or a GPU is needed.
 
+Feature-cost mode (--softcap CAP, --dropout P, --alibi, any of them): the same interleaved
+rounds and table, A being --lib as it is and B the same library with those features set on every
+call (ALiBi: the usual 2^(-8 (h + 1) / H) slopes), so B/A < 1 is what they cost:
+
+    python3 scripts/bench_attention.py --softcap 50 --seqs 2048,8192 --rounds 3
+
 usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--seqs N,N,...]
            [--no-memory] [--json OUT.json] [--reps 10] [--ab OTHER.so [--rounds 5]]
+           [--softcap CAP] [--dropout P] [--alibi]
 """
 import argparse
 import json
@@ -94,6 +101,37 @@ class Ours:
         bwd = time_ms(lambda: self.backward(p, dout, dq, dk, dv), reps)
         del ws
         return fwd, bwd
+
+
+class WithFeatures:
+    """A library (Ours) with soft-capping, dropout and/or ALiBi set on every call's params: B of
+    the feature-cost mode, timed against the library as it is."""
+
+    def __init__(self, base, softcap, dropout_p, alibi):
+        self.base, self.softcap, self.dropout_p, self.alibi = base, softcap, dropout_p, alibi
+        names = [f"softcap {softcap:g}"] * (softcap > 0) + [f"dropout {dropout_p:g}"] * (dropout_p > 0)
+        self.path = f"{base.path} with {', '.join(names + ['ALiBi'] * alibi)}"
+        self.slopes = {}  # per head count: (H) fp32 slopes on the GPU, kept alive across calls
+
+    def params(self, q, k, v, out, lse, causal, impl=None):
+        p = self.base.params(q, k, v, out, lse, causal, impl)
+        p.softcap = self.softcap
+        p.dropout_p, p.seed, p.offset = self.dropout_p, 1234, 0
+        if self.alibi:
+            H = q.shape[2]
+            if H not in self.slopes:
+                self.slopes[H] = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], device="cuda")
+            p.alibi_slopes = self.slopes[H].data_ptr()
+        return p
+
+    def workspace(self, p):
+        return self.base.workspace(p)
+
+    def forward(self, p):
+        self.base.forward(p)
+
+    def backward(self, p, dout, dq, dk, dv):
+        self.base.backward(p, dout, dq, dk, dv)
 
 
 def time_ms(fn, reps):
@@ -227,7 +265,8 @@ def bench_memory(ours, dtype, seqs):
 
 
 def bench_ab(libs, dtype, seqs, reps, rounds):
-    """Interleaved A/B of two builds: each round times every shape with libs[0], then with libs[1].
+    """Interleaved A/B of two builds (or of one without and with features): each round times
+    every shape with libs[0], then with libs[1].
 
     Shapes as in bench_speed (D 64 and 128, causal and full, B*N = 16K tokens, H*D = 2048). Every
     (round, library, shape) gets fresh inputs from the same seed, its own workspace, two warm-up
@@ -294,15 +333,22 @@ def seq_list(text):
     return seqs
 
 
-def positive_int(text):
-    """argparse type of --reps and --rounds."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return n
+def checked(cast, ok, expected):
+    """An argparse type: the text cast to a number that must satisfy ok."""
+    def parse(text):
+        try:
+            x = cast(text)
+        except ValueError:
+            x = None
+        if x is None or not ok(x):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'")
+        return x
+    return parse
+
+
+positive_int = checked(int, lambda n: n >= 1, "a positive integer")  # --reps, --rounds
+positive_float = checked(float, lambda x: x > 0 and math.isfinite(x), "a finite number > 0")  # --softcap
+unit_fraction = checked(float, lambda x: 0 <= x < 1, "a probability in [0, 1)")  # --dropout
 
 
 def load_torch():
@@ -329,12 +375,18 @@ def main():
     ap.add_argument("--ab", metavar="OTHER.so", help="A/B mode: time --lib (A) against this other build "
                     "of libattention.so (B) in interleaved rounds")
     ap.add_argument("--rounds", type=positive_int, help="rounds of the A/B mode (default 5)")
+    ap.add_argument("--softcap", type=positive_float, default=0.0, help="feature-cost mode: soft-capping at CAP")
+    ap.add_argument("--dropout", type=unit_fraction, default=0.0, help="feature-cost mode: dropout probability P")
+    ap.add_argument("--alibi", action="store_true", help="feature-cost mode: ALiBi slopes")
     args = ap.parse_args()
+    features = args.softcap > 0 or args.dropout > 0 or args.alibi
+    if features and args.ab:
+        ap.error("--softcap, --dropout and --alibi time --lib against itself with them: drop --ab")
     for opt, path in (("--lib", args.lib), ("--ab", args.ab)):
         if path is not None and not os.path.isfile(path):
             ap.error(f"{opt}: no such file: '{path}' (make libattention builds build/libattention.so)")
-    if args.rounds is not None and not args.ab:
-        ap.error("--rounds applies to the A/B mode only (--ab OTHER.so)")
+    if args.rounds is not None and not (args.ab or features):
+        ap.error("--rounds applies to the A/B and feature-cost modes only (--ab OTHER.so, --softcap, ...)")
     rounds = args.rounds or 5
     load_torch()
     if not torch.cuda.is_available():
@@ -350,23 +402,25 @@ def main():
     if args.ab and os.path.samefile(args.lib, args.ab):
         print("note: --lib and --ab are the same file: one library timed against itself (an A/A run)")
     ours = libs[0]
+    if features:
+        libs.append(WithFeatures(ours, args.softcap, args.dropout, args.alibi))
     dtype = torch.bfloat16
     print(f"GPU: {torch.cuda.get_device_name()}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}")
     ok = True
-    for lib in libs:
+    for lib in libs[:1] if features else libs:  # the features change the result: no PyTorch check
         if len(libs) > 1:
             print(f"{'A' if lib is libs[0] else 'B'}: {lib.path}")
         ok &= check_correctness(lib.run, dtype)
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
     if args.seqs:
         seqs = args.seqs
-    if args.ab:
+    if len(libs) > 1:
         rows = bench_ab(libs, dtype, seqs, args.reps, rounds)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"lib_a": args.lib, "lib_b": args.ab, "rounds": rounds, "reps": args.reps,
+                json.dump({"lib_a": args.lib, "lib_b": libs[1].path, "rounds": rounds, "reps": args.reps,
                            "ab": rows, "correct": ok}, f, indent=1)
-        print_ab(rows, args.lib, args.ab, rounds, args.reps)
+        print_ab(rows, args.lib, libs[1].path, rounds, args.reps)
         print(f"\ncorrectness: {'ok' if ok else 'FAIL'}")
         return 0 if ok else 1
     speed = bench_speed(ours.timings, dtype, seqs, args.reps)

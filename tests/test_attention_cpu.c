@@ -647,8 +647,13 @@ static void test_check_bad_inputs(void) {
     expect_rejected(&p, DEVICE_CUDA, 0, "aligned", "misaligned cuda pointer");
     // What the flash kernels lack is refused for them and accepted where the naive path runs it.
     p = cuda; p.softcap = 20.0f;
-    expect_rejected(&p, DEVICE_CUDA, 1, "softcap runs on the cpu and the naive cuda path",
-                    "softcap on the cuda flash kernels");
+    EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) == 0, "softcap on the cuda flash kernels rejected: %s",
+           err);
+    p.deterministic = 1;
+    expect_rejected(&p, DEVICE_CUDA, 1, "softcap with the deterministic backward",
+                    "softcap with the deterministic backward on the cuda flash kernels");
+    EXPECT(attn_check(&p, DEVICE_CUDA, 0, err, sizeof err) == 0, "softcap forward with deterministic set rejected: %s",
+           err);
     p.impl = ATTN_IMPL_NAIVE;
     p.workspace_bytes = 0;
     p.workspace = NULL;

@@ -1,7 +1,9 @@
 // GPU attention tests: attn_forward / attn_backward on a CUDA context (flash and naive) against the CPU
 // reference (attn_*_cpu, fp32) and a float64 reference, over odd shapes, GQA, strided fused QKV,
 // windows, ALiBi (per head, or per batch row and head), documents, dropout, fully masked rows,
-// causal T_q > T_k, soft-capping (naive path) and the deterministic mode, and a problem split
+// causal T_q > T_k, soft-capping (sm90 family and naive path) and the deterministic mode, the
+// dropout masks the kernels draw (read back bit by bit, forward and backward on either family),
+// and a problem split
 // into chunk pairs as context parallelism's ring runs it (explicit positions, strided LSE,
 // gradients accumulated in fp32), on the kernel family attn_select_kernel picks (a context of
 // kernel auto) and again on a context of kernel sm80; then the context's own refusals, which
@@ -760,12 +762,122 @@ static void test_refusals(AttnContext *ctx) {
     p.window_left = -5;
     EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "window"),
            "window -5: expected a refusal naming the window, got '%s'", err);
-    p.window_left = -1;
-    p.softcap = 30.0f;  // the flash kernels lack it; the naive path runs it
-    EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "softcap"),
-           "softcap on the flash kernels: expected a refusal naming softcap, got '%s'", err);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaFree(buf));
+    CUDA_OK(cudaFree(lse));
+}
+
+// ---- the features on the sm90 family ------------------------------------------------------
+
+// Dropout masks of the kernels themselves, read back bit by bit for a forward on family f and a
+// backward on family g (every pair): with q = k = 0 every visible probability is 1 / T_k, v the
+// identity (key j in column j) and dout the identity (query i in column i), out[b, i, h, j] and
+// dv[b, j, h, i] are keep(b, h, i, j) / ((1 - p) T_k) or exactly 0. Both must equal
+// attn_dropout_keep at every element (T_k odd: Philox blocks straddle rows), and the keep rate
+// must be 1 - p within 5 standard deviations.
+static void dropout_masks_case(AttnContext *const ctxs[2], int B, int NH, int T_q, int T_k, int HS, float drop) {
+    char err[ERR_LEN];
+    const DType dt = DTYPE_BF16;
+    AttnStrides sq = {(int64_t)T_q * NH * HS, NH * HS, HS}, sk = {(int64_t)T_k * NH * HS, NH * HS, HS};
+    const size_t nq = (size_t)B * T_q * NH * HS, nk = (size_t)B * T_k * NH * HS;
+    Buf q = buf_alloc(nq, sq, dt), k = buf_alloc(nk, sk, dt), v = buf_alloc(nk, sk, dt);
+    Buf out = buf_alloc(nq, sq, dt), dout = buf_alloc(nq, sq, dt), dq = buf_alloc(nq, sq, dt);
+    Buf dk = buf_alloc(nk, sk, dt), dv = buf_alloc(nk, sk, dt);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            for (int j = 0; j < T_k; j++) at(&v, b, j, h)[j] = 1.0f;
+            for (int i = 0; i < T_q; i++) at(&dout, b, i, h)[i] = 1.0f;
+        }
+    upload(q.d, q.h, nq, dt);
+    upload(k.d, k.h, nk, dt);
+    upload(v.d, v.h, nk, dt);
+    upload(dout.d, dout.h, nq, dt);
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.B = B; p.T_q = T_q; p.T_k = T_k; p.NH = p.NKV = NH; p.HS = HS;
+    p.scale = 1.0f / sqrtf((float)HS);
+    p.window_left = p.window_right = -1;
+    p.dropout_p = drop; p.seed = 0x5eed1234abcdull; p.offset = 3;
+    p.dtype = dt;
+    p.q = q.d; p.k = k.d; p.v = v.d; p.out = out.d; p.dout = dout.d; p.dq = dq.d; p.dk = dk.d; p.dv = dv.d;
+    p.q_st = p.o_st = p.do_st = p.dq_st = sq;
+    p.k_st = p.v_st = p.dk_st = p.dv_st = sk;
+    CUDA_OK(cudaMalloc((void **)&p.lse, (size_t)B * NH * T_q * sizeof(float)));
+    const float half = 0.5f / ((1.0f - drop) * T_k);
+    for (int f = 0; f < 2; f++)
+        for (int g = 0; g < 2; g++) {
+            EXPECT(attn_forward(ctxs[f], &p, err, sizeof err) == 0, "dropout masks: forward refused: %s", err);
+            EXPECT(attn_backward(ctxs[g], &p, err, sizeof err) == 0, "dropout masks: backward refused: %s", err);
+            CUDA_OK(cudaDeviceSynchronize());
+            download(out.h, out.d, nq, dt);
+            download(dv.h, dv.d, nk, dt);
+            long bad_fwd = 0, bad_bwd = 0, kept = 0, n = 0;
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < NH; h++)
+                    for (int i = 0; i < T_q; i++)
+                        for (int j = 0; j < T_k; j++, n++) {
+                            const int keep = attn_dropout_keep(&p, b, h, i, j);
+                            kept += keep;
+                            bad_fwd += (at(&out, b, i, h)[j] > half) != keep;
+                            bad_bwd += (at(&dv, b, j, h)[i] > half) != keep;
+                        }
+            EXPECT(bad_fwd == 0 && bad_bwd == 0,
+                   "dropout masks, forward on %s and backward on %s (HS %d, T_k %d): %ld / %ld forward and %ld "
+                   "backward elements differ from attn_dropout_keep",
+                   f ? "sm80" : "auto", g ? "sm80" : "auto", HS, T_k, bad_fwd, n, bad_bwd);
+            const double rate = (double)kept / n, sd = sqrt(drop * (1.0 - drop) / n);
+            EXPECT(fabs(rate - (1.0 - drop)) < 5 * sd, "dropout masks: keep rate %.5f, expected %.5f +- %.5f", rate,
+                   1.0 - drop, 5 * sd);
+        }
+    CUDA_OK(cudaFree(p.lse));
+    Buf *all[8] = {&q, &k, &v, &out, &dout, &dq, &dk, &dv};
+    for (int i = 0; i < 8; i++) buf_free(all[i]);
+}
+static void test_dropout_masks(AttnContext *const ctxs[2]) {
+    dropout_masks_case(ctxs, 2, 2, 64, 63, 64, 0.3f);
+    dropout_masks_case(ctxs, 1, 3, 127, 125, 128, 0.1f);
+}
+
+// Soft-capping runs on the sm90 family (and the naive path) only: on Hopper the cases below run
+// there against the references, and a context of kernel sm80 refuses them with a message
+// naming softcap; on another GPU the refusal is all there is to check.
+static void test_softcap_families(AttnContext *sm90, AttnContext *sm80, Rng *rng) {
+    const DType BF = DTYPE_BF16, FP = DTYPE_F16;
+    const AttnImpl FL = ATTN_IMPL_FLASH;
+    // name, dtype, impl, B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, fused, dropout, det, softcap
+    const Case cases[] = {
+        {"sm90 bf16 hs64 softcap 1.5 causal GQA T=333", BF, FL, 2, 333, 333, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 1.5f},
+        {"sm90 fp16 hs128 softcap 2 Tq=70 Tk=300", FP, FL, 1, 70, 300, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0, 2.0f},
+        {"sm90 bf16 hs64 softcap 1.5 alibi/row win 40/10", BF, FL, 2, 257, 257, 2, 2, 64, 1, 40, 10, 2, 0, 0, 0, 0,
+         1.5f},
+        {"sm90 bf16 hs128 softcap 3 drop 0.2 Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 128, 1, -1, -1, 0, 0, 0, 0.2f, 0,
+         3.0f},
+        {"sm90 fp16 hs64 softcap 50 docs fused", FP, FL, 3, 190, 190, 2, 1, 64, 0, -1, -1, 0, 1, 1, 0, 0, 50.0f},
+        {"sm90 bf16 hs64 softcap 0.8 alibi drop T=1500", BF, FL, 1, 1500, 1500, 2, 2, 64, 1, -1, -1, 1, 0, 0, 0.1f, 0,
+         0.8f},
+    };
+    if (sm90)
+        for (int i = 0; i < (int)(sizeof cases / sizeof *cases); i++) run_case(sm90, &cases[i], rng);
+    else
+        printf("  no sm90 family on this GPU or binary: only the sm80 refusal is checked\n");
+    // The refusal: sizes that run, softcap set, on the sm80 family.
+    const int B = 1, T = 8, NH = 1, HS = 64;
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    void *buf;
+    float *lse;
+    CUDA_OK(cudaMalloc(&buf, (size_t)4 * B * T * NH * HS * 2));
+    CUDA_OK(cudaMalloc((void **)&lse, (size_t)B * NH * T * sizeof(float)));
+    attn_fused_qkv(&p, buf, (char *)buf + (size_t)3 * B * T * NH * HS * 2, B, T, NH, NH, HS, 2);
+    p.lse = lse;
+    p.window_left = p.window_right = -1;
+    p.dtype = DTYPE_BF16;
+    p.softcap = 30.0f;
+    char err[ERR_LEN] = "";
+    EXPECT(attn_forward(sm80, &p, err, sizeof err) == -1 && strstr(err, "softcap"),
+           "softcap on the sm80 family: expected a refusal naming softcap, got '%s'", err);
     p.impl = ATTN_IMPL_NAIVE;
-    EXPECT(attn_forward(ctx, &p, err, sizeof err) == 0, "softcap on the naive path after a refusal: %s", err);
+    EXPECT(attn_forward(sm80, &p, err, sizeof err) == 0, "softcap on the naive path after a refusal: %s", err);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaFree(buf));
     CUDA_OK(cudaFree(lse));
@@ -870,6 +982,10 @@ int main(int argc, char **argv) {
         }
     }
     TEST_CASE("refusals return a status and leave the process running", test_refusals(ctxs[0]));
+    TEST_CASE("dropout masks of every forward/backward family pair equal attn_dropout_keep", test_dropout_masks(ctxs));
+    AttnContext *sm90 = attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_SM90, err, sizeof err);
+    if (!quick) TEST_CASE("softcap on the sm90 family, refused on sm80", test_softcap_families(sm90, ctxs[1], &rng));
+    attn_context_destroy(sm90);
     attn_context_destroy(ctxs[0]);
     attn_context_destroy(ctxs[1]);
     TEST_CASE("dropout keep rate", test_dropout_stats());
