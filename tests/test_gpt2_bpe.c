@@ -126,7 +126,7 @@ static void expect_load_error(const Files *f, const char *file, const char *need
 static int encode_str(const Gpt2Bpe *t, const char *s, int *out, int max) {
     int *ids = NULL;
     size_t n = 0, cap = 0;
-    gpt2_bpe_encode(t, s, strlen(s), &ids, &n, &cap);
+    gpt2_bpe_encode(t, s, strlen(s), &ids, &n, &cap, NULL, 0);
     for (size_t i = 0; i < n && (int)i < max; i++) out[i] = ids[i];
     free(ids);
     return (int)n;
@@ -211,8 +211,8 @@ static void test_parallel(Files *f) {
     char *text = pieces_text(pieces, 11, 0, 2u << 20, &len);
     int *one = NULL, *par = NULL;
     size_t n1 = 0, c1 = 0, n2 = 0, c2 = 0;
-    gpt2_bpe_encode(t, text, len, &one, &n1, &c1);
-    gpt2_bpe_encode_parallel(t, text, len, 3, &par, &n2, &c2);
+    gpt2_bpe_encode(t, text, len, &one, &n1, &c1, NULL, 0);
+    gpt2_bpe_encode_parallel(t, text, len, 3, &par, &n2, &c2, NULL, 0);
     EXPECT(n1 == n2 && memcmp(one, par, n1 * sizeof(int)) == 0, "parallel differs (%zu vs %zu)",
            n1, n2);
     free(one);
@@ -241,12 +241,12 @@ static void test_documents(Files *f) {
             int eot = gpt2_bpe_eot(t);
             if (nw == cw) want = realloc(want, (cw = 2 * cw + 1024) * sizeof(int));
             want[nw++] = eot;
-            gpt2_bpe_encode(t, text + start, end - start, &want, &nw, &cw);
+            gpt2_bpe_encode(t, text + start, end - start, &want, &nw, &cw, NULL, 0);
             docs++;
             if (!hit) break;
             start = end;
         }
-        gpt2_bpe_encode_documents(t, text, n_text, sep, 2, &got, &ng, &cg);
+        gpt2_bpe_encode_documents(t, text, n_text, sep, 2, &got, &ng, &cg, NULL, 0);
         EXPECT(docs > 1000 && ng == nw && memcmp(want, got, nw * sizeof(int)) == 0,
                "documents differ (%zu docs, %zu vs %zu ids)", docs, ng, nw);
         free(want);
@@ -256,8 +256,8 @@ static void test_documents(Files *f) {
     memset(text, 'a', 64);
     int *one = NULL, *got = NULL;
     size_t n1 = 0, c1 = 0, ng = 0, cg = 0;
-    gpt2_bpe_encode(t, text, len - 2, &one, &n1, &c1);
-    gpt2_bpe_encode_documents(t, text, len - 2, "<|endoftext|>", 2, &got, &ng, &cg);
+    gpt2_bpe_encode(t, text, len - 2, &one, &n1, &c1, NULL, 0);
+    gpt2_bpe_encode_documents(t, text, len - 2, "<|endoftext|>", 2, &got, &ng, &cg, NULL, 0);
     EXPECT(ng == n1 + 1 && got[0] == gpt2_bpe_eot(t) && memcmp(one, got + 1, n1 * sizeof(int)) == 0,
            "single long document");
     free(one);
