@@ -10,10 +10,6 @@ namespace {
 
 constexpr int MERGE_WARPS = 8;
 
-__device__ __forceinline__ float elem_f32(float x) { return x; }
-__device__ __forceinline__ float elem_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float elem_f32(__half x) { return __half2float(x); }
-
 template <typename T>
 __global__ void __launch_bounds__(MERGE_WARPS * 32) merge_kernel(const AttnParams acc, const AttnParams part) {
     const int64_t row = (int64_t)blockIdx.x * MERGE_WARPS + threadIdx.x / 32;
@@ -34,7 +30,7 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32) merge_kernel(const AttnParam
     }
     float *o = static_cast<float *>(acc.out) + b * acc.o_st.batch + i * acc.o_st.row + h * acc.o_st.head;
     const T *op = static_cast<const T *>(part.out) + b * part.o_st.batch + i * part.o_st.row + h * part.o_st.head;
-    for (int d = lane; d < acc.HS; d += 32) o[d] = (a == INFINITY ? 0.f : o[d] * wa) + elem_f32(op[d]) * wp;
+    for (int d = lane; d < acc.HS; d += 32) o[d] = (a == INFINITY ? 0.f : o[d] * wa) + ElemTraits<T>::to_float(op[d]) * wp;
     if (lane == 0) *la = lse;
 }
 

@@ -75,7 +75,6 @@ static void gemm_run(const Gemm &g, NaiveStatus *st) {
 }
 
 template <typename T> __device__ __forceinline__ T st_f(float x) { return ElemTraits<T>::from_float(x); }
-template <> __device__ __forceinline__ float st_f<float>(float x) { return x; }
 
 __device__ __forceinline__ float block_reduce(float v, bool is_max, float *scratch) {
     for (int off = 16; off > 0; off >>= 1) {
@@ -189,115 +188,122 @@ template <typename T> __global__ void naive_convert_kernel(const AttnParams p, c
     static_cast<T *>(dst)[b * st.batch + (int64_t)j * st.row + g * st.head + c] = st_f<T>(acc[idx]);
 }
 
-template <typename T> static NaiveStatus naive_forward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
-    NaiveStatus st = {CUBLAS_STATUS_SUCCESS, cudaSuccess};
-    const NaiveBuffers nb = naive_buffers(p);
-    const int G = p.NH / p.NKV;
-    const cudaDataType_t dt = cuda_type(p.dtype);
-    const size_t eb = dtype_size(p.dtype);
-    const int64_t tt = (int64_t)p.T_q * p.T_k;
+// What both passes derive from p: the workspace's buffers, the query heads per KV head (G),
+// the element type as cuBLAS names it (dt) and its size (eb), the size of one (T_q, T_k) score
+// matrix (tt) and the number of score rows (B * NH * T_q, the softmax kernels' grid).
+struct NaivePass {
+    NaiveBuffers nb;
+    int G;
+    cudaDataType_t dt;
+    size_t eb;
+    int64_t tt;
+    unsigned rows;
+};
+static NaivePass naive_pass_of(const AttnParams &p) {
+    return {naive_buffers(p), p.NH / p.NKV, cuda_type(p.dtype), dtype_size(p.dtype), (int64_t)p.T_q * p.T_k,
+            (unsigned)((int64_t)p.B * p.NH * p.T_q)};
+}
+
+// The scaled scores S = scale Q K^T (B, NH, T_q, T_k) fp32 into nb.s: one batched GEMM per
+// (batch row, KV head) over the G query heads that share it.
+static void naive_scores(const AttnParams &p, const NaivePass &w, cublasHandle_t h, NaiveStatus *st) {
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
-            const int h0 = g * G;
-            const char *q = (const char *)p.q + (b * p.q_st.batch + h0 * p.q_st.head) * eb;
-            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * eb;
-            float *sc = nb.s + ((int64_t)b * p.NH + h0) * tt;
+            const int h0 = g * w.G;
+            const char *q = (const char *)p.q + (b * p.q_st.batch + h0 * p.q_st.head) * w.eb;
+            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * w.eb;
+            float *sc = w.nb.s + ((int64_t)b * p.NH + h0) * w.tt;
             // S^T (T_k x T_q) = K (T_k x HS) Q^T: col-major C = op(A)=K^T^T, B = Q^T
-            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, k, dt, p.k_st.row, 0, q, dt, p.q_st.row,
-                      p.q_st.head, sc, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f}, &st);
+            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, k, w.dt, p.k_st.row, 0, q, w.dt, p.q_st.row,
+                      p.q_st.head, sc, CUDA_R_32F, p.T_k, w.tt, w.G, p.scale, 0.f}, st);
         }
-    const unsigned rows = (unsigned)((int64_t)p.B * p.NH * p.T_q);
-    naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), false);
+}
+
+template <typename T> static NaiveStatus naive_forward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
+    NaiveStatus st = {CUBLAS_STATUS_SUCCESS, cudaSuccess};
+    const NaivePass w = naive_pass_of(p);
+    naive_scores(p, w, h, &st);
+    naive_softmax_kernel<T><<<w.rows, NAIVE_THREADS, 0, s>>>(p, w.nb.s, static_cast<T *>(w.nb.pd), false);
     launched(&st);
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
-            const int h0 = g * G;
-            const char *v = (const char *)p.v + (b * p.v_st.batch + g * p.v_st.head) * eb;
-            const char *pd = (const char *)nb.pd + ((int64_t)b * p.NH + h0) * tt * eb;
-            char *o = (char *)p.out + (b * p.o_st.batch + h0 * p.o_st.head) * eb;
+            const int h0 = g * w.G;
+            const char *v = (const char *)p.v + (b * p.v_st.batch + g * p.v_st.head) * w.eb;
+            const char *pd = (const char *)w.nb.pd + ((int64_t)b * p.NH + h0) * w.tt * w.eb;
+            char *o = (char *)p.out + (b * p.o_st.batch + h0 * p.o_st.head) * w.eb;
             // O^T (HS x T_q) = V^T (HS x T_k) P^T (T_k x T_q)
-            gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, v, dt, p.v_st.row, 0, pd, dt, p.T_k, tt, o,
-                      dt, p.o_st.row, p.o_st.head, G, 1.f, 0.f}, &st);
+            gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, v, w.dt, p.v_st.row, 0, pd, w.dt, p.T_k, w.tt, o,
+                      w.dt, p.o_st.row, p.o_st.head, w.G, 1.f, 0.f}, &st);
         }
     return st;
 }
 
 template <typename T> static NaiveStatus naive_backward_t(const AttnParams &p, cublasHandle_t h, cudaStream_t s) {
     NaiveStatus st = {CUBLAS_STATUS_SUCCESS, cudaSuccess};
-    const NaiveBuffers nb = naive_buffers(p);
-    const int G = p.NH / p.NKV;
-    const cudaDataType_t dt = cuda_type(p.dtype);
-    const size_t eb = dtype_size(p.dtype);
-    const int64_t tt = (int64_t)p.T_q * p.T_k;
-    const int64_t ld_ds = p.T_k * (int64_t)(4 / eb);  // dS rows keep dP's byte stride
-    const bool gqa = G > 1;
-    const unsigned rows = (unsigned)((int64_t)p.B * p.NH * p.T_q);
-    for (int b = 0; b < p.B; b++)
-        for (int g = 0; g < p.NKV; g++) {
-            const int h0 = g * G;
-            const char *q = (const char *)p.q + (b * p.q_st.batch + h0 * p.q_st.head) * eb;
-            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * eb;
-            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, k, dt, p.k_st.row, 0, q, dt, p.q_st.row,
-                      p.q_st.head, nb.s + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, p.scale, 0.f}, &st);
-        }
-    naive_softmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, static_cast<T *>(nb.pd), true);
+    const NaivePass w = naive_pass_of(p);
+    const int64_t ld_ds = p.T_k * (int64_t)(4 / w.eb);  // dS rows keep dP's byte stride
+    const bool gqa = w.G > 1;
+    naive_scores(p, w, h, &st);
+    naive_softmax_kernel<T><<<w.rows, NAIVE_THREADS, 0, s>>>(p, w.nb.s, static_cast<T *>(w.nb.pd), true);
     launched(&st);
     // dV (T_k x HS) = P_drop^T dO: col-major dV^T (HS x T_k) = dO^T (HS x T_q) P_drop (T_q x T_k)
     for (int b = 0; b < p.B; b++)
         for (int hh = 0; hh < p.NH; hh++) {
-            const int g = hh / G;
-            const char *dO = (const char *)p.dout + (b * p.do_st.batch + hh * p.do_st.head) * eb;
-            const char *pd = (const char *)nb.pd + ((int64_t)b * p.NH + hh) * tt * eb;
+            const int g = hh / w.G;
+            const char *dO = (const char *)p.dout + (b * p.do_st.batch + hh * p.do_st.head) * w.eb;
+            const char *pd = (const char *)w.nb.pd + ((int64_t)b * p.NH + hh) * w.tt * w.eb;
             if (gqa)
-                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, dt, p.do_st.row, 0, pd, dt, p.T_k, 0,
-                          nb.dv_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, 1.f,
-                          hh % G == 0 ? 0.f : 1.f}, &st);
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, w.dt, p.do_st.row, 0, pd, w.dt, p.T_k, 0,
+                          w.nb.dv_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, 1.f,
+                          hh % w.G == 0 ? 0.f : 1.f}, &st);
             else
-                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, dt, p.do_st.row, 0, pd, dt, p.T_k, 0,
-                          (char *)p.dv + (b * p.dv_st.batch + g * p.dv_st.head) * eb, dt, p.dv_st.row, 0, 1, 1.f, 0.f}, &st);
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, dO, w.dt, p.do_st.row, 0, pd, w.dt, p.T_k, 0,
+                          (char *)p.dv + (b * p.dv_st.batch + g * p.dv_st.head) * w.eb, w.dt, p.dv_st.row, 0, 1,
+                          1.f, 0.f}, &st);
         }
     // dP^T (T_k x T_q) = V dO^T, fp32, over P_drop (dead now)
-    float *dp = static_cast<float *>(nb.pd);
+    float *dp = static_cast<float *>(w.nb.pd);
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
-            const int h0 = g * G;
-            const char *dO = (const char *)p.dout + (b * p.do_st.batch + h0 * p.do_st.head) * eb;
-            const char *v = (const char *)p.v + (b * p.v_st.batch + g * p.v_st.head) * eb;
-            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, v, dt, p.v_st.row, 0, dO, dt, p.do_st.row,
-                      p.do_st.head, dp + ((int64_t)b * p.NH + h0) * tt, CUDA_R_32F, p.T_k, tt, G, 1.f, 0.f}, &st);
+            const int h0 = g * w.G;
+            const char *dO = (const char *)p.dout + (b * p.do_st.batch + h0 * p.do_st.head) * w.eb;
+            const char *v = (const char *)p.v + (b * p.v_st.batch + g * p.v_st.head) * w.eb;
+            gemm_run({h, CUBLAS_OP_T, CUBLAS_OP_N, p.T_k, p.T_q, p.HS, v, w.dt, p.v_st.row, 0, dO, w.dt, p.do_st.row,
+                      p.do_st.head, dp + ((int64_t)b * p.NH + h0) * w.tt, CUDA_R_32F, p.T_k, w.tt, w.G, 1.f, 0.f}, &st);
         }
-    naive_dsoftmax_kernel<T><<<rows, NAIVE_THREADS, 0, s>>>(p, nb.s, dp, ld_ds);
+    naive_dsoftmax_kernel<T><<<w.rows, NAIVE_THREADS, 0, s>>>(p, w.nb.s, dp, ld_ds);
     launched(&st);
     const T *ds = reinterpret_cast<const T *>(dp);  // (B, NH, T_q, T_k) with row stride ld_ds
     for (int b = 0; b < p.B; b++)
         for (int g = 0; g < p.NKV; g++) {
-            const int h0 = g * G;
+            const int h0 = g * w.G;
             const T *dsg = ds + ((int64_t)b * p.NH + h0) * p.T_q * ld_ds;
-            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * eb;
-            char *dq = (char *)p.dq + (b * p.dq_st.batch + h0 * p.dq_st.head) * eb;
+            const char *k = (const char *)p.k + (b * p.k_st.batch + g * p.k_st.head) * w.eb;
+            char *dq = (char *)p.dq + (b * p.dq_st.batch + h0 * p.dq_st.head) * w.eb;
             // dQ^T (HS x T_q) = K^T (HS x T_k) dS^T (T_k x T_q)
-            gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, k, dt, p.k_st.row, 0, dsg, dt, ld_ds,
-                      p.T_q * ld_ds, dq, dt, p.dq_st.row, p.dq_st.head, G, p.scale, 0.f}, &st);
+            gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_N, p.HS, p.T_q, p.T_k, k, w.dt, p.k_st.row, 0, dsg, w.dt, ld_ds,
+                      p.T_q * ld_ds, dq, w.dt, p.dq_st.row, p.dq_st.head, w.G, p.scale, 0.f}, &st);
         }
     // dK (T_k x HS) = scale dS^T Q: col-major dK^T (HS x T_k) = Q^T (HS x T_q) dS (T_q x T_k)
     for (int b = 0; b < p.B; b++)
         for (int hh = 0; hh < p.NH; hh++) {
-            const int g = hh / G;
-            const char *q = (const char *)p.q + (b * p.q_st.batch + hh * p.q_st.head) * eb;
+            const int g = hh / w.G;
+            const char *q = (const char *)p.q + (b * p.q_st.batch + hh * p.q_st.head) * w.eb;
             const T *dsh = ds + ((int64_t)b * p.NH + hh) * p.T_q * ld_ds;
             if (gqa)
-                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, dt, p.q_st.row, 0, dsh, dt, ld_ds, 0,
-                          nb.dk_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, p.scale,
-                          hh % G == 0 ? 0.f : 1.f}, &st);
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, w.dt, p.q_st.row, 0, dsh, w.dt, ld_ds, 0,
+                          w.nb.dk_acc + ((int64_t)b * p.NKV + g) * p.T_k * p.HS, CUDA_R_32F, p.HS, 0, 1, p.scale,
+                          hh % w.G == 0 ? 0.f : 1.f}, &st);
             else
-                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, dt, p.q_st.row, 0, dsh, dt, ld_ds, 0,
-                          (char *)p.dk + (b * p.dk_st.batch + g * p.dk_st.head) * eb, dt, p.dk_st.row, 0, 1, p.scale, 0.f}, &st);
+                gemm_run({h, CUBLAS_OP_N, CUBLAS_OP_T, p.HS, p.T_k, p.T_q, q, w.dt, p.q_st.row, 0, dsh, w.dt, ld_ds, 0,
+                          (char *)p.dk + (b * p.dk_st.batch + g * p.dk_st.head) * w.eb, w.dt, p.dk_st.row, 0, 1,
+                          p.scale, 0.f}, &st);
         }
     if (gqa) {
         const int64_t n = (int64_t)p.B * p.NKV * p.T_k * p.HS;
         const unsigned blocks = (unsigned)((n + 255) / 256);
-        naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dk_acc, p.dk, p.dk_st);
-        naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, nb.dv_acc, p.dv, p.dv_st);
+        naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, w.nb.dk_acc, p.dk, p.dk_st);
+        naive_convert_kernel<T><<<blocks, 256, 0, s>>>(p, w.nb.dv_acc, p.dv, p.dv_st);
         launched(&st);
     }
     return st;

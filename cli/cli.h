@@ -46,6 +46,9 @@ char *cli_sample_text(GPT *m, const Tokenizer *tok, const int *prompt, int n_pro
                       float temperature, int top_k, Rng *rng);       // malloc'ed
 int *cli_encode_prompt(const Tokenizer *tok, const char *prompt, int *n_out);  // malloc'ed ids
 Tokenizer *cli_load_tokenizer(const char *path);
+// The tokenizer of checkpoint dir (its tokenizer.bin, checksum verified, else its run's
+// data.tokenizer), or NULL when it has none.
+Tokenizer *cli_checkpoint_tokenizer(const char *dir, const Config *c);
 
 // ---- checkpoints and accounting ----
 Backend *cli_open_checkpoint(const char *dir, Config *c, const char *device);

@@ -145,8 +145,9 @@ int *cli_encode_prompt(const Tokenizer *tok, const char *prompt, int *n_out) {
         if (!bpe) fatal(EXIT_USAGE, "sample: the prompt needs GPT-2's BPE files: %s", err);
         int *ids = NULL;
         size_t n = 0, cap = 0;
-        gpt2_bpe_encode(bpe, prompt, len, &ids, &n, &cap);
+        const int rc = gpt2_bpe_encode(bpe, prompt, len, &ids, &n, &cap, err, sizeof err);
         gpt2_bpe_free(bpe);
+        if (rc != 0) fatal(EXIT_USAGE, "sample: the prompt: %s", err);
         if (n == 0) fatal(EXIT_USAGE, "sample: the prompt encodes to no tokens");
         *n_out = (int)n;
         return ids;
@@ -163,6 +164,15 @@ Tokenizer *cli_load_tokenizer(const char *path) {
     Tokenizer *t = tokenizer_load(path, err, sizeof err);
     if (!t) fatal(EXIT_USAGE, "%s", err);
     return t;
+}
+
+Tokenizer *cli_checkpoint_tokenizer(const char *dir, const Config *c) {
+    char path[4096], err[ERR_LEN];
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    if (path_exists(path) && checkpoint_verify_file(dir, "tokenizer.bin", err, sizeof err) != 0)
+        fatal(EXIT_USAGE, "%s", err);
+    return path_exists(path) ? cli_load_tokenizer(path) : c->data.tokenizer[0] ? cli_load_tokenizer(c->data.tokenizer)
+                                                                               : NULL;
 }
 
 static void usage_train(FILE *f) {

@@ -5,9 +5,7 @@
 #include <string.h>
 
 #include "common/check.h"
-#include "common/fileio.h"
 #include "common/rng.h"
-#include "trainer/checkpoint.h"
 
 int cli_sample_main(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *device = NULL;
@@ -34,12 +32,7 @@ int cli_sample_main(int argc, char **argv) {
     Config c;
     Backend *be = cli_open_checkpoint(ckpt, &c, device);
     GPT *m = cli_load_checkpoint_model(ckpt, &c, be, 1, 1);
-    char tok_path[4096], err[ERR_LEN];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.bin", ckpt);
-    if (path_exists(tok_path) && checkpoint_verify_file(ckpt, "tokenizer.bin", err, sizeof err) != 0)
-        fatal(EXIT_USAGE, "%s", err);
-    Tokenizer *tok = path_exists(tok_path) ? cli_load_tokenizer(tok_path)
-                     : c.data.tokenizer[0] ? cli_load_tokenizer(c.data.tokenizer) : NULL;
+    Tokenizer *tok = cli_checkpoint_tokenizer(ckpt, &c);
     int n_prompt = 1;
     int *ids = xmalloc(sizeof(int));
     ids[0] = cli_start_token(tok);

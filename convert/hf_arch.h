@@ -70,8 +70,13 @@ void hf_plan_layer_pairs(HfPlan *p, const GPTConfig *g, const char *fmt, int l, 
                          int n);
 
 // The config.json keys every architecture writes: architectures, model_type, torch_dtype,
-// tie_word_embeddings, use_cache and, from the run config, bos/eos (end of text, null without).
+// tie_word_embeddings, use_cache, initializer_range and, from the run config, bos/eos (end of
+// text, null without).
 cJSON *hf_json_common(const Config *c, const HfArch *a);
+// hf_json_common and what Starcoder2's and GPT-NeoX's config.json share: the sizes under the
+// names hf_json_dims reads, intermediate_size 4 C, hidden_act gelu_pytorch_tanh, rope_scaling
+// null, attention_dropout.
+cJSON *hf_json_common_rotary(const Config *c, const HfArch *a);
 // Reading config.json: absent or null keys read as missing.
 const cJSON *hf_json_get(const cJSON *o, const char *key);
 // A positive integer field (required). Returns 0, or -1 with err naming the key.

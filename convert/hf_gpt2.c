@@ -30,7 +30,6 @@ static cJSON *gpt2_config_json(const Config *c) {
     cJSON_AddNumberToObject(o, "resid_pdrop", c->model.dropout);
     cJSON_AddNumberToObject(o, "embd_pdrop", c->model.dropout);
     cJSON_AddNumberToObject(o, "summary_first_dropout", 0.0);
-    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
     cJSON_AddBoolToObject(o, "scale_attn_weights", 1);
     cJSON_AddBoolToObject(o, "scale_attn_by_inverse_layer_idx", 0);
     cJSON_AddBoolToObject(o, "reorder_and_upcast_attn", 0);

@@ -28,6 +28,20 @@ cJSON *hf_json_common(const Config *c, const HfArch *a) {
         cJSON_AddNullToObject(o, "eos_token_id");
     }
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    return o;
+}
+
+cJSON *hf_json_common_rotary(const Config *c, const HfArch *a) {
+    cJSON *o = hf_json_common(c, a);
+    cJSON_AddNumberToObject(o, "hidden_size", c->model.n_embd);
+    cJSON_AddNumberToObject(o, "intermediate_size", 4.0 * c->model.n_embd);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->model.n_layer);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->model.n_head);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->model.max_seq_len);
+    cJSON_AddStringToObject(o, "hidden_act", "gelu_pytorch_tanh");
+    cJSON_AddNullToObject(o, "rope_scaling");
+    cJSON_AddNumberToObject(o, "attention_dropout", c->attention.dropout);
     return o;
 }
 

@@ -31,22 +31,13 @@ static double rotary_pct(int R, int HS) {
 
 static cJSON *neox_config_json(const Config *c) {
     const int HS = c->model.n_embd / c->model.n_head, R = c->model.rope_dims ? c->model.rope_dims : HS;
-    cJSON *o = hf_json_common(c, &HF_NEOX);
-    cJSON_AddNumberToObject(o, "hidden_size", c->model.n_embd);
-    cJSON_AddNumberToObject(o, "intermediate_size", 4.0 * c->model.n_embd);
-    cJSON_AddNumberToObject(o, "num_hidden_layers", c->model.n_layer);
-    cJSON_AddNumberToObject(o, "num_attention_heads", c->model.n_head);
-    cJSON_AddNumberToObject(o, "max_position_embeddings", c->model.max_seq_len);
-    cJSON_AddStringToObject(o, "hidden_act", "gelu_pytorch_tanh");
+    cJSON *o = hf_json_common_rotary(c, &HF_NEOX);
     cJSON_AddNumberToObject(o, "layer_norm_eps", 1e-5);
     cJSON_AddNumberToObject(o, "rotary_pct", rotary_pct(R, HS));
     cJSON_AddNumberToObject(o, "rotary_emb_base", c->model.rope_theta);
-    cJSON_AddNullToObject(o, "rope_scaling");
     cJSON_AddBoolToObject(o, "use_parallel_residual", 0);
     cJSON_AddBoolToObject(o, "attention_bias", 1);
-    cJSON_AddNumberToObject(o, "attention_dropout", c->attention.dropout);
     cJSON_AddNumberToObject(o, "hidden_dropout", c->model.dropout);
-    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
     return o;
 }
 

@@ -23,24 +23,15 @@
 #include "common/check.h"
 
 static cJSON *starcoder2_config_json(const Config *c) {
-    cJSON *o = hf_json_common(c, &HF_STARCODER2);
-    cJSON_AddNumberToObject(o, "hidden_size", c->model.n_embd);
-    cJSON_AddNumberToObject(o, "intermediate_size", 4.0 * c->model.n_embd);
-    cJSON_AddNumberToObject(o, "num_hidden_layers", c->model.n_layer);
-    cJSON_AddNumberToObject(o, "num_attention_heads", c->model.n_head);
+    cJSON *o = hf_json_common_rotary(c, &HF_STARCODER2);
     cJSON_AddNumberToObject(o, "num_key_value_heads", c->model.n_kv_head);
-    cJSON_AddNumberToObject(o, "max_position_embeddings", c->model.max_seq_len);
-    cJSON_AddStringToObject(o, "hidden_act", "gelu_pytorch_tanh");
     cJSON_AddNumberToObject(o, "norm_epsilon", 1e-5);
     cJSON_AddNumberToObject(o, "rope_theta", c->model.rope_theta);
-    cJSON_AddNullToObject(o, "rope_scaling");
     if (c->attention.window >= 0) cJSON_AddNumberToObject(o, "sliding_window", c->attention.window + 1.0);
     else cJSON_AddNullToObject(o, "sliding_window");
     cJSON_AddBoolToObject(o, "use_bias", 1);
-    cJSON_AddNumberToObject(o, "attention_dropout", c->attention.dropout);
     cJSON_AddNumberToObject(o, "residual_dropout", c->model.dropout);
     cJSON_AddNumberToObject(o, "embedding_dropout", c->model.dropout);
-    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
     return o;
 }
 

@@ -1,6 +1,7 @@
 #include "data/segment_encode.h"
 
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,13 +19,16 @@ static void ids_reserve(IdBuf *b, size_t more) {
     b->cap = cap;
 }
 
-// Appends the ids of one segment to out; 0, or -1 when a table vocabulary lacks a character.
-static int encode_one(const SegmentEncoder *e, const char *text, const Segment *s, IdBuf *out) {
+// Appends the ids of one segment to out; 0, -1 when a table vocabulary lacks a character, or -2
+// with err when GPT-2's encoder failed (out of memory, PCRE2).
+static int encode_one(const SegmentEncoder *e, const char *text, const Segment *s, IdBuf *out, char *err,
+                      size_t errlen) {
     if (s->doc_start && e->eot >= 0) {
         ids_reserve(out, 1);
         out->p[out->n++] = e->eot;
     }
-    if (e->bpe) return gpt2_bpe_encode(e->bpe, text + s->start, s->len, &out->p, &out->n, &out->cap);
+    if (e->bpe)
+        return gpt2_bpe_encode(e->bpe, text + s->start, s->len, &out->p, &out->n, &out->cap, err, errlen) ? -2 : 0;
     ids_reserve(out, s->len);   // at most one id per byte
     long k = tokenizer_encode_bytes(e->table, text + s->start, s->len, out->p + out->n, (long)s->len);
     if (k < 0) return -1;
@@ -48,13 +52,20 @@ int segments_encode(const SegmentEncoder *e, const char *text, const Segment *se
     int threads = e->threads > 0 ? e->threads : omp_get_max_threads();
     if ((size_t)threads > n_items) threads = n_items ? (int)n_items : 1;
     size_t bad = SIZE_MAX;   // the first segment a table vocabulary could not encode
+    char bpe_err[ERR_LEN] = "";   // the message of a GPT-2 encoder failure, if any
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(min : bad)
     for (size_t w = 0; w < n_items; w++) {
         // Each item fills a buffer of its own: neighbouring items run on other threads.
         IdBuf *out = &part[w];
+        char item_err[ERR_LEN];
         for (size_t i = first[w]; i < first[w + 1]; i++) {
             size_t before = out->n;
-            if (encode_one(e, text, &segs[i], out) != 0 && i < bad) bad = i;
+            const int rc = encode_one(e, text, &segs[i], out, item_err, sizeof item_err);
+            if (rc == -1 && i < bad) bad = i;
+            if (rc == -2) {
+#pragma omp critical(segment_encode_error)
+                if (!bpe_err[0]) snprintf(bpe_err, sizeof bpe_err, "%s", item_err);
+            }
             counts[i] = out->n - before;
         }
     }
@@ -67,6 +78,7 @@ int segments_encode(const SegmentEncoder *e, const char *text, const Segment *se
     }
     free(part);
     free(first);
+    if (bpe_err[0]) return set_error(err, errlen, "%s", bpe_err);
     if (bad == SIZE_MAX) return 0;
     return set_error(err, errlen, "input file %d near byte %llu has a character outside the vocabulary of the "
                                   "first pass: the input changed while prepare read it",

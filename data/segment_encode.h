@@ -21,6 +21,6 @@ typedef struct {
 
 // Sets ids to the ids of segs[0, n) over text, in order, and counts[i] to segment i's number of
 // ids. -1 with err when a character is outside a table vocabulary (the input changed between
-// the passes that built and used it).
+// the passes that built and used it) or GPT-2's encoder failed (out of memory, PCRE2).
 int segments_encode(const SegmentEncoder *e, const char *text, const Segment *segs, size_t n, IdBuf *ids,
                     size_t *counts, char *err, size_t errlen);

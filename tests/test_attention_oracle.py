@@ -16,48 +16,24 @@ cancellation in P * (dP - D), ~10x, so 64 u (measured: at most 9 u here).
 import ctypes
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+# The one ctypes mirror of attention.h's AttnParams (tests/test_python_api.py checks it field by field).
+from flashgpt._lib import IMPL_FLASH, IMPL_NAIVE, AttnParams  # noqa: E402
+from flashgpt._lib import AttnStrides as Strides  # noqa: E402
+
 U = 2.0 ** -24
 GRAD_TOL = 64 * U
 
 
 def fwd_tol(T_k):
     return 4 * np.sqrt(T_k) * U + 8 * U
-
-
-class Strides(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int64), ("row", ctypes.c_int64), ("head", ctypes.c_int64)]
-
-
-class AttnParams(ctypes.Structure):  # mirrors AttnParams in attention/attention.h, field by field
-    _fields_ = [
-        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
-        ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
-        ("lse_batch_stride", ctypes.c_int64), ("lse_head_stride", ctypes.c_int64),
-        ("q_st", Strides), ("k_st", Strides), ("v_st", Strides), ("o_st", Strides),
-        ("dout", ctypes.c_void_p), ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p), ("dv", ctypes.c_void_p),
-        ("do_st", Strides), ("dq_st", Strides), ("dk_st", Strides), ("dv_st", Strides),
-        ("accumulate", ctypes.c_int),
-        ("B", ctypes.c_int), ("T_q", ctypes.c_int), ("T_k", ctypes.c_int),
-        ("NH", ctypes.c_int), ("NKV", ctypes.c_int), ("HS", ctypes.c_int),
-        ("scale", ctypes.c_float),
-        ("causal", ctypes.c_int), ("pos_explicit", ctypes.c_int), ("q_pos0", ctypes.c_int64), ("k_pos0", ctypes.c_int64),
-        ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
-        ("alibi_slopes", ctypes.c_void_p),
-        ("cu_seqlens", ctypes.c_void_p), ("n_docs", ctypes.c_int),
-        ("dropout_p", ctypes.c_float), ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64),
-        ("dtype", ctypes.c_int), ("impl", ctypes.c_int), ("deterministic", ctypes.c_int),
-        ("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
-        ("alibi_batch_stride", ctypes.c_int64), ("softcap", ctypes.c_float),
-    ]
-
-
-IMPL_FLASH, IMPL_NAIVE = 0, 1
 
 
 @pytest.fixture(scope="module")

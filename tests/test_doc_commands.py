@@ -185,6 +185,9 @@ NOT_RUN = [
      "needs pyarrow, which is not among the dependencies scripts/setup.sh installs"),
     (r"^source scripts/device_env\.sh && make -j16 test-gpu-sanitize ",
      f"{GPU} (compute-sanitizer over the GPU tests)"),
+    (r"^\./train_gpt eval --checkpoint runs/long/ckpt_00010000 --passkey ",
+     "needs a long-context checkpoint (runs/long/) that no command of the docs trains; "
+     "tests/test_eval_passkey.py runs eval --passkey end to end"),
     (r"^(bash )?tests/fuzz/run\.sh build/fuzz ", "needs make fuzz's libFuzzer builds (clang): CI runs make fuzz-run "
                                               "after make test"),
 ]

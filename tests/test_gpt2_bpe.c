@@ -1,14 +1,17 @@
 // gpt2_bpe: loading small hand-made vocabularies, the merge order, the linear and heap merge paths,
-// decoding, the parallel encoder, and every kind of bad encoder.json / vocab.bpe (NULL with a
-// message naming the file and the problem). tests/test_gpt2_bpe.py checks the real GPT-2 files
+// decoding, the parallel encoder, every kind of bad encoder.json / vocab.bpe (NULL with a
+// message naming the file and the problem), and out of memory while encoding (-1 and a message). tests/test_gpt2_bpe.py checks the real GPT-2 files
 // against tiktoken.
 #define _GNU_SOURCE   // memmem
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/check.h"
 #include "data/gpt2_bpe.h"
 #include "tests/testlib.h"
 
@@ -126,7 +129,7 @@ static void expect_load_error(const Files *f, const char *file, const char *need
 static int encode_str(const Gpt2Bpe *t, const char *s, int *out, int max) {
     int *ids = NULL;
     size_t n = 0, cap = 0;
-    gpt2_bpe_encode(t, s, strlen(s), &ids, &n, &cap);
+    gpt2_bpe_encode(t, s, strlen(s), &ids, &n, &cap, NULL, 0);
     for (size_t i = 0; i < n && (int)i < max; i++) out[i] = ids[i];
     free(ids);
     return (int)n;
@@ -211,8 +214,8 @@ static void test_parallel(Files *f) {
     char *text = pieces_text(pieces, 11, 0, 2u << 20, &len);
     int *one = NULL, *par = NULL;
     size_t n1 = 0, c1 = 0, n2 = 0, c2 = 0;
-    gpt2_bpe_encode(t, text, len, &one, &n1, &c1);
-    gpt2_bpe_encode_parallel(t, text, len, 3, &par, &n2, &c2);
+    gpt2_bpe_encode(t, text, len, &one, &n1, &c1, NULL, 0);
+    gpt2_bpe_encode_parallel(t, text, len, 3, &par, &n2, &c2, NULL, 0);
     EXPECT(n1 == n2 && memcmp(one, par, n1 * sizeof(int)) == 0, "parallel differs (%zu vs %zu)",
            n1, n2);
     free(one);
@@ -241,12 +244,12 @@ static void test_documents(Files *f) {
             int eot = gpt2_bpe_eot(t);
             if (nw == cw) want = realloc(want, (cw = 2 * cw + 1024) * sizeof(int));
             want[nw++] = eot;
-            gpt2_bpe_encode(t, text + start, end - start, &want, &nw, &cw);
+            gpt2_bpe_encode(t, text + start, end - start, &want, &nw, &cw, NULL, 0);
             docs++;
             if (!hit) break;
             start = end;
         }
-        gpt2_bpe_encode_documents(t, text, n_text, sep, 2, &got, &ng, &cg);
+        gpt2_bpe_encode_documents(t, text, n_text, sep, 2, &got, &ng, &cg, NULL, 0);
         EXPECT(docs > 1000 && ng == nw && memcmp(want, got, nw * sizeof(int)) == 0,
                "documents differ (%zu docs, %zu vs %zu ids)", docs, ng, nw);
         free(want);
@@ -256,8 +259,8 @@ static void test_documents(Files *f) {
     memset(text, 'a', 64);
     int *one = NULL, *got = NULL;
     size_t n1 = 0, c1 = 0, ng = 0, cg = 0;
-    gpt2_bpe_encode(t, text, len - 2, &one, &n1, &c1);
-    gpt2_bpe_encode_documents(t, text, len - 2, "<|endoftext|>", 2, &got, &ng, &cg);
+    gpt2_bpe_encode(t, text, len - 2, &one, &n1, &c1, NULL, 0);
+    gpt2_bpe_encode_documents(t, text, len - 2, "<|endoftext|>", 2, &got, &ng, &cg, NULL, 0);
     EXPECT(ng == n1 + 1 && got[0] == gpt2_bpe_eot(t) && memcmp(one, got + 1, n1 * sizeof(int)) == 0,
            "single long document");
     free(one);
@@ -339,7 +342,51 @@ static void test_bad_files(Files *f) {
     free(e);
 }
 
-int main(void) {
+// The child of test_out_of_memory: encodes a 16 MiB run of digits (one pre-token, so the heap
+// merge needs about 32 bytes per byte) with 64 MiB more address space than it uses now. Exit
+// status 0 when the encoder returned -1 naming the lack of memory; prints what it got.
+static int oom_child(Files *f) {
+    Gpt2Bpe *t = load_good(f);
+    const size_t len = (size_t)16 << 20;
+    char *text = malloc(len);
+    memset(text, '7', len);
+    long pages = 0;
+    FILE *statm = fopen("/proc/self/statm", "r");
+    if (!statm || fscanf(statm, "%ld", &pages) != 1) return 3;
+    fclose(statm);
+    const struct rlimit rl = {(rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)64 << 20), RLIM_INFINITY};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) return 4;
+    int *ids = NULL;
+    size_t n = 0, cap = 0;
+    char err[256] = "";
+    const int rc = gpt2_bpe_encode(t, text, len, &ids, &n, &cap, err, sizeof err);
+    printf("rc %d: %s\n", rc, err);
+    return rc == -1 && strstr(err, "out of memory") ? 0 : 1;
+}
+
+// Out of memory is returned, not fatal: the encoder runs under an address-space limit in a child
+// process (the test binary again, with AddressSanitizer told to return NULL like malloc does).
+static void test_out_of_memory(void) {
+    char exe[4096];
+    const ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(k > 0);
+    exe[k] = '\0';
+    fflush(stdout);
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        setenv("ASAN_OPTIONS", "allocator_may_return_null=1:detect_leaks=0", 1);
+        execl(exe, exe, "--oom-child", (char *)NULL);
+        _exit(5);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+           "the encoder under a memory limit: exit status %d (0: -1 with an out-of-memory message)",
+           WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
+}
+
+int main(int argc, char **argv) {
     Files f;
     snprintf(f.dir, sizeof f.dir, "/tmp/test_gpt2_bpe_XXXXXX");
     if (!mkdtemp(f.dir)) {
@@ -348,10 +395,18 @@ int main(void) {
     }
     snprintf(f.enc, sizeof f.enc, "%s/encoder.json", f.dir);
     snprintf(f.voc, sizeof f.voc, "%s/vocab.bpe", f.dir);
+    if (argc > 1 && strcmp(argv[1], "--oom-child") == 0) {
+        const int rc = oom_child(&f);
+        unlink(f.enc);
+        unlink(f.voc);
+        rmdir(f.dir);
+        return rc;
+    }
     TEST_CASE("small vocabulary: merge order, heap path, U+FFFD", test_small_vocab(&f));
     TEST_CASE("parallel encode equals single-threaded", test_parallel(&f));
     TEST_CASE("documents equal eot + encode of each", test_documents(&f));
     TEST_CASE("bad encoder.json / vocab.bpe name the file and the problem", test_bad_files(&f));
+    TEST_CASE("out of memory comes back as -1 and a message", test_out_of_memory());
     unlink(f.enc);
     unlink(f.voc);
     rmdir(f.dir);

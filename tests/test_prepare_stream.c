@@ -155,7 +155,7 @@ static void test_segment_cuts_exact(const Gpt2Bpe *bpe) {
         size_t len = tricky_text(text, sizeof text, seed);
         int *whole = NULL, *joined = NULL;
         size_t nw = 0, cw = 0, nj = 0, cj = 0;
-        gpt2_bpe_encode(bpe, text, len, &whole, &nw, &cw);
+        gpt2_bpe_encode(bpe, text, len, &whole, &nw, &cw, NULL, 0);
         size_t target = 2 + seed % 7;
         Batch b;
         size_t n_seg = segment(text, len, 1 + seed % 13, target, 1u << 20, &b);
@@ -164,7 +164,7 @@ static void test_segment_cuts_exact(const Gpt2Bpe *bpe) {
         for (size_t i = 0; i < b.n; i++) {
             starts_ok &= b.seg[i].start == covered && b.seg[i].pos.offset == covered && !b.seg[i].hard_cut;
             covered += b.seg[i].len;
-            gpt2_bpe_encode(bpe, b.text.p + b.seg[i].start, b.seg[i].len, &joined, &nj, &cj);
+            gpt2_bpe_encode(bpe, b.text.p + b.seg[i].start, b.seg[i].len, &joined, &nj, &cj, NULL, 0);
         }
         EXPECT(n_seg > len / 40 && covered == len && starts_ok, "seed %u: %zu segments cover %zu of %zu bytes", seed,
                n_seg, covered, len);
@@ -199,7 +199,7 @@ static void test_documents_encode_apart(const Gpt2Bpe *bpe) {
         batch_add(&b, &piece);
         if (nw == cw) want = realloc(want, (cw = 2 * cw + 1024) * sizeof(int));
         want[nw++] = GPT2_EOT;
-        gpt2_bpe_encode(bpe, pool + off, len, &want, &nw, &cw);
+        gpt2_bpe_encode(bpe, pool + off, len, &want, &nw, &cw, NULL, 0);
         off += len;
     }
     SegmentEncoder e = {bpe, NULL, GPT2_EOT, 2};

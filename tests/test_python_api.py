@@ -202,6 +202,45 @@ def test_flash_attn_func_against_float64(case):
     assert_close(ours, (out, dq, dk, dv), T_k, "flash_attn_func")
 
 
+# (B, T_q, T_k, NH, NKV, HS, causal, window, alibi, softcap)
+SOFTCAP_CASES = [
+    (2, 37, 37, 4, 2, 16, True, (-1, -1), False, 1.5),
+    (1, 20, 45, 2, 1, 32, False, (10, 3), True, 0.7),
+    (1, 50, 29, 2, 2, 8, True, (-1, -1), False, 30.0),   # causal T_q > T_k: 21 rows see no key
+]
+
+
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=lambda c: "B%d_Tq%d_Tk%d_NH%d_NKV%d_HS%d_c%d_w%s_a%d_cap%g" % c)
+def test_softcap_against_float64(case):
+    """softcap (flash-attn 2.6's argument, after window_size) in flash_attn_func, the packed and
+    the varlen form: scores capped by softcap * tanh(s / softcap) before ALiBi and the masks."""
+    B, T_q, T_k, NH, NKV, HS, causal, window, alibi, cap = case
+    rng = np.random.default_rng(sum(case[:6]))
+    q, k, v = (3 * rand(rng, B, T_q, NH, HS), 3 * rand(rng, B, T_k, NKV, HS), rand(rng, B, T_k, NKV, HS))
+    dout = rand(rng, B, T_q, NH, HS)
+    slopes = slopes_for(NH) if alibi else None
+    ours = run_ours(flash_attn_func, (q, k, v), dout, causal=causal, window_size=window, softcap=cap,
+                    alibi_slopes=torch.tensor(slopes) if alibi else None)
+    mask = oracle.explicit_mask(B, T_q, T_k, causal, window[0], window[1], None)
+    out, _, dq, dk, dv = oracle.torch_reference(q, k, v, dout, 1.0 / math.sqrt(HS), cap, slopes, mask, None, 0.0)
+    assert_close(ours, (out, dq, dk, dv), T_k, "flash_attn_func softcap")
+    # The same argument position as flash-attn 2.6: (..., window_size, softcap, alibi_slopes, ...).
+    positional = flash_attn_func(*(torch.tensor(a) for a in (q, k, v)), 0.0, None, causal, window, cap,
+                                 torch.tensor(slopes) if alibi else None)
+    assert np.array_equal(positional.numpy(), ours[0])
+    if T_q == T_k and NH == NKV:
+        qkv = torch.tensor(np.stack([q, k, v], axis=2))
+        packed = flash_attn_qkvpacked_func(qkv, causal=causal, window_size=window, softcap=cap,
+                                           alibi_slopes=torch.tensor(slopes) if alibi else None)
+        assert np.array_equal(packed.numpy(), ours[0])
+    if B == 1 and T_q == T_k:
+        cu = torch.tensor([0, T_q], dtype=torch.int32)
+        packed = flash_attn_varlen_func(*(torch.tensor(a[0]) for a in (q, k, v)), cu, cu, T_q, T_q,
+                                        causal=causal, window_size=window, softcap=cap,
+                                        alibi_slopes=torch.tensor(slopes) if alibi else None)
+        assert oracle.rel_err(packed.numpy()[None], out) <= oracle.fwd_tol(T_k)
+
+
 def test_dropout_is_reproducible_and_backward_uses_the_forwards_mask():
     rng = np.random.default_rng(3)
     q, k, v, dout = (rand(rng, 2, 40, 2, 16) for _ in range(4))
@@ -381,6 +420,8 @@ BAD_CALLS = [
     ("alibi_shape", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, alibi_slopes=t(3)), r"shape \(nheads,\) = \(2,\)"),
     ("alibi_dtype", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, alibi_slopes=t(2, dtype=torch.float64)),
      "float32 tensor"),
+    ("softcap_negative", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, softcap=-1.0), r"softcap must be 0.0 \(off\)"),
+    ("softcap_nan", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, softcap=float("nan")), "finite number > 0"),
     ("alibi_per_row_cpu", lambda: flash_attn_func(*(t(1, 4, 2, 8),) * 3, alibi_slopes=t(1, 2)), "run on CUDA only"),
     ("head_dim_cpu", lambda: flash_attn_func(*(t(1, 2, 1, 1025),) * 3), "use 1..1024"),
     ("qkvpacked_shape", lambda: flash_attn_qkvpacked_func(t(1, 4, 2, 2, 8)), r"\(batch, seqlen, 3, nheads, headdim\)"),

@@ -29,12 +29,12 @@ CUDA_ALIGN = 16  # bytes: the CUDA kernels' vector loads need it for every base 
 
 class Options:
     """The settings of one attention call besides q, k, v (validated by the public functions):
-    window (left, right), alibi ((NH) or (B, NH) fp32) and cu_seqlens (int32) tensors on q's
-    device or None; seed and offset are drawn by the forward when dropout_p > 0."""
+    window (left, right), softcap (0: off), alibi ((NH) or (B, NH) fp32) and cu_seqlens (int32)
+    tensors on q's device or None; seed and offset are drawn by the forward when dropout_p > 0."""
 
     def __init__(self, scale, causal=False, window=(-1, -1), alibi=None, cu_seqlens=None, dropout_p=0.0,
-                 deterministic=False):
-        self.scale, self.causal, self.window = scale, causal, window
+                 deterministic=False, softcap=0.0):
+        self.scale, self.causal, self.window, self.softcap = scale, causal, window, softcap
         self.alibi, self.cu_seqlens = alibi, cu_seqlens
         self.dropout_p, self.deterministic = dropout_p, deterministic
         self.seed = self.offset = 0
@@ -71,7 +71,7 @@ def _check_tensors(q, k, v, ndim, layout):
         _fail(f"the {k.shape[-2]} key/value heads must divide the {q.shape[-2]} query heads (GQA)")
 
 
-def _options(q, k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+def _options(q, k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
              return_attn_probs, attn_bias, cu_seqlens=None):
     if return_attn_probs:
         _fail("return_attn_probs=True is not supported: the kernels never form the attention "
@@ -87,6 +87,8 @@ def _options(q, k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, 
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or
             not all(isinstance(w, int) and w >= -1 for w in window_size)):
         _fail(f"window_size must be a pair of ints (left, right), each -1 (unbounded) or >= 0, got {window_size!r}")
+    if not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+        _fail(f"softcap must be 0.0 (off) or a finite number > 0, got {softcap!r}")
     if alibi_slopes is not None:
         NH, B = q.shape[-2], q.shape[0]
         # Slopes per batch row exist for flash_attn_func only: varlen's rows are its sequences,
@@ -104,7 +106,7 @@ def _options(q, k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, 
                   "takes (nheads,)")
         alibi_slopes = alibi_slopes.contiguous()
     return Options(scale, bool(causal), (int(window_size[0]), int(window_size[1])), alibi_slopes,
-                    cu_seqlens, float(dropout_p), bool(deterministic))
+                    cu_seqlens, float(dropout_p), bool(deterministic), float(softcap))
 
 
 def _describe(t):
@@ -151,6 +153,7 @@ def attn_params(q, k, v, out, lse, o):
     p.scale = o.scale
     p.causal = int(o.causal)
     p.window_left, p.window_right = o.window
+    p.softcap = o.softcap
     if o.alibi is not None:
         p.alibi_slopes = o.alibi.data_ptr()
         p.alibi_batch_stride = o.alibi.stride(0) if o.alibi.dim() == 2 else 0
@@ -230,7 +233,8 @@ class FlashAttnFunction(torch.autograd.Function):
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, attn_bias=None):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                    attn_bias=None):
     """Attention of q (batch, seqlen_q, nheads, headdim) over k, v (batch, seqlen_k,
     nheads_k, headdim); returns (batch, seqlen_q, nheads, headdim).
 
@@ -238,27 +242,29 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     position i + seqlen_k - seqlen_q (bottom-right alignment): causal lets it see keys up to
     there (with seqlen_q > seqlen_k the first seqlen_q - seqlen_k queries see none),
     window_size (left, right) keeps keys within [pos - left, pos + right] (-1: unbounded),
-    alibi_slopes (nheads,) or (batch, nheads) fp32 adds
+    softcap > 0 turns each scaled score s into softcap * tanh(s / softcap) before the rest
+    (0.0: off; where the library runs it: docs/python.md), alibi_slopes (nheads,) or (batch,
+    nheads) fp32 adds
     -slope * |pos - j| to each score. A query that sees no key gets output 0. dropout_p applies
     to the attention probabilities (pass 0.0 in evaluation); deterministic makes the backward
     bitwise reproducible. return_attn_probs=True and attn_bias are not supported (ValueError)."""
     _check_tensors(q, k, v, 4, "(batch, seqlen, nheads, headdim)")
     if q.shape[0] != k.shape[0]:
         _fail(f"q and k must have one batch size, got {q.shape[0]} and {k.shape[0]}")
-    o = _options(q, k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+    o = _options(q, k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                  return_attn_probs, attn_bias)
     return FlashAttnFunction.apply(q, k, v, o)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
-                              window_size=(-1, -1), alibi_slopes=None, deterministic=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                               return_attn_probs=False, *, attn_bias=None):
     """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), read in place by its strides;
     the gradient comes back in the same packed shape."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
         _fail(f"qkv must be a 5-D tensor (batch, seqlen, 3, nheads, headdim), got {_describe(qkv)}")
     q, k, v = qkv.unbind(2)
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs, attn_bias=attn_bias)
 
 
@@ -291,11 +297,11 @@ def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, to
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
                            attn_bias=None):
     """flash_attn_func over packed sequences: q, k, v are (total_tokens, nheads[_k], headdim),
     sequence s is tokens cu_seqlens[s] .. cu_seqlens[s+1] - 1 and attends only inside itself
-    (causal, window_size and alibi_slopes apply within each sequence). Self-attention only: the
+    (causal, window_size, softcap and alibi_slopes apply within each sequence). Self-attention only: the
     q and k lists must be equal (and max_seqlen_q == max_seqlen_k). The list is read on the host
     to be checked (for CUDA tensors, one small device-to-host copy)."""
     _check_tensors(q, k, v, 3, "(total_tokens, nheads, headdim)")
@@ -303,7 +309,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _fail(f"q has {q.shape[0]} tokens and k {k.shape[0]}: only self-attention over packed "
               "sequences is supported (one token count, one cu_seqlens)")
     cu = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape[0], q.device)
-    o = _options(q, k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+    o = _options(q, k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                  return_attn_probs, attn_bias, cu)
     out = FlashAttnFunction.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), o)
     return out.squeeze(0)

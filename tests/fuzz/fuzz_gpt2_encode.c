@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_check_encoding(bpe, data, size);
     int *docs = NULL, *one = NULL;
     size_t n_docs = 0, cap_docs = 0, n_one = 0, cap_one = 0;
-    gpt2_bpe_encode_documents(bpe, (const char *)data, size, "\n\n", 2, &docs, &n_docs, &cap_docs);
+    gpt2_bpe_encode_documents(bpe, (const char *)data, size, "\n\n", 2, &docs, &n_docs, &cap_docs, NULL, 0);
     for (size_t start = 0;;) {
         const uint8_t *hit = NULL;
         for (size_t i = start; i + 1 < size && !hit; i++)
@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const int eot = gpt2_bpe_eot(bpe);
         if (n_one == cap_one) one = realloc(one, (cap_one = 2 * cap_one + 16) * sizeof(int));
         one[n_one++] = eot;
-        gpt2_bpe_encode(bpe, (const char *)data + start, end - start, &one, &n_one, &cap_one);
+        gpt2_bpe_encode(bpe, (const char *)data + start, end - start, &one, &n_one, &cap_one, NULL, 0);
         if (!hit) break;
         start = end;
     }

@@ -18,7 +18,7 @@ static inline int fuzz_utf8_valid(const uint8_t *p, size_t n) {
 static inline void fuzz_check_encoding(const Gpt2Bpe *t, const uint8_t *text, size_t n) {
     int *ids = NULL;
     size_t n_ids = 0, cap = 0;
-    FUZZ_ASSERT(gpt2_bpe_encode(t, (const char *)text, n, &ids, &n_ids, &cap) == 0);
+    FUZZ_ASSERT(gpt2_bpe_encode(t, (const char *)text, n, &ids, &n_ids, &cap, NULL, 0) == 0);
     const int valid = fuzz_utf8_valid(text, n);
     unsigned char *back = malloc(3 * n + 1);   // each invalid byte decodes to at most U+FFFD
     size_t len = 0;

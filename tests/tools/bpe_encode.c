@@ -57,8 +57,10 @@ static double now_s(void) {
 static void encode(const Gpt2Bpe *t, const Args *a, const char *s, size_t len, int **ids,
                    size_t *n, size_t *cap) {
     *n = 0;
-    if (a->threads < 0) gpt2_bpe_encode(t, s, len, ids, n, cap);
-    else gpt2_bpe_encode_parallel(t, s, len, a->threads, ids, n, cap);
+    char err[ERR_LEN];
+    const int rc = a->threads < 0 ? gpt2_bpe_encode(t, s, len, ids, n, cap, err, sizeof err)
+                                  : gpt2_bpe_encode_parallel(t, s, len, a->threads, ids, n, cap, err, sizeof err);
+    if (rc != 0) fatal(EXIT_RUNTIME, "bpe_encode: %s", err);
 }
 
 static void print_ids(const int *ids, size_t n) {
