@@ -1,5 +1,6 @@
 // comm_nccl: the communicator over NCCL for device buffers (the CUDA backend), on the backend's
-// stream; split gives the context-parallel groups, sendrecv_start their ring exchanges. The NCCL
+// stream; split gives the context-parallel groups, sendrecv_start their ring exchanges (on a
+// side stream; sendrecv_wait is a stream dependency, never a host wait). The NCCL
 // communicator is non-blocking (config.blocking = 0): no NCCL call can block the
 // host, and every wait polls ncclCommGetAsyncError beside the deadline, so a peer that died (a
 // remote or system error) or hangs (the deadline) makes this rank exit non-zero (the whole job,
@@ -27,7 +28,11 @@ typedef struct {
     // stream when it was started; wait() makes stream wait for side_done behind them.
     cudaStream_t side;
     cudaEvent_t ready, side_done;
-    int side_busy;     // reductions were started on side since the last wait()
+    int side_busy;     // reductions or exchanges were started on side since the last wait()
+    // sendrecv_start's exchange with handle h is followed on side by exchanged[h %
+    // COMM_P2P_MAX]; sendrecv_wait makes stream wait for that event.
+    cudaEvent_t exchanged[COMM_P2P_MAX];
+    int next_handle;
     double *scratch;   // (COMM_HOST_MAX) device, for host all-reduces and the barrier
     // (COMM_HOST_MAX) pinned host memory: the copies of a host all-reduce stay asynchronous, so
     // a peer that never joins is seen by nccl_wait's deadline instead of blocking a copy from
@@ -158,10 +163,14 @@ static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t 
 }
 
 // Context parallelism's exchange, on the side stream behind the work queued so far (the
-// kernels that wrote send, and those still reading the buffer recv replaces).
-static void nccl_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
-                                size_t bytes) {
+// kernels that wrote send, and those still reading the buffer recv replaces). The send and
+// the receive form one group, so NCCL progresses both together: a ring in which every rank
+// sends to one peer and receives from another cannot deadlock. Exchanges run one after the
+// other on side, in the order started, which is the same on every rank.
+static int nccl_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
+                               size_t bytes) {
     NcclCtx *x = c->ctx;
+    const int handle = x->next_handle++;
     cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
     cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
     x->side_busy = 1;
@@ -169,6 +178,16 @@ static void nccl_sendrecv_start(Comm *c, const void *send, int dst, void *recv, 
     if (send) ncclSend(send, bytes, ncclUint8, dst, x->nccl, x->side);
     if (recv) ncclRecv(recv, bytes, ncclUint8, src, x->nccl, x->side);
     wait_queued(c, ncclGroupEnd(), "ring send/receive");
+    cuda_ok(c, cudaEventRecord(x->exchanged[handle % COMM_P2P_MAX], x->side), "cudaEventRecord");
+    return handle;
+}
+
+// A stream dependency, not a host wait: the work queued on the comm's stream from now on runs
+// once the exchange is done.
+static void nccl_sendrecv_wait(Comm *c, int handle) {
+    NcclCtx *x = c->ctx;
+    cuda_ok(c, cudaStreamWaitEvent(x->stream, x->exchanged[handle % COMM_P2P_MAX], 0),
+            "cudaStreamWaitEvent");
 }
 
 static Comm *nccl_wrap(ncclComm_t nccl, int rank, int world, cudaStream_t stream, Comm *boot,
@@ -268,6 +287,7 @@ static void nccl_destroy(Comm *c) {
     cudaEventDestroy(x->done);
     cudaEventDestroy(x->ready);
     cudaEventDestroy(x->side_done);
+    for (int i = 0; i < COMM_P2P_MAX; i++) cudaEventDestroy(x->exchanged[i]);
     cudaStreamDestroy(x->side);
     cudaFree(x->scratch);
     cudaFreeHost(x->pinned);
@@ -311,10 +331,15 @@ static Comm *nccl_wrap(ncclComm_t nccl, int rank, int world, cudaStream_t stream
                 .allreduce_host_f64 = nccl_allreduce_host,
                 .wait = nccl_wait,
                 .sendrecv_start = nccl_sendrecv_start,
+                .sendrecv_wait = nccl_sendrecv_wait,
                 .split = nccl_split,
                 .destroy = nccl_destroy,
                 .abort = nccl_abort};
-    if (cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
+    int events_ok = 1;
+    for (int i = 0; i < COMM_P2P_MAX; i++)
+        events_ok &=
+            cudaEventCreateWithFlags(&x->exchanged[i], cudaEventDisableTiming) == cudaSuccess;
+    if (!events_ok || cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&x->side_done, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&x->side, cudaStreamNonBlocking) != cudaSuccess ||

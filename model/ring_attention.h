@@ -29,10 +29,13 @@ typedef struct {
     void *ctx;
     int rank, size;  // this process's place in the ring and the ring's length
     // Starts sending `bytes` of send to ring rank dst and receiving as many from ring rank src
-    // into recv (backend memory, untouched until wait); a NULL send or recv leaves that half
-    // out. Several may be in flight; between two ranks they arrive in the order started.
-    void (*start)(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes);
-    void (*wait)(void *ctx);  // finishes every started exchange
+    // into recv (backend memory, untouched until the exchange is waited for); a NULL send or
+    // recv leaves that half out, not both. Several may be in flight (at most 4 unwaited); between
+    // two ranks they arrive in the order started. Returns the exchange's handle.
+    int (*start)(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes);
+    // Exchange `handle` is done for the work queued on the backend after this call: a stream
+    // dependency on a GPU (the host goes on queueing), a finished exchange on the host.
+    void (*wait)(void *ctx, int handle);
 } RingLink;
 
 // Global position of local token t (0 <= t < T_local, T_local even) of ring rank `rank`.

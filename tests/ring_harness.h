@@ -148,7 +148,7 @@ static int ring_results(RingCase *rc) {
         pthread_create(&th[r], NULL, ring_rank_main, &jobs[r]);
     }
     for (int r = 0; r < rc->P; r++) pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&rc->hub.bar);
+    hub_destroy(&rc->hub);
     return hub_sent(&rc->hub);
 }
 

@@ -126,7 +126,7 @@ static void run_case(int P, int pos, int n_kv, int window) {
         pthread_create(&th[r], NULL, rank_main, &jobs[r]);
     }
     for (int r = 0; r < P; r++) pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&hub.bar);
+    hub_destroy(&hub);
 
     // The ranks' results assembled at global positions; their gradients and losses summed.
     float *lg_ring = xmalloc(sizeof(float) * B * T * V), *gr_ring = xcalloc(n, sizeof(float));
