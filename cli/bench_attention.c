@@ -81,7 +81,8 @@ static void bench_problem_free(Backend *be, BenchProblem *b) {
 
 // The ring's link for timing one rank alone: nothing moves (the attention's time does not depend
 // on the values, and which chunk pairs run depends on positions alone).
-static int idle_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
+static int idle_start(void *ctx, const void *send, size_t send_bytes, int dst, void *recv,
+                      size_t recv_bytes, int src) {
     return 0;
 }
 static void idle_wait(void *ctx, int handle) {}

@@ -66,8 +66,10 @@ static void single_broadcast(Comm *c, void *buf, size_t bytes, int root) {}
 static void single_nothing(Comm *c) {}
 static void single_allreduce_host(Comm *c, double *buf, size_t count) {}
 static void single_destroy(Comm *c) { free(c); }
-static int single_sendrecv(Comm *c, const void *send, int dst, void *recv, int src, size_t bytes) {
-    if (send && recv) memmove(recv, send, bytes);  // host memory: the single comm serves the CPU
+static int single_sendrecv(Comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                           size_t recv_bytes, int src) {
+    CHECK(!send || !recv || send_bytes == recv_bytes);
+    if (send && recv) memmove(recv, send, recv_bytes);  // host memory: the CPU backend's
     return 0;
 }
 static void single_sendrecv_wait(Comm *c, int handle) {}

@@ -181,21 +181,27 @@ static MPI_Request *p2p_slot(MpiCtx *x, int handle) {
     return &x->p2p[x->n_p2p++];
 }
 
-static int mpi_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
-                              size_t bytes) {
-    MpiCtx *x = c->ctx;
-    const int handle = x->next_handle++;
+// Posts one direction of exchange `handle`: bytes of buf to or from rank peer, in pieces.
+static void post_p2p(MpiCtx *x, int handle, const void *buf, size_t bytes, int peer, int is_recv) {
     size_t off = 0;
     do {
         const int n = to_int(bytes - off < P2P_PIECE ? bytes - off : P2P_PIECE);
-        // The receive is posted first, so a rank exchanging with itself cannot stall.
-        if (recv)
-            MPI_Irecv((char *)recv + off, n, MPI_BYTE, src, 0, x->comm, p2p_slot(x, handle));
-        if (send)
-            MPI_Isend((const char *)send + off, n, MPI_BYTE, dst, 0, x->comm,
+        if (is_recv)
+            MPI_Irecv((char *)buf + off, n, MPI_BYTE, peer, 0, x->comm, p2p_slot(x, handle));
+        else
+            MPI_Isend((const char *)buf + off, n, MPI_BYTE, peer, 0, x->comm,
                       p2p_slot(x, handle));
         off += (size_t)n;
     } while (off < bytes);
+}
+
+static int mpi_sendrecv_start(Comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                              size_t recv_bytes, int src) {
+    MpiCtx *x = c->ctx;
+    const int handle = x->next_handle++;
+    // The receive is posted first, so a rank exchanging with itself cannot stall.
+    if (recv) post_p2p(x, handle, recv, recv_bytes, src, 1);
+    if (send) post_p2p(x, handle, send, send_bytes, dst, 0);
     progress_started(x);
     return handle;
 }

@@ -167,16 +167,16 @@ static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t 
 // the receive form one group, so NCCL progresses both together: a ring in which every rank
 // sends to one peer and receives from another cannot deadlock. Exchanges run one after the
 // other on side, in the order started, which is the same on every rank.
-static int nccl_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
-                               size_t bytes) {
+static int nccl_sendrecv_start(Comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                               size_t recv_bytes, int src) {
     NcclCtx *x = c->ctx;
     const int handle = x->next_handle++;
     cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
     cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
     x->side_busy = 1;
     ncclGroupStart();
-    if (send) ncclSend(send, bytes, ncclUint8, dst, x->nccl, x->side);
-    if (recv) ncclRecv(recv, bytes, ncclUint8, src, x->nccl, x->side);
+    if (send) ncclSend(send, send_bytes, ncclUint8, dst, x->nccl, x->side);
+    if (recv) ncclRecv(recv, recv_bytes, ncclUint8, src, x->nccl, x->side);
     wait_queued(c, ncclGroupEnd(), "ring send/receive");
     cuda_ok(c, cudaEventRecord(x->exchanged[handle % COMM_P2P_MAX], x->side), "cudaEventRecord");
     return handle;

@@ -232,14 +232,26 @@ static int step_spans(const RingAttention *ra, const AttnParams *p, int rank, in
     return n;
 }
 
-// Whether the queries of ring rank `rank` see any key of the block of ring rank `origin`: what
-// decides, on both sides, whether that block is sent and computed.
-static int ranks_visible(const RingAttention *ra, const AttnParams *p, int rank, int origin) {
-    for (int k = 0; k < 4; k++) {
-        const AttnParams a = pair_params(ra, p, rank, origin, k, ra->kv_own, NULL);
-        if (pair_visible(&a)) return 1;
-    }
-    return 0;
+// The rows of the block of ring rank `origin` that the queries of ring rank `rank` read, as the
+// elements [off, off + n) of its (B, T, kvw) layout (n = 0: none, so the block is neither sent
+// nor computed): the key halves of step_spans, one half's rows where that is contiguous (B = 1;
+// under the causal zigzag an origin before this rank shows only its first chunk), else all of
+// them. Both sides of an exchange derive it from positions alone; the fp32 dK/dV parts of the
+// same keys take the same range.
+typedef struct {
+    size_t off, n;
+} BlockPart;
+
+static BlockPart block_part(const RingAttention *ra, const AttnParams *p, int rank, int origin) {
+    Span sp[4];
+    const int n_sp = step_spans(ra, p, rank, origin, sp);
+    int halves = 0;  // bit h: key half h is read
+    for (int k = 0; k < n_sp; k++)
+        for (int h = sp[k].kh; h < sp[k].kh + sp[k].nk; h++) halves |= 1 << h;
+    const size_t half = (size_t)ra->c * ra->kvw;
+    if (!halves) return (BlockPart){0, 0};
+    if (halves == 3 || p->B > 1) return (BlockPart){0, (size_t)p->B * ra->T * ra->kvw};
+    return (BlockPart){(size_t)(halves >> 1) * half, half};
 }
 
 static int ring_rank(const RingAttention *ra, int r) {
@@ -249,26 +261,27 @@ static int ring_rank(const RingAttention *ra, int r) {
 
 enum { NO_EXCHANGE = -1 };  // the handle of an exchange not started: nothing to wait for
 
-// Starts an exchange of send to dst and of src's into recv (bytes each), each half only where
-// its flag is set; returns its handle, or NO_EXCHANGE when neither is.
-static int start_pair(RingAttention *ra, int send_it, const void *send, int dst, int recv_it,
-                      void *recv, int src, size_t bytes) {
-    if (!send_it && !recv_it) return NO_EXCHANGE;
-    return ra->link.start(ra->link.ctx, send_it ? send : NULL, dst, recv_it ? recv : NULL, src,
-                          bytes);
+// Starts the exchange of the part `out` of send (elements of es bytes) to dst and of the part
+// `in` of src's into recv; a part of no elements stays out. Returns its handle, or NO_EXCHANGE
+// when nothing moves.
+static int start_parts(RingAttention *ra, const void *send, BlockPart out, int dst, void *recv,
+                       BlockPart in, int src, size_t es) {
+    if (!out.n && !in.n) return NO_EXCHANGE;
+    return ra->link.start(ra->link.ctx, out.n ? at(send, (int64_t)out.off, es) : NULL,
+                          out.n * es, dst, in.n ? at(recv, (int64_t)in.off, es) : NULL,
+                          in.n * es, src);
 }
 
 static void wait_exchange(RingAttention *ra, int handle) {
     if (handle != NO_EXCHANGE) ra->link.wait(ra->link.ctx, handle);
 }
 
-// Starts step s's exchange of the blocks in `own` and into `in` (bytes each): this rank's to
-// rank + s, rank - s's to this one, each only where its receiver sees some of its keys.
-static int start_step(RingAttention *ra, const AttnParams *p, int s, const void *own, void *in,
-                      size_t bytes) {
+// Starts step s's exchange of the own block and into kv_in[s & 1]: the part of this rank's that
+// rank + s reads goes to it, the part of rank - s's that this rank reads comes in.
+static int start_step(RingAttention *ra, const AttnParams *p, int s) {
     const int rank = ra->link.rank, dst = ring_rank(ra, rank + s), src = ring_rank(ra, rank - s);
-    return start_pair(ra, ranks_visible(ra, p, dst, rank), own, dst,
-                      ranks_visible(ra, p, rank, src), in, src, bytes);
+    return start_parts(ra, ra->kv_own, block_part(ra, p, dst, rank), dst, ra->kv_in[s & 1],
+                       block_part(ra, p, rank, src), src, ra->ds);
 }
 
 // Packs the local k and v of every token into the own block (one row of [k | v] per token).
@@ -291,14 +304,12 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 0);
     const int size = ra->link.size, rank = ra->link.rank;
-    const size_t bytes = (size_t)p->B * ra->T * ra->kvw * ra->ds;
     pack_block(ra, p);
     be->fill_f32(be, p->lse, INFINITY, (size_t)p->B * ra->NH * ra->T);
     int kv_x = NO_EXCHANGE;  // the exchange bringing the block of the step in hand
     for (int s = 0; s < size; s++) {
         wait_exchange(ra, kv_x);
-        kv_x = s + 1 < size ? start_step(ra, p, s + 1, ra->kv_own, ra->kv_in[(s + 1) & 1], bytes)
-                            : NO_EXCHANGE;
+        kv_x = s + 1 < size ? start_step(ra, p, s + 1) : NO_EXCHANGE;
         const int origin = ring_rank(ra, rank - s);
         Span sp[4];
         const int n = step_spans(ra, p, rank, origin, sp);
@@ -317,9 +328,16 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
                   (size_t)p->B * ra->T);
 }
 
-// Backward: step s computes into dkv_out[s & 1] and then starts its return to the origin (with
-// rank + s's part of this rank's dK/dV coming into dkv_in[s & 1]); that exchange is waited for
-// only at step s + 2, before both buffers are used again, so it overlaps step s + 1.
+// The part of this rank's dK/dV that arrives at step s (from rank + s) joins its accumulator.
+static void add_returned(RingAttention *ra, const AttnParams *p, int s) {
+    const BlockPart in = block_part(ra, p, ring_rank(ra, ra->link.rank + s), ra->link.rank);
+    if (in.n) ra->be->add_f32(ra->be, ra->dkv_own + in.off, ra->dkv_in[s & 1] + in.off, in.n);
+}
+
+// Backward: step s computes into dkv_out[s & 1] (only the rows of the keys it reads: their part
+// is zeroed, sent and added) and then starts its return to the origin, with rank + s's part of
+// this rank's dK/dV coming into dkv_in[s & 1]; that exchange is waited for only at step s + 2,
+// before both buffers are used again, so it overlaps step s + 1.
 void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 1);
@@ -329,22 +347,17 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
     be->fill_zero(be, ra->dkv_own, n * sizeof(float));
     be->fill_zero(be, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
     int kv_x = NO_EXCHANGE, dkv_x[2] = {NO_EXCHANGE, NO_EXCHANGE};  // dkv_x[s & 1]: step s's return
-    for (int s = 0; s <= size; s++) {
-        // Step s - 2's return is done: what it brought joins this rank's dK/dV.
-        if (s >= 2) {
+    for (int s = 0; s < size; s++) {
+        if (s >= 3) {  // step s - 2's return is done (steps from 1 on return a part)
             wait_exchange(ra, dkv_x[s & 1]);
-            dkv_x[s & 1] = NO_EXCHANGE;
-            if (s - 2 > 0 && ranks_visible(ra, p, ring_rank(ra, rank + s - 2), rank))
-                be->add_f32(be, ra->dkv_own, ra->dkv_in[s & 1], n);
+            add_returned(ra, p, s - 2);
         }
-        if (s == size) break;
         wait_exchange(ra, kv_x);
-        kv_x = s + 1 < size
-                   ? start_step(ra, p, s + 1, ra->kv_own, ra->kv_in[(s + 1) & 1], n * ra->ds)
-                   : NO_EXCHANGE;
+        kv_x = s + 1 < size ? start_step(ra, p, s + 1) : NO_EXCHANGE;
         const int origin = ring_rank(ra, rank - s);
+        const BlockPart part = block_part(ra, p, rank, origin);
         float *dkv = s == 0 ? ra->dkv_own : ra->dkv_out[s & 1];
-        if (s > 0) be->fill_zero(be, dkv, n * sizeof(float));
+        if (s > 0 && part.n) be->fill_zero(be, dkv + part.off, part.n * sizeof(float));
         Span sp[4];
         const int n_sp = step_spans(ra, p, rank, origin, sp);
         for (int k = 0; k < n_sp; k++) {
@@ -354,17 +367,14 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
         // This rank's part of origin's dK/dV goes back to it; rank + s's part of ours arrives.
         if (s > 0) {
             const int from = ring_rank(ra, rank + s);
-            dkv_x[s & 1] = start_pair(ra, ranks_visible(ra, p, rank, origin), dkv, origin,
-                                      ranks_visible(ra, p, from, rank), ra->dkv_in[s & 1], from,
-                                      n * sizeof(float));
+            dkv_x[s & 1] = start_parts(ra, dkv, part, origin, ra->dkv_in[s & 1],
+                                       block_part(ra, p, from, rank), from, sizeof(float));
         }
     }
-    // The last step's return (step size - 1; step size - 2's was waited for at s = size).
-    if (size > 1) {
-        const int last = size - 1;
-        wait_exchange(ra, dkv_x[last & 1]);
-        if (ranks_visible(ra, p, ring_rank(ra, rank + last), rank))
-            be->add_f32(be, ra->dkv_own, ra->dkv_in[last & 1], n);
+    // The returns not yet waited for: those of the last two steps.
+    for (int s = size > 2 ? size - 2 : 1; s < size; s++) {
+        wait_exchange(ra, dkv_x[s & 1]);
+        add_returned(ra, p, s);
     }
     be->store_f32(be, p->dq, (size_t)p->dq_st.row, ra->out_acc, ra->qw, ra->qw,
                   (size_t)p->B * ra->T);

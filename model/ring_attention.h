@@ -28,11 +28,13 @@
 typedef struct {
     void *ctx;
     int rank, size;  // this process's place in the ring and the ring's length
-    // Starts sending `bytes` of send to ring rank dst and receiving as many from ring rank src
-    // into recv (backend memory, untouched until the exchange is waited for); a NULL send or
-    // recv leaves that half out, not both. Several may be in flight (at most 4 unwaited); between
-    // two ranks they arrive in the order started. Returns the exchange's handle.
-    int (*start)(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes);
+    // Starts sending send_bytes of send to ring rank dst and receiving recv_bytes from ring rank
+    // src into recv (backend memory, untouched until the exchange is waited for; src sends as
+    // many as are received); a NULL send or recv leaves that half out, not both. At most 4 are
+    // in flight unwaited; between two ranks they arrive in the order started. Returns the
+    // exchange's handle.
+    int (*start)(void *ctx, const void *send, size_t send_bytes, int dst, void *recv,
+                 size_t recv_bytes, int src);
     // Exchange `handle` is done for the work queued on the backend after this call: a stream
     // dependency on a GPU (the host goes on queueing), a finished exchange on the host.
     void (*wait)(void *ctx, int handle);

@@ -15,7 +15,7 @@ typedef struct {
     const void *send;
     void *recv;
     int dst, src;
-    size_t bytes;
+    size_t send_bytes, recv_bytes;
     int send_seq, recv_seq;  // its send's place among this rank's sends to dst, its receive's
                              // among this rank's receives from src
     int consumed;            // its send has been copied by the receiver
@@ -45,8 +45,8 @@ typedef struct {
     int rank;
 } Port;
 
-static inline int hub_start(void *ctx, const void *send, int dst, void *recv, int src,
-                            size_t bytes) {
+static inline int hub_start(void *ctx, const void *send, size_t send_bytes, int dst, void *recv,
+                            size_t recv_bytes, int src) {
     Port *pt = ctx;
     Hub *h = pt->hub;
     const int me = pt->rank;
@@ -56,7 +56,8 @@ static inline int hub_start(void *ctx, const void *send, int dst, void *recv, in
     const int handle = h->started[me]++;
     HubExchange *e = &h->x[me][handle % HUB_MAXQ];
     CHECK(!e->live);  // more exchanges in flight than the link allows
-    *e = (HubExchange){.send = send, .recv = recv, .dst = dst, .src = src, .bytes = bytes,
+    *e = (HubExchange){.send = send, .recv = recv, .dst = dst, .src = src,
+                       .send_bytes = send_bytes, .recv_bytes = recv_bytes,
                        .send_seq = send ? h->sends[me][dst]++ : -1,
                        .recv_seq = recv ? h->recvs[me][src]++ : -1, .live = 1};
     h->sent[me] += send != NULL;
@@ -85,9 +86,9 @@ static inline void hub_wait(void *ctx, int handle) {
         HubExchange *from;
         while (!(from = hub_find_send(h, e->src, me, e->recv_seq)))
             pthread_cond_wait(&h->cv, &h->mu);
-        CHECK(from->bytes == e->bytes);
+        CHECK(from->send_bytes == e->recv_bytes);
         pthread_mutex_unlock(&h->mu);
-        pt->be->copy(pt->be, e->recv, from->send, e->bytes);
+        pt->be->copy(pt->be, e->recv, from->send, e->recv_bytes);
         pt->be->synchronize(pt->be);
         pthread_mutex_lock(&h->mu);
         from->consumed = 1;
