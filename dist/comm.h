@@ -63,8 +63,8 @@ struct Comm {
                           size_t recv_bytes, int src);
     // Exchange `handle` alone is done for the work queued after this call: host implementations
     // finish it (bounded by the timeout); NCCL makes the comm's stream wait for it (an event
-    // recorded behind it on the side stream) without blocking the host, so a peer that never
-    // joins is caught by the next wait(). At most COMM_P2P_MAX exchanges are in flight unwaited
+    // recorded behind it on the side stream) without blocking the host; a watch thread ends the
+    // rank when an exchange stays unfinished past the timeout. At most COMM_P2P_MAX exchanges are in flight unwaited
     // (NCCL: an older handle then waits for later exchanges too). wait() finishes every one.
     void (*sendrecv_wait)(Comm *c, int handle);
     // A new comm over the ranks of this one that pass the same color, ranked by key (ties by
