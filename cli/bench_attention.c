@@ -81,8 +81,11 @@ static void bench_problem_free(Backend *be, BenchProblem *b) {
 
 // The ring's link for timing one rank alone: nothing moves (the attention's time does not depend
 // on the values, and which chunk pairs run depends on positions alone).
-static void idle_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {}
-static void idle_wait(void *ctx) {}
+static int idle_start(void *ctx, const void *send, size_t send_bytes, int dst, void *recv,
+                      size_t recv_bytes, int src) {
+    return 0;
+}
+static void idle_wait(void *ctx, int handle) {}
 
 // dist.context_parallel = CP: the ring's work for one sequence (forward and backward of every
 // rank, each rank's chunk-pair kernels, merges and fp32 stores, no transfers), the ranks one after

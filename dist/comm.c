@@ -66,9 +66,13 @@ static void single_broadcast(Comm *c, void *buf, size_t bytes, int root) {}
 static void single_nothing(Comm *c) {}
 static void single_allreduce_host(Comm *c, double *buf, size_t count) {}
 static void single_destroy(Comm *c) { free(c); }
-static void single_sendrecv(Comm *c, const void *send, int dst, void *recv, int src, size_t bytes) {
-    memmove(recv, send, bytes);  // host memory: the single comm serves the CPU backend
+static int single_sendrecv(Comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                           size_t recv_bytes, int src) {
+    CHECK(!send || !recv || send_bytes == recv_bytes);
+    if (send && recv) memmove(recv, send, recv_bytes);  // host memory: the CPU backend's
+    return 0;
 }
+static void single_sendrecv_wait(Comm *c, int handle) {}
 static Comm *single_split(Comm *c, int color, int key, char *err, size_t errlen) {
     Comm *s = comm_single_create();
     s->timeout_s = c->timeout_s;
@@ -90,6 +94,7 @@ Comm *comm_single_create(void) {
                 .allreduce_host_f64 = single_allreduce_host,
                 .wait = single_nothing,
                 .sendrecv_start = single_sendrecv,
+                .sendrecv_wait = single_sendrecv_wait,
                 .split = single_split,
                 .destroy = single_destroy};
     return c;

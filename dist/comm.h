@@ -12,6 +12,7 @@
 #include "dist/launch.h"
 
 enum { COMM_HOST_MAX = 16 };  // doubles per allreduce_host_f64 call
+enum { COMM_P2P_MAX = 8 };    // point-to-point exchanges in flight (sendrecv_start)
 
 typedef struct Comm Comm;
 struct Comm {
@@ -49,13 +50,23 @@ struct Comm {
     // implementations finish each call before returning, except reduce_scatter_start's),
     // bounded by the timeout.
     void (*wait)(Comm *c);
-    // Point-to-point: starts sending `bytes` of send to rank dst and receiving as many from rank
-    // src into recv (ranks of this comm, buffers in the comm's memory, untouched until wait());
-    // a NULL send or recv leaves that half out. Several may be in flight; between two ranks
-    // they arrive in the order they were started. Context parallelism's ring. NCCL: on a side
-    // stream that first waits for the work queued so far on the comm's stream, joined back
-    // into it by wait().
-    void (*sendrecv_start)(Comm *c, const void *send, int dst, void *recv, int src, size_t bytes);
+    // Point-to-point: starts sending send_bytes of send to rank dst and receiving recv_bytes from
+    // rank src into recv (ranks of this comm, buffers in the comm's memory, untouched until the
+    // exchange is waited for; src sends as many as are received); a NULL send or recv leaves
+    // that half out, not both. Several may be
+    // in flight; between two ranks they arrive in the order they were started, and every rank
+    // starts its exchanges in the same order as its peers (the pairing needs nothing else).
+    // Returns the exchange's handle for sendrecv_wait. Context parallelism's ring. NCCL: one
+    // group (the send and the receive together) on a side stream that first waits for the work
+    // queued so far on the comm's stream.
+    int (*sendrecv_start)(Comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                          size_t recv_bytes, int src);
+    // Exchange `handle` alone is done for the work queued after this call: host implementations
+    // finish it (bounded by the timeout); NCCL makes the comm's stream wait for it (an event
+    // recorded behind it on the side stream) without blocking the host; a watch thread ends the
+    // rank when an exchange stays unfinished past the timeout. At most COMM_P2P_MAX exchanges are in flight unwaited
+    // (NCCL: an older handle then waits for later exchanges too). wait() finishes every one.
+    void (*sendrecv_wait)(Comm *c, int handle);
     // A new comm over the ranks of this one that pass the same color, ranked by key (ties by
     // rank), with this comm's timeout: the context-parallel groups. Every rank must call it; it
     // is not bounded by the timeout (MPI has no non-blocking split). Close it before this comm.

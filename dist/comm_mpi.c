@@ -2,7 +2,8 @@
 // buffers (the CPU backend). Every collective is non-blocking and polled against the deadline,
 // so a dead or hung peer ends the job through MPI_Abort after the timeout instead of blocking
 // this rank forever. Gradient buckets (reduce_scatter_start) and point-to-point exchanges
-// (sendrecv_start) stay in flight until wait(), advanced by every later start.
+// (sendrecv_start) stay in flight until wait() (an exchange alone: sendrecv_wait), advanced by
+// every later start.
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -41,7 +42,9 @@ typedef struct {
     Started *started;       // (n_started) in the order they were started
     int n_started, cap_started;
     MPI_Request *p2p;       // (n_p2p) point-to-point sends and receives in flight
+    int *p2p_handle;        // (n_p2p) the exchange (sendrecv_start's handle) of each
     int n_p2p, cap_p2p;
+    int next_handle;        // the handle of the next exchange
 } MpiCtx;
 
 static MPI_Datatype mpi_type(DType t) {
@@ -168,26 +171,51 @@ static void mpi_allreduce_host(Comm *c, double *buf, size_t count) {
     mpi_allreduce(c, buf, count, DTYPE_F64);
 }
 
-static MPI_Request *p2p_slot(MpiCtx *x) {
+static MPI_Request *p2p_slot(MpiCtx *x, int handle) {
     if (x->n_p2p == x->cap_p2p) {
         x->cap_p2p = x->cap_p2p ? 2 * x->cap_p2p : 16;
         x->p2p = xrealloc(x->p2p, (size_t)x->cap_p2p * sizeof(MPI_Request));
+        x->p2p_handle = xrealloc(x->p2p_handle, (size_t)x->cap_p2p * sizeof(int));
     }
+    x->p2p_handle[x->n_p2p] = handle;
     return &x->p2p[x->n_p2p++];
 }
 
-static void mpi_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
-                               size_t bytes) {
-    MpiCtx *x = c->ctx;
+// Posts one direction of exchange `handle`: bytes of buf to or from rank peer, in pieces.
+static void post_p2p(MpiCtx *x, int handle, const void *buf, size_t bytes, int peer, int is_recv) {
     size_t off = 0;
     do {
         const int n = to_int(bytes - off < P2P_PIECE ? bytes - off : P2P_PIECE);
-        // The receive is posted first, so a rank exchanging with itself cannot stall.
-        if (recv) MPI_Irecv((char *)recv + off, n, MPI_BYTE, src, 0, x->comm, p2p_slot(x));
-        if (send) MPI_Isend((const char *)send + off, n, MPI_BYTE, dst, 0, x->comm, p2p_slot(x));
+        if (is_recv)
+            MPI_Irecv((char *)buf + off, n, MPI_BYTE, peer, 0, x->comm, p2p_slot(x, handle));
+        else
+            MPI_Isend((const char *)buf + off, n, MPI_BYTE, peer, 0, x->comm,
+                      p2p_slot(x, handle));
         off += (size_t)n;
     } while (off < bytes);
+}
+
+static int mpi_sendrecv_start(Comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                              size_t recv_bytes, int src) {
+    MpiCtx *x = c->ctx;
+    const int handle = x->next_handle++;
+    // The receive is posted first, so a rank exchanging with itself cannot stall.
+    if (recv) post_p2p(x, handle, recv, recv_bytes, src, 1);
+    if (send) post_p2p(x, handle, send, send_bytes, dst, 0);
     progress_started(x);
+    return handle;
+}
+
+// MPI_Wait (bounded) on the requests of exchange `handle` alone; once none is left in flight,
+// the list starts over.
+static void mpi_sendrecv_wait(Comm *c, int handle) {
+    MpiCtx *x = c->ctx;
+    int left = 0;
+    for (int i = 0; i < x->n_p2p; i++) {
+        if (x->p2p_handle[i] == handle) wait_bounded(c, &x->p2p[i], "ring send/receive");
+        left += x->p2p[i] != MPI_REQUEST_NULL;
+    }
+    if (!left) x->n_p2p = 0;
 }
 
 // Finishes the started reductions in their order and stores each rank's parts, then the
@@ -212,6 +240,7 @@ static void mpi_destroy(Comm *c) {
     if (x->comm != MPI_COMM_WORLD) MPI_Comm_free(&x->comm);
     if (x->finalize) MPI_Finalize();
     free(x->p2p);
+    free(x->p2p_handle);
     free(x->started);
     free(x->tmp);
     free(x->icounts);
@@ -271,6 +300,7 @@ static Comm *wrap(MPI_Comm comm, int finalize, double timeout_s) {
                 .allreduce_host_f64 = mpi_allreduce_host,
                 .wait = mpi_wait,
                 .sendrecv_start = mpi_sendrecv_start,
+                .sendrecv_wait = mpi_sendrecv_wait,
                 .split = mpi_split,
                 .destroy = mpi_destroy,
                 .abort = mpi_abort};

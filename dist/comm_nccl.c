@@ -1,5 +1,6 @@
 // comm_nccl: the communicator over NCCL for device buffers (the CUDA backend), on the backend's
-// stream; split gives the context-parallel groups, sendrecv_start their ring exchanges. The NCCL
+// stream; split gives the context-parallel groups, sendrecv_start their ring exchanges (on a
+// side stream; sendrecv_wait is a stream dependency, never a host wait). The NCCL
 // communicator is non-blocking (config.blocking = 0): no NCCL call can block the
 // host, and every wait polls ncclCommGetAsyncError beside the deadline, so a peer that died (a
 // remote or system error) or hangs (the deadline) makes this rank exit non-zero (the whole job,
@@ -7,6 +8,7 @@
 // are reduced on a side stream, overlapping the backward still running on the comm's stream.
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,22 @@
 #include "dist/comm.h"
 
 #define POLL_SLEEP_NS 20000L
+#define WATCH_PERIOD_NS 10000000L  // how often the watch thread looks at the exchanges in flight
+
+// The ring's exchanges never block the host (sendrecv_wait is a stream dependency), so a peer
+// that dies mid-ring would leave the comm's stream waiting for an event while the host blocks in
+// a plain stream synchronisation (a download) that no deadline bounds. The watch thread bounds
+// them instead: each event slot of exchanged[] keeps the start time of the oldest exchange it
+// stands for that has not been seen finished, and one older than the timeout (or an NCCL error)
+// ends this rank as every other wait does. Started with the first exchange.
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int running, stop;
+    int device;                    // the CUDA device of the comm's stream
+    double since[COMM_P2P_MAX];    // 0: the slot has nothing in flight
+} Watch;
 
 typedef struct {
     ncclComm_t nccl;
@@ -27,7 +45,12 @@ typedef struct {
     // stream when it was started; wait() makes stream wait for side_done behind them.
     cudaStream_t side;
     cudaEvent_t ready, side_done;
-    int side_busy;     // reductions were started on side since the last wait()
+    int side_busy;     // reductions or exchanges were started on side since the last wait()
+    // sendrecv_start's exchange with handle h is followed on side by exchanged[h %
+    // COMM_P2P_MAX]; sendrecv_wait makes stream wait for that event.
+    cudaEvent_t exchanged[COMM_P2P_MAX];
+    int next_handle;
+    Watch watch;       // bounds the exchanges in flight (sendrecv_start)
     double *scratch;   // (COMM_HOST_MAX) device, for host all-reduces and the barrier
     // (COMM_HOST_MAX) pinned host memory: the copies of a host all-reduce stay asynchronous, so
     // a peer that never joins is seen by nccl_wait's deadline instead of blocking a copy from
@@ -157,18 +180,95 @@ static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t 
     free(parts);
 }
 
-// Context parallelism's exchange, on the side stream behind the work queued so far (the
-// kernels that wrote send, and those still reading the buffer recv replaces).
-static void nccl_sendrecv_start(Comm *c, const void *send, int dst, void *recv, int src,
-                                size_t bytes) {
+static void *watch_main(void *arg) {
+    Comm *c = arg;
     NcclCtx *x = c->ctx;
+    Watch *w = &x->watch;
+    cudaSetDevice(w->device);
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop) {
+        const double now = now_seconds();
+        for (int i = 0; i < COMM_P2P_MAX; i++) {
+            if (w->since[i] == 0) continue;
+            const cudaError_t e = cudaEventQuery(x->exchanged[i]);
+            if (e == cudaSuccess) w->since[i] = 0;
+            else if (e != cudaErrorNotReady) cuda_ok(c, e, "watching a ring send/receive");
+            else if (now > w->since[i] + c->timeout_s)
+                comm_fail_timeout(c, "a ring send/receive (NCCL)");
+        }
+        ncclResult_t r;
+        ncclCommGetAsyncError(x->nccl, &r);
+        if (r != ncclSuccess && r != ncclInProgress) fail_async(c, r, "ring send/receive");
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += WATCH_PERIOD_NS;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&w->cv, &w->mu, &until);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+// Records exchange `handle`'s event behind it on the side stream and puts it under watch.
+static void watch_exchange(Comm *c, int handle) {
+    NcclCtx *x = c->ctx;
+    Watch *w = &x->watch;
+    const int slot = handle % COMM_P2P_MAX;
+    if (!w->running) {
+        cuda_ok(c, cudaGetDevice(&w->device), "cudaGetDevice");
+        if (pthread_create(&w->thread, NULL, watch_main, c) != 0)
+            fatal(EXIT_RUNTIME, "rank %d: cannot start the thread that watches the ring's "
+                                "exchanges", c->rank);
+        w->running = 1;
+    }
+    pthread_mutex_lock(&w->mu);
+    cuda_ok(c, cudaEventRecord(x->exchanged[slot], x->side), "cudaEventRecord");
+    if (w->since[slot] == 0) w->since[slot] = now_seconds();
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void watch_stop(NcclCtx *x) {
+    Watch *w = &x->watch;
+    if (w->running) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+    }
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+}
+
+// Context parallelism's exchange, on the side stream behind the work queued so far (the
+// kernels that wrote send, and those still reading the buffer recv replaces). The send and
+// the receive form one group, so NCCL progresses both together: a ring in which every rank
+// sends to one peer and receives from another cannot deadlock. Exchanges run one after the
+// other on side, in the order started, which is the same on every rank.
+static int nccl_sendrecv_start(Comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                               size_t recv_bytes, int src) {
+    NcclCtx *x = c->ctx;
+    const int handle = x->next_handle++;
     cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
     cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
     x->side_busy = 1;
     ncclGroupStart();
-    if (send) ncclSend(send, bytes, ncclUint8, dst, x->nccl, x->side);
-    if (recv) ncclRecv(recv, bytes, ncclUint8, src, x->nccl, x->side);
+    if (send) ncclSend(send, send_bytes, ncclUint8, dst, x->nccl, x->side);
+    if (recv) ncclRecv(recv, recv_bytes, ncclUint8, src, x->nccl, x->side);
     wait_queued(c, ncclGroupEnd(), "ring send/receive");
+    watch_exchange(c, handle);
+    return handle;
+}
+
+// A stream dependency, not a host wait: the work queued on the comm's stream from now on runs
+// once the exchange is done.
+static void nccl_sendrecv_wait(Comm *c, int handle) {
+    NcclCtx *x = c->ctx;
+    cuda_ok(c, cudaStreamWaitEvent(x->stream, x->exchanged[handle % COMM_P2P_MAX], 0),
+            "cudaStreamWaitEvent");
 }
 
 static Comm *nccl_wrap(ncclComm_t nccl, int rank, int world, cudaStream_t stream, Comm *boot,
@@ -263,11 +363,13 @@ static void nccl_allreduce_host(Comm *c, double *buf, size_t count) {
 static void nccl_destroy(Comm *c) {
     NcclCtx *x = c->ctx;
     nccl_wait(c);
+    watch_stop(x);
     wait_queued(c, ncclCommFinalize(x->nccl), "finalize");
     ncclCommDestroy(x->nccl);
     cudaEventDestroy(x->done);
     cudaEventDestroy(x->ready);
     cudaEventDestroy(x->side_done);
+    for (int i = 0; i < COMM_P2P_MAX; i++) cudaEventDestroy(x->exchanged[i]);
     cudaStreamDestroy(x->side);
     cudaFree(x->scratch);
     cudaFreeHost(x->pinned);
@@ -296,6 +398,8 @@ static Comm *nccl_wrap(ncclComm_t nccl, int rank, int world, cudaStream_t stream
     x->nccl = nccl;
     x->stream = stream;
     x->boot = boot;
+    pthread_mutex_init(&x->watch.mu, NULL);
+    pthread_cond_init(&x->watch.cv, NULL);
     Comm *c = xcalloc(1, sizeof *c);
     *c = (Comm){.name = "nccl",
                 .rank = rank,
@@ -311,10 +415,15 @@ static Comm *nccl_wrap(ncclComm_t nccl, int rank, int world, cudaStream_t stream
                 .allreduce_host_f64 = nccl_allreduce_host,
                 .wait = nccl_wait,
                 .sendrecv_start = nccl_sendrecv_start,
+                .sendrecv_wait = nccl_sendrecv_wait,
                 .split = nccl_split,
                 .destroy = nccl_destroy,
                 .abort = nccl_abort};
-    if (cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
+    int events_ok = 1;
+    for (int i = 0; i < COMM_P2P_MAX; i++)
+        events_ok &=
+            cudaEventCreateWithFlags(&x->exchanged[i], cudaEventDisableTiming) == cudaSuccess;
+    if (!events_ok || cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&x->side_done, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&x->side, cudaStreamNonBlocking) != cudaSuccess ||

@@ -110,6 +110,8 @@ struct Backend {
     // the query and key gradients (a rotation's transpose is its inverse); value heads untouched.
     void (*rope_backward)(Backend *be, void *dqkv, const float *table, const int *pos, int N, int T,
                           int NH, int NKV, int HS);
+    // p (n fp32) = value everywhere (the ring's "no key seen yet" lse of +INFINITY).
+    void (*fill_f32)(Backend *be, float *p, float value, size_t n);
 };
 
 // Attention forward (backward = 0) or backward on be's attention context, in be's dtype. A

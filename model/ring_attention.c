@@ -23,7 +23,6 @@ struct RingAttention {
     float *dkv_out[2];    // (B, T, kvw) fp32: this rank's part of an origin's dK/dV, going back
     float *dkv_in[2];     // (B, T, kvw) fp32: another rank's part of this rank's dK/dV
     float *out_acc;       // (B, T, qw) fp32: the merged output; (B, T, qw) fp32 dQ in backward
-    float *lse_inf;       // (B, NH, T) fp32 +INFINITY: "no key seen yet" for the merge
     void *part_out;       // (B, T, qw) one call's output (up to two chunks) before its merge
     float *part_lse;      // (B, NH, T) its lse
 };
@@ -65,12 +64,6 @@ RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, i
         ra->dkv_in[i] = be->alloc(be, block * sizeof(float));
     }
     ra->out_acc = be->alloc(be, (size_t)B * T_local * ra->qw * sizeof(float));
-    const size_t n_lse = (size_t)B * NH * T_local;
-    float *inf = xmalloc(n_lse * sizeof(float));
-    for (size_t i = 0; i < n_lse; i++) inf[i] = INFINITY;
-    ra->lse_inf = be->alloc(be, n_lse * sizeof(float));
-    be->upload(be, ra->lse_inf, inf, n_lse * sizeof(float));
-    free(inf);
     ra->part_out = be->alloc(be, (size_t)B * T_local * ra->qw * ra->ds);
     ra->part_lse = be->alloc(be, (size_t)B * NH * T_local * sizeof(float));
     return ra;
@@ -87,7 +80,6 @@ void ring_attention_free(RingAttention *ra) {
         be->release(be, ra->dkv_in[i]);
     }
     be->release(be, ra->out_acc);
-    be->release(be, ra->lse_inf);
     be->release(be, ra->part_out);
     be->release(be, ra->part_lse);
     free(ra);
@@ -120,15 +112,18 @@ static AttnStrides acc_strides(const RingAttention *ra) {
 }
 
 // A call of a ring step: query halves [qh, qh + nq) of the local tokens against key halves
-// [kh, kh + nk) of a block (each half one chunk of c tokens).
+// [kh, kh + nk) of a block (each half one chunk of c tokens). own_causal: the whole own block,
+// causal in local order (own_block_causal).
 typedef struct {
     int qh, nq, kh, nk;
+    int own_causal;
 } Span;
 
 // The span of the queries of ring rank `rank` against the block of ring rank `origin` held in
 // kv (its fp32 dK/dV accumulator in dkv, backward only): p narrowed to it. One chunk against one
 // chunk takes explicit positions; a span of two (their positions are not contiguous) is only
-// made of pairs in which every query sees every key (step_spans), so it runs unmasked. lse is
+// made of pairs in which every query sees every key (step_spans), so it runs unmasked, unless
+// it is the own block under own_block_causal, which keeps p's mask on local positions. lse is
 // the local one (the span's query rows of p's); forward writes into the fp32 output
 // accumulator's rows, backward reads p's out and adds into the fp32 dQ accumulator's rows.
 static AttnParams span_params(const RingAttention *ra, const AttnParams *p, int rank, int origin,
@@ -152,7 +147,7 @@ static AttnParams span_params(const RingAttention *ra, const AttnParams *p, int 
         a.pos_explicit = 1;
         a.q_pos0 = (int64_t)chunk_of(rank, size, sp.qh) * c;
         a.k_pos0 = (int64_t)chunk_of(origin, size, sp.kh) * c;
-    } else {
+    } else if (!sp.own_causal) {
         a.causal = 0;
         a.window_left = a.window_right = -1;
     }
@@ -171,7 +166,7 @@ static AttnParams span_params(const RingAttention *ra, const AttnParams *p, int 
 // Chunk pair k (0..3): query half k / 2 against key half k % 2.
 static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int rank, int origin,
                               int k, const void *kv, float *dkv) {
-    return span_params(ra, p, rank, origin, (Span){k >> 1, 1, k & 1, 1}, kv, dkv);
+    return span_params(ra, p, rank, origin, (Span){k >> 1, 1, k & 1, 1, 0}, kv, dkv);
 }
 
 // Whether any query of the pair sees any key, in O(1) (it is asked several times per ring step
@@ -194,12 +189,25 @@ static int pair_full(const AttnParams *a) {
     return attn_key_range(a, 0, 0).hi >= a->T_k && attn_key_range(a, 0, a->T_q - 1).lo <= 0;
 }
 
-// The calls of the step of the queries of `rank` against the block of `origin`: its visible
-// chunk pairs, where two fully visible pairs that share a query or a key half (and no ALiBi,
-// which depends on positions) run as one unmasked call over both. Under the causal zigzag every
-// step but the first is such a pair of pairs. Returns how many (at most 4).
+// Whether the own block runs as one call, causal over the local tokens: their global positions
+// rise with the local index (chunk rank before chunk 2 * size - 1 - rank), so the causal mask on
+// local positions is the global one. A window or ALiBi compares distances, which differ between
+// the two chunks, so those keep the pairs.
+static int own_block_causal(const AttnParams *p) {
+    return p->causal && p->window_left < 0 && !p->alibi_slopes;
+}
+
+// The calls of the step of the queries of `rank` against the block of `origin`: the own block
+// as one causal call where own_block_causal allows, else its visible chunk pairs, where two
+// fully visible pairs that share a query or a key half (and no ALiBi, which depends on
+// positions) run as one unmasked call over both. Under the causal zigzag every step but the
+// first is such a pair of pairs. Returns how many (at most 4).
 static int step_spans(const RingAttention *ra, const AttnParams *p, int rank, int origin,
                       Span sp[4]) {
+    if (origin == rank && own_block_causal(p)) {
+        sp[0] = (Span){0, 2, 0, 2, 1};
+        return 1;
+    }
     int vis = 0, full = 0;  // bit k: chunk pair k is visible, fully visible
     for (int k = 0; k < 4; k++) {
         const AttnParams a = pair_params(ra, p, rank, origin, k, ra->kv_own, NULL);
@@ -209,29 +217,41 @@ static int step_spans(const RingAttention *ra, const AttnParams *p, int rank, in
     if (!p->alibi_slopes && vis == full) {
         for (int h = 0; h < 2; h++) {
             if (vis == (1 << h | 1 << (2 + h))) {  // both query halves against key half h
-                sp[0] = (Span){0, 2, h, 1};
+                sp[0] = (Span){0, 2, h, 1, 0};
                 return 1;
             }
             if (vis == (3 << (2 * h))) {  // query half h against both key halves
-                sp[0] = (Span){h, 1, 0, 2};
+                sp[0] = (Span){h, 1, 0, 2, 0};
                 return 1;
             }
         }
     }
     int n = 0;
     for (int k = 0; k < 4; k++)
-        if (vis >> k & 1) sp[n++] = (Span){k >> 1, 1, k & 1, 1};
+        if (vis >> k & 1) sp[n++] = (Span){k >> 1, 1, k & 1, 1, 0};
     return n;
 }
 
-// Whether the queries of ring rank `rank` see any key of the block of ring rank `origin`: what
-// decides, on both sides, whether that block is sent and computed.
-static int ranks_visible(const RingAttention *ra, const AttnParams *p, int rank, int origin) {
-    for (int k = 0; k < 4; k++) {
-        const AttnParams a = pair_params(ra, p, rank, origin, k, ra->kv_own, NULL);
-        if (pair_visible(&a)) return 1;
-    }
-    return 0;
+// The rows of the block of ring rank `origin` that the queries of ring rank `rank` read, as the
+// elements [off, off + n) of its (B, T, kvw) layout (n = 0: none, so the block is neither sent
+// nor computed): the key halves of step_spans, one half's rows where that is contiguous (B = 1;
+// under the causal zigzag an origin before this rank shows only its first chunk), else all of
+// them. Both sides of an exchange derive it from positions alone; the fp32 dK/dV parts of the
+// same keys take the same range.
+typedef struct {
+    size_t off, n;
+} BlockPart;
+
+static BlockPart block_part(const RingAttention *ra, const AttnParams *p, int rank, int origin) {
+    Span sp[4];
+    const int n_sp = step_spans(ra, p, rank, origin, sp);
+    int halves = 0;  // bit h: key half h is read
+    for (int k = 0; k < n_sp; k++)
+        for (int h = sp[k].kh; h < sp[k].kh + sp[k].nk; h++) halves |= 1 << h;
+    const size_t half = (size_t)ra->c * ra->kvw;
+    if (!halves) return (BlockPart){0, 0};
+    if (halves == 3 || p->B > 1) return (BlockPart){0, (size_t)p->B * ra->T * ra->kvw};
+    return (BlockPart){(size_t)(halves >> 1) * half, half};
 }
 
 static int ring_rank(const RingAttention *ra, int r) {
@@ -239,14 +259,29 @@ static int ring_rank(const RingAttention *ra, int r) {
     return ((r % n) + n) % n;
 }
 
-// Starts step s's exchange of the blocks in `own` and into `in` (bytes each): this rank's to
-// rank + s, rank - s's to this one, each only where its receiver sees some of its keys.
-static void start_step(RingAttention *ra, const AttnParams *p, int s, const void *own, void *in,
-                       size_t bytes) {
+enum { NO_EXCHANGE = -1 };  // the handle of an exchange not started: nothing to wait for
+
+// Starts the exchange of the part `out` of send (elements of es bytes) to dst and of the part
+// `in` of src's into recv; a part of no elements stays out. Returns its handle, or NO_EXCHANGE
+// when nothing moves.
+static int start_parts(RingAttention *ra, const void *send, BlockPart out, int dst, void *recv,
+                       BlockPart in, int src, size_t es) {
+    if (!out.n && !in.n) return NO_EXCHANGE;
+    return ra->link.start(ra->link.ctx, out.n ? at(send, (int64_t)out.off, es) : NULL,
+                          out.n * es, dst, in.n ? at(recv, (int64_t)in.off, es) : NULL,
+                          in.n * es, src);
+}
+
+static void wait_exchange(RingAttention *ra, int handle) {
+    if (handle != NO_EXCHANGE) ra->link.wait(ra->link.ctx, handle);
+}
+
+// Starts step s's exchange of the own block and into kv_in[s & 1]: the part of this rank's that
+// rank + s reads goes to it, the part of rank - s's that this rank reads comes in.
+static int start_step(RingAttention *ra, const AttnParams *p, int s) {
     const int rank = ra->link.rank, dst = ring_rank(ra, rank + s), src = ring_rank(ra, rank - s);
-    const int send = ranks_visible(ra, p, dst, rank), recv = ranks_visible(ra, p, rank, src);
-    if (send || recv)
-        ra->link.start(ra->link.ctx, send ? own : NULL, dst, recv ? in : NULL, src, bytes);
+    return start_parts(ra, ra->kv_own, block_part(ra, p, dst, rank), dst, ra->kv_in[s & 1],
+                       block_part(ra, p, rank, src), src, ra->ds);
 }
 
 // Packs the local k and v of every token into the own block (one row of [k | v] per token).
@@ -261,17 +296,20 @@ static const void *step_block(const RingAttention *ra, int s) {
     return s == 0 ? ra->kv_own : ra->kv_in[s & 1];
 }
 
+// Forward: step s waits for its own block alone (the exchange started one step earlier, which
+// overlapped step s - 1); the first merge of every row finds the lse +INFINITY and takes the
+// part as it is, and every row has one at step 0 (each query sees its own key), so the output
+// accumulator needs no zeroing.
 void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 0);
     const int size = ra->link.size, rank = ra->link.rank;
-    const size_t bytes = (size_t)p->B * ra->T * ra->kvw * ra->ds;
     pack_block(ra, p);
-    be->fill_zero(be, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
-    be->copy(be, p->lse, ra->lse_inf, (size_t)p->B * ra->NH * ra->T * sizeof(float));
+    be->fill_f32(be, p->lse, INFINITY, (size_t)p->B * ra->NH * ra->T);
+    int kv_x = NO_EXCHANGE;  // the exchange bringing the block of the step in hand
     for (int s = 0; s < size; s++) {
-        if (s > 0) ra->link.wait(ra->link.ctx);  // the block of step s has arrived
-        if (s + 1 < size) start_step(ra, p, s + 1, ra->kv_own, ra->kv_in[(s + 1) & 1], bytes);
+        wait_exchange(ra, kv_x);
+        kv_x = s + 1 < size ? start_step(ra, p, s + 1) : NO_EXCHANGE;
         const int origin = ring_rank(ra, rank - s);
         Span sp[4];
         const int n = step_spans(ra, p, rank, origin, sp);
@@ -290,6 +328,16 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
                   (size_t)p->B * ra->T);
 }
 
+// The part of this rank's dK/dV that arrives at step s (from rank + s) joins its accumulator.
+static void add_returned(RingAttention *ra, const AttnParams *p, int s) {
+    const BlockPart in = block_part(ra, p, ring_rank(ra, ra->link.rank + s), ra->link.rank);
+    if (in.n) ra->be->add_f32(ra->be, ra->dkv_own + in.off, ra->dkv_in[s & 1] + in.off, in.n);
+}
+
+// Backward: step s computes into dkv_out[s & 1] (only the rows of the keys it reads: their part
+// is zeroed, sent and added) and then starts its return to the origin, with rank + s's part of
+// this rank's dK/dV coming into dkv_in[s & 1]; that exchange is waited for only at step s + 2,
+// before both buffers are used again, so it overlaps step s + 1.
 void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 1);
@@ -298,14 +346,18 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
     pack_block(ra, p);
     be->fill_zero(be, ra->dkv_own, n * sizeof(float));
     be->fill_zero(be, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
+    int kv_x = NO_EXCHANGE, dkv_x[2] = {NO_EXCHANGE, NO_EXCHANGE};  // dkv_x[s & 1]: step s's return
     for (int s = 0; s < size; s++) {
-        if (s > 0) ra->link.wait(ra->link.ctx);  // the block of step s (and step s - 1's dK/dV)
-        if (s > 1 && ranks_visible(ra, p, ring_rank(ra, rank + s - 1), rank))
-            be->add_f32(be, ra->dkv_own, ra->dkv_in[(s - 1) & 1], n);
-        if (s + 1 < size) start_step(ra, p, s + 1, ra->kv_own, ra->kv_in[(s + 1) & 1], n * ra->ds);
+        if (s >= 3) {  // step s - 2's return is done (steps from 1 on return a part)
+            wait_exchange(ra, dkv_x[s & 1]);
+            add_returned(ra, p, s - 2);
+        }
+        wait_exchange(ra, kv_x);
+        kv_x = s + 1 < size ? start_step(ra, p, s + 1) : NO_EXCHANGE;
         const int origin = ring_rank(ra, rank - s);
+        const BlockPart part = block_part(ra, p, rank, origin);
         float *dkv = s == 0 ? ra->dkv_own : ra->dkv_out[s & 1];
-        if (s > 0) be->fill_zero(be, dkv, n * sizeof(float));
+        if (s > 0 && part.n) be->fill_zero(be, dkv + part.off, part.n * sizeof(float));
         Span sp[4];
         const int n_sp = step_spans(ra, p, rank, origin, sp);
         for (int k = 0; k < n_sp; k++) {
@@ -315,17 +367,14 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
         // This rank's part of origin's dK/dV goes back to it; rank + s's part of ours arrives.
         if (s > 0) {
             const int from = ring_rank(ra, rank + s);
-            const int send = ranks_visible(ra, p, rank, origin);
-            const int recv = ranks_visible(ra, p, from, rank);
-            if (send || recv)
-                ra->link.start(ra->link.ctx, send ? dkv : NULL, origin,
-                               recv ? ra->dkv_in[s & 1] : NULL, from, n * sizeof(float));
+            dkv_x[s & 1] = start_parts(ra, dkv, part, origin, ra->dkv_in[s & 1],
+                                       block_part(ra, p, from, rank), from, sizeof(float));
         }
     }
-    if (size > 1) {
-        ra->link.wait(ra->link.ctx);
-        if (ranks_visible(ra, p, ring_rank(ra, rank + size - 1), rank))
-            be->add_f32(be, ra->dkv_own, ra->dkv_in[(size - 1) & 1], n);
+    // The returns not yet waited for: those of the last two steps.
+    for (int s = size > 2 ? size - 2 : 1; s < size; s++) {
+        wait_exchange(ra, dkv_x[s & 1]);
+        add_returned(ra, p, s);
     }
     be->store_f32(be, p->dq, (size_t)p->dq_st.row, ra->out_acc, ra->qw, ra->qw,
                   (size_t)p->B * ra->T);

@@ -11,11 +11,14 @@
 // straight from it, while its own block goes to rank r + s (point-to-point, not relayed), and
 // the transfer of step s + 1 runs while step s computes. A (receiver, origin) pair with no
 // visible (query, key) pair (the causal future, chunks wholly outside a sliding window) is
-// neither computed nor sent: sender and receiver decide it from positions alone. Forward: the
-// partial results merge through their log-sum-exp into an fp32 accumulator, exactly. Backward,
-// from the saved output and global lse: each rank computes its queries' part of the origin's
-// dK/dV in fp32 and sends it back to the origin, which adds what returns into its own fp32
-// accumulator; dQ stays local (fp32 until the end).
+// neither computed nor sent: sender and receiver decide it from positions alone (and where the
+// receiver reads one contiguous chunk of a block, only that chunk travels). Forward: the partial
+// results merge through their log-sum-exp into an fp32 accumulator, exactly. Backward, from the
+// saved output and global lse: each rank computes its queries' part of the origin's dK/dV in
+// fp32 and sends it back to the origin, which adds what returns into its own fp32 accumulator
+// (the return of step s overlaps step s + 1); dQ stays local (fp32 until the end). Each wait is
+// for one exchange alone, and on a GPU it is a stream dependency, so the host never blocks in
+// the ring.
 //
 // Memory per rank: its own K/V block and two received ones of (B, T_local, 2 * NKV * HS), fp32
 // dK/dV (own, two outgoing, two incoming) of the same shape, an fp32 output and dQ of (B,
@@ -28,11 +31,16 @@
 typedef struct {
     void *ctx;
     int rank, size;  // this process's place in the ring and the ring's length
-    // Starts sending `bytes` of send to ring rank dst and receiving as many from ring rank src
-    // into recv (backend memory, untouched until wait); a NULL send or recv leaves that half
-    // out. Several may be in flight; between two ranks they arrive in the order started.
-    void (*start)(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes);
-    void (*wait)(void *ctx);  // finishes every started exchange
+    // Starts sending send_bytes of send to ring rank dst and receiving recv_bytes from ring rank
+    // src into recv (backend memory, untouched until the exchange is waited for; src sends as
+    // many as are received); a NULL send or recv leaves that half out, not both. At most 4 are
+    // in flight unwaited; between two ranks they arrive in the order started. Returns the
+    // exchange's handle.
+    int (*start)(void *ctx, const void *send, size_t send_bytes, int dst, void *recv,
+                 size_t recv_bytes, int src);
+    // Exchange `handle` is done for the work queued on the backend after this call: a stream
+    // dependency on a GPU (the host goes on queueing), a finished exchange on the host.
+    void (*wait)(void *ctx, int handle);
 } RingLink;
 
 // Global position of local token t (0 <= t < T_local, T_local even) of ring rank `rank`.

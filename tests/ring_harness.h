@@ -20,11 +20,13 @@
 #ifndef RING_HS
 #define RING_HS 16  // head size; the GPU test sets 64 (a flash kernel's)
 #endif
-enum { RB = 2, RNH = 4, RNKV = 2, RHS = RING_HS };
+enum { RNH = 4, RNKV = 2, RHS = RING_HS };
 #define RW ((RNH + 2 * RNKV) * RHS)  // elements per token of the fused qkv row
 
 typedef struct {
     int P, c, window, alibi;        // ranks, tokens per chunk, attention.window (-1: none), ALiBi
+    int B;                          // batch rows (with 1, a block of which one chunk is read,
+                                    // and its dK/dV part, travel as that chunk alone)
     Backend *(*make_backend)(DType);  // one per rank thread, of dtype
     DType dtype;
     int T;                          // 2 * P * c
@@ -40,7 +42,7 @@ static AttnParams ring_fused(const RingCase *r, const void *qkv, void *out, floa
                              const float *slopes, size_t es) {
     AttnParams p;
     memset(&p, 0, sizeof p);
-    attn_fused_qkv(&p, qkv, out, RB, T, RNH, RNKV, RHS, es);
+    attn_fused_qkv(&p, qkv, out, r->B, T, RNH, RNKV, RHS, es);
     p.lse = lse;
     p.causal = 1;
     p.window_left = r->window;
@@ -73,9 +75,9 @@ static void *ring_rank_main(void *arg) {
     RingCase *r = j->rc;
     const int TL = r->T / r->P;
     Backend *be = r->make_backend(r->dtype);
-    const size_t es = dtype_size(be->dtype), nq = (size_t)RB * TL * RW, no = (size_t)RB * TL * RNH * RHS;
+    const size_t es = dtype_size(be->dtype), nq = (size_t)r->B * TL * RW, no = (size_t)r->B * TL * RNH * RHS;
     float *qkv = xmalloc(sizeof(float) * nq), *dout = xmalloc(sizeof(float) * no);
-    for (int b = 0; b < RB; b++)
+    for (int b = 0; b < r->B; b++)
         for (int t = 0; t < TL; t++) {
             const int g = ring_global_pos(j->rank, r->P, TL, t);
             memcpy(qkv + ((size_t)b * TL + t) * RW, r->qkv + ((size_t)b * r->T + g) * RW, sizeof(float) * RW);
@@ -88,12 +90,12 @@ static void *ring_rank_main(void *arg) {
     memset(nan, 0xff, nq * es);
     be->upload(be, dqkv_d, nan, nq * es);
     free(nan);
-    float *lse_d = be->alloc(be, (size_t)RB * RNH * TL * sizeof(float));
+    float *lse_d = be->alloc(be, (size_t)r->B * RNH * TL * sizeof(float));
     float *slopes_d = be->alloc(be, sizeof r->slopes);
     be->upload(be, slopes_d, r->slopes, sizeof r->slopes);
     Port port = {&r->hub, be, j->rank};
     const RingLink link = hub_link(&port);
-    RingAttention *ra = ring_attention_create(be, &link, RB, TL, RNH, RNKV, RHS);
+    RingAttention *ra = ring_attention_create(be, &link, r->B, TL, RNH, RNKV, RHS);
     AttnParams p = ring_fused(r, qkv_d, out_d, lse_d, TL, slopes_d, es);
     ring_attention_forward(ra, &p);
     p = ring_fused(r, qkv_d, out_d, lse_d, TL, slopes_d, es);
@@ -102,8 +104,8 @@ static void *ring_rank_main(void *arg) {
     be->synchronize(be);
     r->out[j->rank] = ring_download(be, out_d, no);
     r->dqkv[j->rank] = ring_download(be, dqkv_d, nq);
-    r->lse[j->rank] = xmalloc((size_t)RB * RNH * TL * sizeof(float));
-    be->download(be, r->lse[j->rank], lse_d, (size_t)RB * RNH * TL * sizeof(float));
+    r->lse[j->rank] = xmalloc((size_t)r->B * RNH * TL * sizeof(float));
+    be->download(be, r->lse[j->rank], lse_d, (size_t)r->B * RNH * TL * sizeof(float));
     ring_attention_free(ra);
     void *bufs[] = {qkv_d, dout_d, out_d, dqkv_d, lse_d, slopes_d};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->release(be, bufs[i]);
@@ -113,13 +115,13 @@ static void *ring_rank_main(void *arg) {
     return NULL;
 }
 
-// Fresh random inputs for rc (P, c, window, alibi, make_backend set): N(0, 1) qkv and dout,
+// Fresh random inputs for rc (P, c, B, window, alibi, make_backend set): N(0, 1) qkv and dout,
 // rounded through `round_be`'s dtype when it is not NULL (so every side sees the same values).
 static void ring_inputs(RingCase *rc, Backend *round_be, uint64_t seed) {
     rc->T = 2 * rc->P * rc->c;
     Rng rng;
     rng_seed(&rng, seed);
-    const size_t nq = (size_t)RB * rc->T * RW, no = (size_t)RB * rc->T * RNH * RHS;
+    const size_t nq = (size_t)rc->B * rc->T * RW, no = (size_t)rc->B * rc->T * RNH * RHS;
     rc->qkv = xmalloc(sizeof(float) * nq);
     rc->dout = xmalloc(sizeof(float) * no);
     for (size_t i = 0; i < nq; i++) rc->qkv[i] = rng_normal(&rng);
@@ -148,7 +150,7 @@ static int ring_results(RingCase *rc) {
         pthread_create(&th[r], NULL, ring_rank_main, &jobs[r]);
     }
     for (int r = 0; r < rc->P; r++) pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&rc->hub.bar);
+    hub_destroy(&rc->hub);
     return hub_sent(&rc->hub);
 }
 
@@ -160,10 +162,10 @@ typedef struct {
 
 static RingWhole ring_whole(const RingCase *rc, Backend *be) {
     const int T = rc->T;
-    const size_t es = dtype_size(be->dtype), nq = (size_t)RB * T * RW, no = (size_t)RB * T * RNH * RHS;
+    const size_t es = dtype_size(be->dtype), nq = (size_t)rc->B * T * RW, no = (size_t)rc->B * T * RNH * RHS;
     void *qkv_d = ring_upload(be, rc->qkv, nq), *dout_d = ring_upload(be, rc->dout, no);
     void *out_d = be->alloc(be, no * es), *dqkv_d = be->alloc(be, nq * es);
-    float *lse_d = be->alloc(be, (size_t)RB * RNH * T * sizeof(float));
+    float *lse_d = be->alloc(be, (size_t)rc->B * RNH * T * sizeof(float));
     float *slopes_d = be->alloc(be, sizeof rc->slopes);
     be->upload(be, slopes_d, rc->slopes, sizeof rc->slopes);
     AttnParams p = ring_fused(rc, qkv_d, out_d, lse_d, T, slopes_d, es);
@@ -171,11 +173,11 @@ static RingWhole ring_whole(const RingCase *rc, Backend *be) {
     attn_fused_qkv_grads(&p, dqkv_d, dout_d, es);
     backend_attention(be, &p, 1);
     be->synchronize(be);
-    RingWhole w = {ring_download(be, out_d, no), xmalloc(sizeof(float) * RB * T * RNH),
+    RingWhole w = {ring_download(be, out_d, no), xmalloc(sizeof(float) * rc->B * T * RNH),
                    ring_download(be, dqkv_d, nq)};
-    float *lse = xmalloc(sizeof(float) * RB * RNH * T);
-    be->download(be, lse, lse_d, sizeof(float) * RB * RNH * T);
-    for (int b = 0; b < RB; b++)
+    float *lse = xmalloc(sizeof(float) * rc->B * RNH * T);
+    be->download(be, lse, lse_d, sizeof(float) * rc->B * RNH * T);
+    for (int b = 0; b < rc->B; b++)
         for (int h = 0; h < RNH; h++)
             for (int t = 0; t < T; t++)
                 w.lse_t[((size_t)b * T + t) * RNH + h] = lse[((size_t)b * RNH + h) * T + t];
@@ -192,7 +194,7 @@ static double ring_rows_err(const RingCase *rc, float *const *local, const float
     const int P = rc->P, T = rc->T, TL = T / P;
     double num = 0, den = 0;
     for (int r = 0; r < P; r++)
-        for (int b = 0; b < RB; b++)
+        for (int b = 0; b < rc->B; b++)
             for (int t = 0; t < TL; t++)
                 for (int d = 0; d < w; d++) {
                     const float a = is_lse ? local[r][((size_t)b * RNH + d) * TL + t]

@@ -10,21 +10,33 @@
 
 enum { HUB_MAXP = 4, HUB_MAXQ = 8 };
 
-// The in-memory ring: start() queues a rank's (send to dst, receive from src) pair; wait()
-// finishes the rank's own queued work, meets every rank at a barrier, copies into each of its
-// receives the matching send queued for it (the k-th receive from src takes src's k-th send to
-// this rank), and meets again so that no send buffer changes before every copy from it is done.
+// One started exchange of a rank.
 typedef struct {
-    pthread_barrier_t bar;
+    const void *send;
+    void *recv;
+    int dst, src;
+    size_t send_bytes, recv_bytes;
+    int send_seq, recv_seq;  // its send's place among this rank's sends to dst, its receive's
+                             // among this rank's receives from src
+    int consumed;            // its send has been copied by the receiver
+    int live;                // started and not yet waited for
+} HubExchange;
+
+// The in-memory ring, point to point like the real links: start() records a rank's exchange
+// (after finishing the rank's queued work, so its send is written and nothing still reads the
+// buffer its receive replaces) and returns its handle; wait(handle) copies into its receive the
+// matching send (the k-th receive from src takes src's k-th send to this rank) once src has
+// started it, then waits until the receiver of its own send has copied it. A wait meets only
+// its two peers, never the whole ring, so one exchange finishes while others stay in flight.
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
     int P;
-    struct {
-        const void *send;
-        void *recv;
-        int dst, src;
-        size_t bytes;
-    } q[HUB_MAXP][HUB_MAXQ];
-    int n[HUB_MAXP];
-    int sent[HUB_MAXP];  // blocks each rank has sent, over the whole run
+    HubExchange x[HUB_MAXP][HUB_MAXQ];  // rank's exchange with handle h in slot h % HUB_MAXQ
+    int started[HUB_MAXP];              // exchanges each rank has started
+    int sends[HUB_MAXP][HUB_MAXP];      // [a][b]: sends from rank a to rank b started
+    int recvs[HUB_MAXP][HUB_MAXP];      // [a][b]: receives by rank a from rank b started
+    int sent[HUB_MAXP];                 // blocks each rank has sent, over the whole run
 } Hub;
 
 typedef struct {
@@ -33,41 +45,70 @@ typedef struct {
     int rank;
 } Port;
 
-static inline void hub_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
-    Port *pt = ctx;
-    Hub *h = pt->hub;
-    CHECK(h->n[pt->rank] < HUB_MAXQ && (send || recv));
-    h->q[pt->rank][h->n[pt->rank]++] = (typeof(h->q[0][0])){send, recv, dst, src, bytes};
-    h->sent[pt->rank] += send != NULL;
-}
-
-static inline void hub_wait(void *ctx) {
+static inline int hub_start(void *ctx, const void *send, size_t send_bytes, int dst, void *recv,
+                            size_t recv_bytes, int src) {
     Port *pt = ctx;
     Hub *h = pt->hub;
     const int me = pt->rank;
+    CHECK(send || recv);
     pt->be->synchronize(pt->be);
-    pthread_barrier_wait(&h->bar);
-    int taken[HUB_MAXP] = {0};  // sends of each rank to this one already matched
-    for (int i = 0; i < h->n[me]; i++) {
-        if (!h->q[me][i].recv) continue;
-        const int src = h->q[me][i].src;
-        int k = 0, found = -1;
-        for (int j = 0; j < h->n[src] && found < 0; j++)
-            if (h->q[src][j].send && h->q[src][j].dst == me && k++ == taken[src]) found = j;
-        CHECK(found >= 0 && h->q[src][found].bytes == h->q[me][i].bytes);
-        taken[src]++;
-        pt->be->copy(pt->be, h->q[me][i].recv, h->q[src][found].send, h->q[me][i].bytes);
-    }
-    pt->be->synchronize(pt->be);
-    pthread_barrier_wait(&h->bar);
-    h->n[me] = 0;
+    pthread_mutex_lock(&h->mu);
+    const int handle = h->started[me]++;
+    HubExchange *e = &h->x[me][handle % HUB_MAXQ];
+    CHECK(!e->live);  // more exchanges in flight than the link allows
+    *e = (HubExchange){.send = send, .recv = recv, .dst = dst, .src = src,
+                       .send_bytes = send_bytes, .recv_bytes = recv_bytes,
+                       .send_seq = send ? h->sends[me][dst]++ : -1,
+                       .recv_seq = recv ? h->recvs[me][src]++ : -1, .live = 1};
+    h->sent[me] += send != NULL;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return handle;
 }
 
+// The live send of rank src to rank me with place seq, or NULL (called under the lock).
+static inline HubExchange *hub_find_send(Hub *h, int src, int me, int seq) {
+    for (int i = 0; i < HUB_MAXQ; i++) {
+        HubExchange *e = &h->x[src][i];
+        if (e->live && e->send && e->dst == me && e->send_seq == seq) return e;
+    }
+    return NULL;
+}
+
+static inline void hub_wait(void *ctx, int handle) {
+    Port *pt = ctx;
+    Hub *h = pt->hub;
+    const int me = pt->rank;
+    pthread_mutex_lock(&h->mu);
+    HubExchange *e = &h->x[me][handle % HUB_MAXQ];
+    CHECK(e->live && h->started[me] - handle <= HUB_MAXQ);
+    if (e->recv) {
+        HubExchange *from;
+        while (!(from = hub_find_send(h, e->src, me, e->recv_seq)))
+            pthread_cond_wait(&h->cv, &h->mu);
+        CHECK(from->send_bytes == e->recv_bytes);
+        pthread_mutex_unlock(&h->mu);
+        pt->be->copy(pt->be, e->recv, from->send, e->recv_bytes);
+        pt->be->synchronize(pt->be);
+        pthread_mutex_lock(&h->mu);
+        from->consumed = 1;
+        pthread_cond_broadcast(&h->cv);
+    }
+    while (e->send && !e->consumed) pthread_cond_wait(&h->cv, &h->mu);
+    e->live = 0;
+    pthread_mutex_unlock(&h->mu);
+}
 
 static inline void hub_init(Hub *h, int P) {
     memset(h, 0, sizeof *h);
     h->P = P;
-    pthread_barrier_init(&h->bar, NULL, (unsigned)P);
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+}
+
+static inline void hub_destroy(Hub *h) {
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
 }
 
 // Blocks sent by all ranks together since hub_init.

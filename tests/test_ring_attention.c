@@ -2,7 +2,8 @@
 // every rank's output, lse and gradients (of its zigzag tokens) against one attention call over
 // the whole sequence. Rings of 2, 3 and 4 ranks, chunks of 7, 5, 3 and 33 tokens (odd), causal
 // with and without a sliding window (pairs neither computed nor sent: the blocks are counted),
-// ALiBi, GQA. The MPI path
+// ALiBi, GQA; batches of 2 and 1 (where blocks of which one chunk is read travel as that
+// chunk). The MPI path
 // is tests/test_context_parallel.py's; the CUDA one tests/gpu/test_ring_attention_gpu.c.
 //
 // Tolerance: the ring computes the same sums in another order (chunks merged through their
@@ -18,8 +19,9 @@ static Backend *cpu_one_thread(DType dtype) {
     return backend_cpu_create();
 }
 
-static void run_ring(int P, int c, int window, int alibi) {
-    RingCase rc = {.P = P, .c = c, .window = window, .alibi = alibi, .make_backend = cpu_one_thread};
+static void run_ring(int P, int c, int B, int window, int alibi) {
+    RingCase rc = {.P = P, .c = c, .B = B, .window = window, .alibi = alibi,
+                   .make_backend = cpu_one_thread};
     ring_inputs(&rc, NULL, 11 + (uint64_t)(P * 100 + c));
     const int sent = ring_results(&rc), all = 3 * P * (P - 1);
     Backend *be = backend_cpu_create();
@@ -28,8 +30,8 @@ static void run_ring(int P, int c, int window, int alibi) {
     const RingErr e = ring_err(&rc, &w);
     const double tol = 16.0 * 0x1p-24 * sqrt((double)rc.T);
     EXPECT(e.out <= tol && e.lse <= tol && e.dqkv <= tol,
-           "P=%d, chunks of %d, window %d, alibi %d: rel err out %.2g, lse %.2g, dqkv %.2g > %.2g", P, c,
-           window, alibi, e.out, e.lse, e.dqkv, tol);
+           "P=%d, chunks of %d, B %d, window %d, alibi %d: rel err out %.2g, lse %.2g, dqkv %.2g > %.2g",
+           P, c, B, window, alibi, e.out, e.lse, e.dqkv, tol);
     // A window shorter than a chunk: each rank needs at most its two neighbours' chunks.
     if (window >= 0 && window < c)
         EXPECT(sent < all, "P=%d, window %d < chunk %d: %d blocks sent, as many as without a window",
@@ -40,12 +42,14 @@ static void run_ring(int P, int c, int window, int alibi) {
 }
 
 int main(void) {
-    TEST_CASE("2 ranks, chunks of 7, causal", run_ring(2, 7, -1, 0));
-    TEST_CASE("3 ranks, chunks of 5, causal", run_ring(3, 5, -1, 0));
-    TEST_CASE("4 ranks, chunks of 3, causal", run_ring(4, 3, -1, 0));
-    TEST_CASE("3 ranks, chunks of 5, window 4 (pairs skipped)", run_ring(3, 5, 4, 0));
-    TEST_CASE("4 ranks, chunks of 7, window 9, alibi", run_ring(4, 7, 9, 1));
-    TEST_CASE("4 ranks, chunks of 8, window 3 (blocks not sent)", run_ring(4, 8, 3, 0));
-    TEST_CASE("2 ranks, chunks of 33 (tiles of 64 split), window 40", run_ring(2, 33, 40, 0));
+    TEST_CASE("2 ranks, chunks of 7, causal", run_ring(2, 7, 2, -1, 0));
+    TEST_CASE("3 ranks, chunks of 5, causal", run_ring(3, 5, 2, -1, 0));
+    TEST_CASE("4 ranks, chunks of 3, causal", run_ring(4, 3, 2, -1, 0));
+    TEST_CASE("4 ranks, chunks of 5, causal, batch 1", run_ring(4, 5, 1, -1, 0));
+    TEST_CASE("3 ranks, chunks of 5, window 4 (pairs skipped)", run_ring(3, 5, 2, 4, 0));
+    TEST_CASE("3 ranks, chunks of 7, window 9, batch 1", run_ring(3, 7, 1, 9, 0));
+    TEST_CASE("4 ranks, chunks of 7, window 9, alibi", run_ring(4, 7, 2, 9, 1));
+    TEST_CASE("4 ranks, chunks of 8, window 3 (blocks not sent)", run_ring(4, 8, 2, 3, 0));
+    TEST_CASE("2 ranks, chunks of 33 (tiles of 64 split), window 40", run_ring(2, 33, 2, 40, 0));
     return TEST_SUMMARY();
 }

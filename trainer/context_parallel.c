@@ -27,14 +27,15 @@ int cp_layout(const Config *c, int rank, int world, CpLayout *out, char *err, si
 
 int cp_local_len(const Config *c) { return c->train.seq_len / c->dist.context_parallel; }
 
-static void link_start(void *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
+static int link_start(void *ctx, const void *send, size_t send_bytes, int dst, void *recv,
+                      size_t recv_bytes, int src) {
     ContextParallel *cp = ctx;
-    cp->group->sendrecv_start(cp->group, send, dst, recv, src, bytes);
+    return cp->group->sendrecv_start(cp->group, send, send_bytes, dst, recv, recv_bytes, src);
 }
 
-static void link_wait(void *ctx) {
+static void link_wait(void *ctx, int handle) {
     ContextParallel *cp = ctx;
-    cp->group->wait(cp->group);
+    cp->group->sendrecv_wait(cp->group, handle);
 }
 
 ContextParallel *cp_open(Comm *world, const Config *c, GPT *m) {

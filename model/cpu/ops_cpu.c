@@ -59,6 +59,10 @@ static void cpu_destroy(Backend *be) {
     free(be);
 }
 
+static void cpu_fill_f32(Backend *be, float *p, float value, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = value;
+}
+
 Backend *backend_cpu_create(void) {
     // OpenMP threads run every op, each sgemm on its own slice (see ops_cpu_matmul.c); OpenBLAS
     // spawning a second pool of threads would fight them for the cores.
@@ -94,5 +98,6 @@ Backend *backend_cpu_create(void) {
     be->dropout = cpu_dropout;
     be->rope_forward = cpu_rope_forward;
     be->rope_backward = cpu_rope_backward;
+    be->fill_f32 = cpu_fill_f32;
     return be;
 }

@@ -166,6 +166,20 @@ static int cu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
     return 1;
 }
 
+#define FILL_THREADS 256  // one thread per element
+
+__global__ void fill_f32_kernel(float *p, float value, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = value;
+}
+
+static void cuda_fill_f32(Backend *be, float *p, float value, size_t n) {
+    if (n == 0) return;
+    fill_f32_kernel<<<cdiv((long long)n, FILL_THREADS), FILL_THREADS, 0, cuda_ctx(be)->stream>>>(
+        p, value, n);
+    CUDA_CHECK_LAUNCH();
+}
+
 Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
     cu_select_device(ctx, dtype, device);
@@ -208,5 +222,6 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->dropout = cuda_dropout;
     be->rope_forward = cuda_rope_forward;
     be->rope_backward = cuda_rope_backward;
+    be->fill_f32 = cuda_fill_f32;
     return be;
 }
