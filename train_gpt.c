@@ -231,15 +231,15 @@ static void run_checkpoint(Run *r) {
 
 static uint64_t data_position(const Run *r) { return dataset_get_state(r->train).a; }
 
-// Before a step: the data window the guard skips (see Run.skip_to).
-static void skip_bad_data(Run *r) {
+// Before step `step` (1-based): the data window the guard skips (see Run.skip_to).
+static void skip_bad_data(Run *r, long long step) {
     if (!r->skip_to || data_position(r) != r->skip_from) return;
     DatasetState ds = dataset_get_state(r->train);
     ds.a = r->skip_to;
     dataset_set_state(r->train, ds);
     printf("step %lld: skipping the data of the diverged steps (stream index %llu to %llu)\n",
-           r->state.step + 1, (unsigned long long)r->skip_from, (unsigned long long)r->skip_to);
-    metrics_write(&r->metrics, "skip_data", r->state.step + 1, "from", 'i', (long long)r->skip_from,
+           step, (unsigned long long)r->skip_from, (unsigned long long)r->skip_to);
+    metrics_write(&r->metrics, "skip_data", step, "from", 'i', (long long)r->skip_from,
                   "to", 'i', (long long)r->skip_to, NULL);
     r->skip_to = 0;
 }
@@ -313,55 +313,77 @@ static int cmd_train(int argc, char **argv) {
     double window_time = 0, run_time = 0, peak_gib = cli_gpu_memory_gib(r.be);
     const double wall0 = now_seconds();
     long long window_steps = 0, run_steps = 0;
+    // Steps are launched without waiting for them (trainer_launch) and their numbers collected
+    // when something must be said or decided: a progress line, an evaluation, a sample, a
+    // checkpoint, a stop request, the guard (every step while it is on), a full queue. The
+    // collected steps are then reported one by one exactly as if each had been waited for; their
+    // time is the collected span's mean.
+    StepStats done[TRAINER_MAX_PENDING];
+    uint64_t data_before[TRAINER_MAX_PENDING];   // data position before each pending step
+    double span0 = now_seconds();
     while (r.state.step < total) {
-        skip_bad_data(&r);
-        const uint64_t data_before = data_position(&r);
-        double t0 = now_seconds();
-        StepStats s = trainer_step(r.trainer, r.state.step, next_batch, r.train);
-        double dt = now_seconds() - t0;
-        r.state.step++;
-        r.state.tokens_seen += tokens_per_step;
-        window_time += dt, run_time += dt, window_steps++, run_steps++;
-        const long long step = r.state.step;
-        metrics_write(&r.metrics, "train", step, "loss", 'd', (double)s.loss, "lr", 'd', (double)s.lr,
-                      "grad_norm", 'd', (double)s.grad_norm, "tokens_seen", 'i', r.state.tokens_seen,
-                      "ms", 'd', dt * 1e3, "tok_per_s", 'd', tokens_per_step / dt, "skipped", 'i',
-                      (long long)s.skipped, "loss_scale", 'd', (double)s.loss_scale, NULL);
-        if (s.skipped) printf("step %lld: non-finite gradients, step skipped (loss scale now %g)\n", step,
-                              trainer_scaler(r.trainer)->scale);
-        if (every(c->log.every, step, total) || step == 1) {
-            char eta[32];
-            format_eta((double)(total - step) * run_time / run_steps, eta, sizeof eta);
-            printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms", step,
-                   total, s.loss, s.lr, s.grad_norm, tokens_per_step * window_steps / window_time,
-                   1e3 * window_time / window_steps);
-            const double gib = cli_gpu_memory_gib(r.be);
-            if (gib > peak_gib) peak_gib = gib;
-            if (peak_flops > 0)
-                printf(" | MFU %.1f%%",
-                       100.0 * flops_per_step * window_steps / window_time / (peak_flops * world));
-            if (gib >= 0) printf(" | mem %.2f GiB", peak_gib);
-            printf(" | ETA %s\n", eta);
-            fflush(stdout);
-            window_time = 0, window_steps = 0;
-        }
-        if (guard_observe(&r.guard, step, &s, trainer_scaler(r.trainer)->dynamic, data_before)) {
-            diverged(&r, step);
+        const int pending = trainer_pending(r.trainer);
+        const long long launch = r.state.step + pending + 1;   // 1-based
+        skip_bad_data(&r, launch);
+        data_before[pending] = data_position(&r);
+        trainer_launch(r.trainer, launch - 1, next_batch, r.train);
+        if (!(every(c->log.every, launch, total) || launch == 1 || c->train.divergence_steps > 0 ||
+              stop_requested() || every(c->log.eval_every, launch, total) ||
+              every(c->log.sample_every, launch, total) ||
+              every(c->log.checkpoint_every, launch, total) ||
+              trainer_pending(r.trainer) == TRAINER_MAX_PENDING))
             continue;
+        const int n = trainer_collect(r.trainer, done);
+        const double span1 = now_seconds(), dt = (span1 - span0) / n;
+        span0 = span1;
+        for (int i = 0; i < n; i++) {
+            const StepStats s = done[i];
+            r.state.step++;
+            r.state.tokens_seen += tokens_per_step;
+            window_time += dt, run_time += dt, window_steps++, run_steps++;
+            const long long step = r.state.step;
+            metrics_write(&r.metrics, "train", step, "loss", 'd', (double)s.loss, "lr", 'd', (double)s.lr,
+                          "grad_norm", 'd', (double)s.grad_norm, "tokens_seen", 'i', r.state.tokens_seen,
+                          "ms", 'd', dt * 1e3, "tok_per_s", 'd', tokens_per_step / dt, "skipped", 'i',
+                          (long long)s.skipped, "loss_scale", 'd', (double)s.loss_scale, NULL);
+            // The scale after this step is the next one's (or, for the last collected, the scaler's).
+            if (s.skipped) printf("step %lld: non-finite gradients, step skipped (loss scale now %g)\n", step,
+                                  i + 1 < n ? done[i + 1].loss_scale : trainer_scaler(r.trainer)->scale);
+            if (every(c->log.every, step, total) || step == 1) {
+                char eta[32];
+                format_eta((double)(total - step) * run_time / run_steps, eta, sizeof eta);
+                printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms", step,
+                       total, s.loss, s.lr, s.grad_norm, tokens_per_step * window_steps / window_time,
+                       1e3 * window_time / window_steps);
+                const double gib = cli_gpu_memory_gib(r.be);
+                if (gib > peak_gib) peak_gib = gib;
+                if (peak_flops > 0)
+                    printf(" | MFU %.1f%%",
+                           100.0 * flops_per_step * window_steps / window_time / (peak_flops * world));
+                if (gib >= 0) printf(" | mem %.2f GiB", peak_gib);
+                printf(" | ETA %s\n", eta);
+                fflush(stdout);
+                window_time = 0, window_steps = 0;
+            }
+            if (guard_observe(&r.guard, step, &s, trainer_scaler(r.trainer)->dynamic, data_before[i])) {
+                diverged(&r, step);
+                break;   // the guard collects every step: nothing else was pending
+            }
+            // A stop request skips evaluation and samples: a preempted job has a grace period.
+            const int stopping = s.stop && step < total;
+            if (!stopping && r.val && every(c->log.eval_every, step, total)) run_eval(&r, step);
+            if (!stopping && r.launch.rank == 0 && every(c->log.sample_every, step, total))
+                run_sample(&r, step);
+            if (stopping || every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
+            if (stopping) {
+                printf("stopped by a signal after step %lld of %lld: the checkpoint above holds the "
+                       "run; the same command resumes it\n", step, total);
+                metrics_write(&r.metrics, "stop", step, NULL);
+                close_run(&r);
+                return EXIT_STOPPED;
+            }
         }
-        // A stop request skips evaluation and samples: a preempted job has a grace period.
-        const int stopping = s.stop && step < total;
-        if (!stopping && r.val && every(c->log.eval_every, step, total)) run_eval(&r, step);
-        if (!stopping && r.launch.rank == 0 && every(c->log.sample_every, step, total))
-            run_sample(&r, step);
-        if (stopping || every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
-        if (stopping) {
-            printf("stopped by a signal after step %lld of %lld: the checkpoint above holds the "
-                   "run; the same command resumes it\n", step, total);
-            metrics_write(&r.metrics, "stop", step, NULL);
-            close_run(&r);
-            return EXIT_STOPPED;
-        }
+        span0 = now_seconds();   // evaluation, samples and checkpoints are not training time
     }
     printf("done: %lld steps, %.1f s of training (%.0f tok/s), %.1f s wall with evaluation, "
            "samples and checkpoints\n", r.state.step, run_time,

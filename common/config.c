@@ -34,6 +34,7 @@ typedef struct {
 static const char *const POS_NAMES[] = {"learned", "rope", "alibi", NULL};
 static const char *const SYNTH_NAMES[] = {"none", "copy", "markov", "retrieval", "retrieval_spread", NULL};
 static const char *const RECOMPUTE_NAMES[] = {"none", "attn_gelu", "block", NULL};
+static const char *const CUDA_GRAPH_NAMES[] = {"auto", "on", "off", NULL};
 static const char *const SCHEDULE_NAMES[] = {"cosine", "linear", "constant", NULL};
 static const char *const DTYPE_NAMES[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const IMPL_NAMES[] = {"flash", "naive", NULL};
@@ -92,6 +93,10 @@ static const CfgKey KEYS[] = {
     {"train.divergence_factor", CFG_FLOAT, OFF(train.divergence_factor), "3", 1, 1e6, NULL,
      "divergence guard: a step whose loss exceeds this multiple of the running mean loss of the "
      "good steps before it is a spike"},
+    {"train.cuda_graph", CFG_ENUM, OFF(train.cuda_graph), "auto", 0, 0, CUDA_GRAPH_NAMES,
+     "capture the optimizer step once as a CUDA graph and replay it: auto = where the run "
+     "allows it (one process on the cuda backend, no dropout, no attention.doc_mask), on = "
+     "required (exit 2 where it is not possible), off = launch every kernel each step"},
 
     {"optim.lr", CFG_FLOAT, OFF(optim.lr), "6e-4", 0, 10, NULL, "peak learning rate"},
     {"optim.min_lr", CFG_FLOAT, OFF(optim.min_lr), "6e-5", 0, 10, NULL, "learning rate at the end of the decay"},

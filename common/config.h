@@ -16,6 +16,7 @@ typedef enum { POS_LEARNED = 0, POS_ROPE = 1, POS_ALIBI = 2 } PosEmbedding;     
 typedef enum { SYNTH_NONE = 0, SYNTH_COPY, SYNTH_MARKOV, SYNTH_RETRIEVAL,
                SYNTH_RETRIEVAL_SPREAD } SyntheticTask;                             // data.synthetic
 typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN_GELU = 1, RECOMPUTE_BLOCK = 2 } Recompute;   // train.recompute
+typedef enum { CUDA_GRAPH_AUTO = 0, CUDA_GRAPH_ON = 1, CUDA_GRAPH_OFF = 2 } CudaGraphMode;  // train.cuda_graph
 typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_LINEAR = 1, SCHEDULE_CONSTANT = 2 } Schedule;    // optim.schedule
 
 typedef struct {
@@ -38,6 +39,7 @@ typedef struct {
         Recompute recompute;
         int divergence_steps;                // bad steps in a row that send the run back; 0 = off
         float divergence_factor;             // a loss above this x the running mean is a spike
+        CudaGraphMode cuda_graph;            // replay the step as one CUDA graph
     } train;
     struct {
         float lr, min_lr;

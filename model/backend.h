@@ -112,6 +112,31 @@ struct Backend {
                           int NH, int NKV, int HS);
     // p (n fp32) = value everywhere (the ring's "no key seen yet" lse of +INFINITY).
     void (*fill_f32)(Backend *be, float *p, float value, size_t n);
+
+    // ---- training steps without host waits (trainer/train_step.c) ----
+    // Host memory the device copies from asynchronously (page-locked on CUDA); zero-filled.
+    void *(*host_alloc)(Backend *be, size_t bytes);
+    void (*host_release)(Backend *be, void *p);
+    // Queues the copy of bytes from host (host_alloc memory) to dst and returns at once, then
+    // marks fence `slot` (0 or 1) behind it; upload_wait(slot) returns once the device has passed
+    // that fence, after which the host memory of the copies before it may be rewritten.
+    void (*upload_async)(Backend *be, void *dst, const void *host, size_t bytes, int slot);
+    void (*upload_wait)(Backend *be, int slot);
+    // acc (1) fp64 += the mean of losses (N) fp32 over the n_valid rows with targets[i] >= 0:
+    // the sum in double, divided by n_valid and rounded to fp32 (as gpt_forward's float return
+    // value), then added; nothing when n_valid is 0. On the device, no wait.
+    void (*loss_mean_add)(Backend *be, double *acc, const float *losses, const int *targets, int N,
+                          int n_valid);
+    // CUDA graphs: capture_begin makes the ops queued on the stream from then on be recorded
+    // instead of run; capture_end stops and returns the executable graph, or NULL with a message
+    // in err (the device refused something recorded, or the backend has no graphs: then
+    // capture_begin already returns -1 with the message). graph_launch queues one replay and
+    // returns 0, or -1 without queueing anything when the graph is stale (a workspace it recorded
+    // has been reallocated since, by a larger op between steps): capture it again.
+    int (*capture_begin)(Backend *be, char *err, size_t errlen);
+    void *(*capture_end)(Backend *be, char *err, size_t errlen);
+    int (*graph_launch)(Backend *be, void *graph);
+    void (*graph_free)(Backend *be, void *graph);
 };
 
 // Attention forward (backward = 0) or backward on be's attention context, in be's dtype. A

@@ -94,7 +94,9 @@ struct GPT {
     int n_allocs;
 
     // forward activations and backward scratch, sized for B x T
-    int *tokens, *targets;        // (B, T) backend int32
+    int *tokens, *targets;        // (B, T) backend int32 of the last forward: own_* (gpt_forward)
+                                  // or the caller's device batch (gpt_forward_async)
+    int *own_tokens, *own_targets;   // (B, T) backend int32
     int *doc_pos, *cu_seqlens;    // (B, T), (B*T + 1) backend int32: positions within documents
                                   // and document offsets (doc_mask only, else NULL)
     int *doc_pos_host, *cu_host;  // (B, T), (B*T + 1) their host copies
@@ -285,8 +287,8 @@ static void alloc_block(GPT *m, BlockActs *a, int B, int T) {
 
 static void alloc_activations(GPT *m) {
     size_t N = (size_t)m->B * m->T, C = m->cfg.C, ds = m->ds;
-    m->tokens = balloc(m, N * sizeof(int));
-    m->targets = balloc(m, N * sizeof(int));
+    m->tokens = m->own_tokens = balloc(m, N * sizeof(int));
+    m->targets = m->own_targets = balloc(m, N * sizeof(int));
     if (m->eot >= 0) {
         m->doc_pos = balloc(m, N * sizeof(int));
         m->cu_seqlens = balloc(m, (N + 1) * sizeof(int));
@@ -529,19 +531,23 @@ static int find_documents(const int *tokens, int B, int T, int eot, int *pos, in
     return n;
 }
 
-float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
-    Backend *be = m->be;
-    const GPTConfig *g = &m->cfg;
+void gpt_check_batch(const GPT *m, const int *tokens, const int *targets, int B, int T) {
     if (B < 1 || T < 1 || B > m->B || T > m->T)
         fatal(EXIT_USAGE, "gpt_forward: batch %d x %d does not fit the %d x %d the model was built "
                           "for", B, T, m->B, m->T);
     if (m->ring && T != m->T)
         fatal(EXIT_USAGE, "gpt_forward: under context parallelism every batch holds the %d local "
                           "tokens of each sequence, got %d", m->T, T);
-    const int N = B * T, C = g->C;
     check_ids(m, tokens, B, T, 0);
     if (targets) check_ids(m, targets, B, T, 1);
-    be->upload(be, m->tokens, tokens, (size_t)N * sizeof(int));
+}
+
+// The forward up to the logits over the batch in m->tokens (tokens: its host copy, for the
+// documents of doc_mask).
+static void forward_logits(GPT *m, const int *tokens, int has_targets, int B, int T) {
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    const int N = B * T, C = g->C;
     m->n_docs = 0;
     m->pos = NULL;
     if (m->eot >= 0) {
@@ -552,7 +558,7 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     }
     if (m->ring) m->pos = m->ring_pos;
 
-    const int train = targets && m->training;
+    const int train = has_targets && m->training;
     m->drop_attn = train && m->attn_dropout > 0.0f;
     m->drop_resid = train && m->resid_dropout > 0.0f;
     m->dropout_base = m->rng_step * (uint64_t)(SITES_PER_LAYER * g->L + 1);
@@ -574,7 +580,18 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     m->last_B = B;
     m->last_T = T;
     m->logits_valid = 1;
-    m->has_targets = targets != NULL;
+    m->has_targets = has_targets;
+}
+
+float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    gpt_check_batch(m, tokens, targets, B, T);
+    const int N = B * T;
+    m->tokens = m->own_tokens;
+    m->targets = m->own_targets;
+    be->upload(be, m->tokens, tokens, (size_t)N * sizeof(int));
+    forward_logits(m, tokens, targets != NULL, B, T);
     if (!targets) return 0.0f;
 
     be->upload(be, m->targets, targets, (size_t)N * sizeof(int));
@@ -590,6 +607,27 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     m->loss_sum = sum;
     m->n_loss = m->n_valid;
     return m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
+}
+
+int gpt_forward_async(GPT *m, const int *host, const int *dev, int B, int T, double *loss_acc) {
+    const GPTConfig *g = &m->cfg;
+    const int N = B * T;
+    const int *targets = host + N;
+    gpt_check_batch(m, host, targets, B, T);
+    if (m->eot >= 0 || m->ring)
+        fatal(EXIT_RUNTIME, "gpt_forward_async: attention.doc_mask and context parallelism need "
+                            "gpt_forward");
+    m->tokens = (int *)dev;
+    m->targets = (int *)dev + N;
+    forward_logits(m, host, 1, B, T);
+    m->n_valid = 0;
+    for (int i = 0; i < N; i++) m->n_valid += targets[i] >= 0;
+    m->n_loss = m->n_valid;
+    m->loss_sum = NAN;   // on the device only
+    m->be->softmax_xent(m->be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp,
+                        0.0f);
+    m->be->loss_mean_add(m->be, loss_acc, m->losses, m->targets, N, m->n_valid);
+    return m->n_valid;
 }
 
 double gpt_loss_sum(const GPT *m, int *count) {

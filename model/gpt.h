@@ -60,6 +60,17 @@ void gpt_get_grads_f32(GPT *m, float *host);
 // model/gpt.c): attention stays inside each document and positions restart in each.
 // Logits of the last forward are available through gpt_logits_f32.
 float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T);
+// The training forward of a step that does not wait for the device: the batch is already in
+// backend memory (dev: tokens then targets, (2, B, T) int32, e.g. copied there asynchronously by
+// the caller; host: the same values in host memory, for the id checks and the target count), and
+// the loss stays there: the micro-batch's mean loss is added to *loss_acc (backend fp64, 1) by
+// Backend.loss_mean_add. Returns the number of counted targets (the backward divides by it).
+// Neither attention.doc_mask nor context parallelism (they need gpt_forward); gpt_loss_sum and
+// gpt_losses_f32 do not describe it.
+int gpt_forward_async(GPT *m, const int *host, const int *dev, int B, int T, double *loss_acc);
+// The checks gpt_forward makes of a batch (its size, every id in the vocabulary; targets may be
+// NULL): exits 2 with a message that names the bad id.
+void gpt_check_batch(const GPT *m, const int *tokens, const int *targets, int B, int T);
 // The sum of the last forward's per-token losses over its counted targets (double), and their
 // number in *count.
 double gpt_loss_sum(const GPT *m, int *count);

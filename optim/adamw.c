@@ -32,13 +32,13 @@ void adamw_free(AdamW *opt) {
     memset(opt, 0, sizeof *opt);
 }
 
-void adamw_step_cpu(AdamW *opt, float *params, const float *grads, float lr, float grad_mult) {
-    opt->t++;
+void adamw_step_cpu(AdamW *opt, float *params, const float *grads, long long t, float lr,
+                    float grad_mult) {
     const float beta1 = opt->beta1, beta2 = opt->beta2, eps = opt->eps;
     // Bias corrections in double, as torch computes them from Python floats.
-    const double bc1 = 1.0 - pow(beta1, (double)opt->t);
+    const double bc1 = 1.0 - pow(beta1, (double)t);
     const float step_size = (float)((double)lr / bc1);
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)opt->t));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)t));
     for (int s = 0; s < opt->n_spans; s++) {
         const OptimSpan sp = opt->spans[s];
         const float decay = sp.decay ? (float)(1.0 - (double)lr * opt->weight_decay) : 1.0f;

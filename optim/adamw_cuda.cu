@@ -27,20 +27,15 @@ typedef struct {
     uint32_t decay;  // weight decay applies
 } AdamWChunk;
 
-// Per-step scalars, computed on the host exactly as adamw_step_cpu computes them.
-typedef struct {
-    float grad_mult, decay_mul;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-    float step_size, bc2_sqrt;
-} AdamWScalars;
-
 static cudaStream_t opt_stream(const AdamWCuda *opt) { return (cudaStream_t)opt->stream; }
 
 // Every operation explicitly rounded (__f*_rn): nvcc would otherwise contract a * b + c into a
 // fused multiply-add, and the results would no longer match adamw_step_cpu bit for bit.
 template <typename T>
 __global__ void adamw_kernel(T *params, float *master, float *m, float *v, const T *grads,
-                             const AdamWChunk *chunks, AdamWScalars s) {
+                             const AdamWChunk *chunks, const AdamWDev *dev) {
+    if (dev->skip) return;
+    const AdamWScalars s = dev->s;
     const AdamWChunk c = chunks[blockIdx.x];
     const float decay = c.decay ? s.decay_mul : 1.0f;
     for (uint32_t j = threadIdx.x; j < c.n; j += ADAMW_THREADS) {
@@ -86,6 +81,58 @@ __global__ void sumsq_total_kernel(double *partial, size_t n_partial) {
     partial[n_partial] = total;
 }
 
+// (ah, al) *= (bh, bl) in double-double arithmetic (about 106 significant bits).
+__device__ static void dd_mul(double &ah, double &al, double bh, double bl) {
+    const double p = __dmul_rn(ah, bh);
+    double e = __fma_rn(ah, bh, -p);
+    e = __dadd_rn(e, __dadd_rn(__dmul_rn(ah, bl), __dmul_rn(al, bh)));
+    const double sum = __dadd_rn(p, e);
+    al = __dsub_rn(e, __dsub_rn(sum, p));
+    ah = sum;
+}
+
+// b^e for e >= 0 by squaring in double-double, rounded once to double: the correctly rounded
+// power, which is what the host's pow returns for these arguments (glibc's pow is accurate to
+// well under one unit in the last place).
+__device__ static double pow_int(double b, long long e) {
+    double rh = 1.0, rl = 0.0, bh = b, bl = 0.0;
+    while (e > 0) {
+        if (e & 1) dd_mul(rh, rl, bh, bl);
+        e >>= 1;
+        if (e > 0) dd_mul(bh, bl, bh, bl);
+    }
+    return __dadd_rn(rh, rl);
+}
+
+// One thread: this step's inputs from the host (a kernel argument, so no copy waits).
+__global__ void adamw_inputs_kernel(AdamWDev *dev, float lr, float grad_mult) {
+    dev->lr = lr;
+    dev->grad_mult = grad_mult;
+    dev->skip = 0;
+}
+
+__global__ void adamw_set_t_kernel(AdamWDev *dev, long long t) { dev->t = t; }
+
+// One thread: t + 1 and the step's scalars, operation for operation as adamw_step_cpu (bias
+// corrections in double, as torch computes them from Python floats); nothing on a skipped step.
+__global__ void adamw_scalars_kernel(AdamWDev *dev, float beta1, float beta2, float eps,
+                                     float weight_decay) {
+    if (dev->skip) return;
+    const long long t = ++dev->t;
+    const double lr = (double)dev->lr;
+    AdamWScalars s;
+    s.grad_mult = dev->grad_mult;
+    s.decay_mul = __double2float_rn(__dsub_rn(1.0, __dmul_rn(lr, (double)weight_decay)));
+    s.beta1 = beta1;
+    s.one_minus_beta1 = __fsub_rn(1.0f, beta1);
+    s.beta2 = beta2;
+    s.one_minus_beta2 = __fsub_rn(1.0f, beta2);
+    s.eps = eps;
+    s.step_size = __double2float_rn(__ddiv_rn(lr, __dsub_rn(1.0, pow_int((double)beta1, t))));
+    s.bc2_sqrt = __double2float_rn(__dsqrt_rn(__dsub_rn(1.0, pow_int((double)beta2, t))));
+    dev->s = s;
+}
+
 void adamw_cuda_init(AdamWCuda *opt, size_t n, const OptimSpan *spans, int n_spans,
                      const Config *c, DType dtype, void *stream) {
     memset(opt, 0, sizeof *opt);
@@ -122,7 +169,9 @@ void adamw_cuda_init(AdamWCuda *opt, size_t n, const OptimSpan *spans, int n_spa
     CUDA_CHECK(cudaMalloc(&opt->v, nb));
     CUDA_CHECK(cudaMalloc(&opt->chunks, (n_chunks ? n_chunks : 1) * sizeof(AdamWChunk)));
     CUDA_CHECK(cudaMalloc(&opt->partial, (opt->n_partial + 1) * sizeof(double)));
+    CUDA_CHECK(cudaMalloc(&opt->dev, sizeof(AdamWDev)));
     cudaStream_t st = opt_stream(opt);
+    CUDA_CHECK(cudaMemsetAsync(opt->dev, 0, sizeof(AdamWDev), st));
     CUDA_CHECK(cudaMemsetAsync(opt->master, 0, nb, st));
     CUDA_CHECK(cudaMemsetAsync(opt->m, 0, nb, st));
     CUDA_CHECK(cudaMemsetAsync(opt->v, 0, nb, st));
@@ -139,6 +188,7 @@ void adamw_cuda_free(AdamWCuda *opt) {
     CUDA_CHECK(cudaFree(opt->v));
     CUDA_CHECK(cudaFree(opt->chunks));
     CUDA_CHECK(cudaFree(opt->partial));
+    CUDA_CHECK(cudaFree(opt->dev));
     memset(opt, 0, sizeof *opt);
 }
 
@@ -180,9 +230,12 @@ template <typename F> static void dispatch_optim_dtype(DType dtype, F &&f) {
     fatal(EXIT_RUNTIME, "adamw_cuda: unknown dtype %d", (int)dtype);
 }
 
-double adamw_cuda_grad_sumsq(AdamWCuda *opt, const void *grads) {
-    if (opt->n == 0) return 0.0;
+const double *adamw_cuda_grad_sumsq_async(AdamWCuda *opt, const void *grads) {
     cudaStream_t st = opt_stream(opt);
+    if (opt->n == 0) {
+        CUDA_CHECK(cudaMemsetAsync(opt->partial, 0, sizeof(double), st));
+        return opt->partial;
+    }
     dispatch_optim_dtype(opt->dtype, [&](auto tag) {
         using E = decltype(tag);
         sumsq_kernel<E><<<(unsigned)opt->n_partial, SUMSQ_THREADS, 0, st>>>(
@@ -191,33 +244,49 @@ double adamw_cuda_grad_sumsq(AdamWCuda *opt, const void *grads) {
     CUDA_CHECK(cudaGetLastError());
     sumsq_total_kernel<<<1, 1, 0, st>>>(opt->partial, opt->n_partial);
     CUDA_CHECK(cudaGetLastError());
+    return opt->partial + opt->n_partial;
+}
+
+double adamw_cuda_grad_sumsq(AdamWCuda *opt, const void *grads) {
+    const double *dev = adamw_cuda_grad_sumsq_async(opt, grads);
     double total = 0.0;
-    CUDA_CHECK(cudaMemcpyAsync(&total, opt->partial + opt->n_partial, sizeof total,
-                                   cudaMemcpyDeviceToHost, st));
+    cudaStream_t st = opt_stream(opt);
+    CUDA_CHECK(cudaMemcpyAsync(&total, dev, sizeof total, cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
     return total;
 }
 
-void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, float grad_mult) {
-    opt->t++;
-    AdamWScalars s;
-    s.grad_mult = grad_mult;
-    s.decay_mul = (float)(1.0 - (double)lr * opt->weight_decay);
-    s.beta1 = opt->beta1;
-    s.one_minus_beta1 = 1.0f - opt->beta1;
-    s.beta2 = opt->beta2;
-    s.one_minus_beta2 = 1.0f - opt->beta2;
-    s.eps = opt->eps;
-    // Bias corrections in double, as adamw_step_cpu (and torch, from Python floats).
-    s.step_size = (float)((double)lr / (1.0 - pow(opt->beta1, (double)opt->t)));
-    s.bc2_sqrt = (float)sqrt(1.0 - pow(opt->beta2, (double)opt->t));
+void adamw_cuda_apply(AdamWCuda *opt, void *params, const void *grads) {
+    cudaStream_t st = opt_stream(opt);
+    adamw_scalars_kernel<<<1, 1, 0, st>>>(opt->dev, opt->beta1, opt->beta2, opt->eps,
+                                          opt->weight_decay);
+    CUDA_CHECK(cudaGetLastError());
     if (opt->n_chunks == 0) return;
     dispatch_optim_dtype(opt->dtype, [&](auto tag) {
         using E = decltype(tag);
-        adamw_kernel<E><<<opt->n_chunks, ADAMW_THREADS, 0, opt_stream(opt)>>>(
+        adamw_kernel<E><<<opt->n_chunks, ADAMW_THREADS, 0, st>>>(
             (E *)params, opt->master, opt->m, opt->v, (const E *)grads,
-            (const AdamWChunk *)opt->chunks, s);
+            (const AdamWChunk *)opt->chunks, opt->dev);
     });
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, float grad_mult) {
+    adamw_inputs_kernel<<<1, 1, 0, opt_stream(opt)>>>(opt->dev, lr, grad_mult);
+    CUDA_CHECK(cudaGetLastError());
+    adamw_cuda_apply(opt, params, grads);
+}
+
+long long adamw_cuda_get_t(const AdamWCuda *opt) {
+    long long t = 0;
+    cudaStream_t st = opt_stream(opt);
+    CUDA_CHECK(cudaMemcpyAsync(&t, &opt->dev->t, sizeof t, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    return t;
+}
+
+void adamw_cuda_set_t(AdamWCuda *opt, long long t) {
+    adamw_set_t_kernel<<<1, 1, 0, opt_stream(opt)>>>(opt->dev, t);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -226,6 +295,7 @@ void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, 
 static AdamWCuda *cuda_adamw(Optimizer *o) { return (AdamWCuda *)o->ctx; }
 
 static void cuda_destroy(Optimizer *o) {
+    step_cuda_detach(o);
     adamw_cuda_free(cuda_adamw(o));
     free(o->ctx);
     free(o);
@@ -236,11 +306,11 @@ static double cuda_grad_sumsq(Optimizer *o, const void *grads) {
 }
 
 static void cuda_step(Optimizer *o, void *params, const void *grads, float lr, float grad_mult) {
-    AdamWCuda *a = cuda_adamw(o);
-    a->t = o->t;
-    adamw_cuda_step(a, params, grads, lr, grad_mult);
-    o->t = a->t;
+    adamw_cuda_step(cuda_adamw(o), params, grads, lr, grad_mult);
 }
+
+static long long cuda_get_t(Optimizer *o) { return adamw_cuda_get_t(cuda_adamw(o)); }
+static void cuda_set_t(Optimizer *o, long long t) { adamw_cuda_set_t(cuda_adamw(o), t); }
 
 static void cuda_get_state(Optimizer *o, float *master, float *m, float *v) {
     adamw_cuda_download(cuda_adamw(o), master, m, v);
@@ -264,6 +334,9 @@ Optimizer *adamw_cuda_optimizer_create(size_t n, const OptimSpan *spans, int n_s
     o->destroy = cuda_destroy;
     o->grad_sumsq = cuda_grad_sumsq;
     o->step = cuda_step;
+    o->get_t = cuda_get_t;
+    o->set_t = cuda_set_t;
+    step_cuda_attach(o, a);
     o->get_state = cuda_get_state;
     o->set_state = cuda_set_state;
     o->copy_master = cuda_copy_master;

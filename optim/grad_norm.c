@@ -1,4 +1,4 @@
-// Global gradient norm and the gradient multiplier (loss-scale removal and norm clipping).
+// The global gradient sum of squares on the host (grad_multiplier is in optim/optim.h).
 #include <math.h>
 
 #include "common/check.h"
@@ -24,14 +24,4 @@ double sumsq_cpu(const float *x, size_t n) {
     for (size_t b = 0; b < nblocks; b++) total += partial[b];
     free(partial);
     return total;
-}
-
-float grad_multiplier(double grad_norm_unscaled, float clip, float loss_scale) {
-    double mult = 1.0 / (double)loss_scale;
-    // As torch.nn.utils.clip_grad_norm_: coefficient clip / (norm + 1e-6), applied when below 1.
-    if (clip > 0) {
-        const double coef = (double)clip / (grad_norm_unscaled + 1e-6);
-        if (coef < 1.0) mult *= coef;
-    }
-    return (float)mult;
 }

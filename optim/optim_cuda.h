@@ -22,10 +22,29 @@
 extern "C" {
 #endif
 
+// Per-step scalars, computed on the device by adamw_scalars_kernel exactly as adamw_step_cpu
+// computes them on the host.
+typedef struct {
+    float grad_mult, decay_mul;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+    float step_size, bc2_sqrt;
+} AdamWScalars;
+
+// The optimizer's device state between the host and the kernels (AdamWCuda.dev): the step count
+// lives here and only here, so a step needs nothing from the host but lr and grad_mult, which
+// kernels write too (adamw_inputs_kernel, or the device decisions of optim/step_cuda.cu).
+typedef struct AdamWDev {
+    float lr, grad_mult;   // this step's inputs
+    int skip;              // 1: this step leaves parameters, moments and t alone
+    long long t;           // completed steps, for bias correction
+    AdamWScalars s;        // the step's scalars (adamw_scalars_kernel)
+} AdamWDev;
+
+
 typedef struct {
     size_t n;                 // elements of the flat vector
     float *master, *m, *v;    // (n) fp32 master weights and moments, device
-    long long t;              // completed (non-skipped) steps, for bias correction
+    AdamWDev *dev;            // device: lr, grad_mult, skip, the step count t and its scalars
     float beta1, beta2, eps, weight_decay;
     DType dtype;
     void *stream;             // cudaStream_t
@@ -50,10 +69,25 @@ void adamw_cuda_copy_master(const AdamWCuda *opt, float *dst);
 // Sum of squares of the gradients (n, dtype) in double, deterministic (fixed blocks summed in a
 // fixed order); +inf or NaN when any gradient is non-finite. Waits for the result.
 double adamw_cuda_grad_sumsq(AdamWCuda *opt, const void *grads);
+// The same without waiting: returns the device double that will hold it.
+const double *adamw_cuda_grad_sumsq_async(AdamWCuda *opt, const void *grads);
 
 // One step: g = grads * grad_mult, decoupled decay for decayed spans, Adam update with bias
-// correction of step t + 1; writes master (fp32) and params (n, dtype). Asynchronous.
+// correction of step t + 1 (t: the count on the device); writes master (fp32) and params (n,
+// dtype). Asynchronous: lr and grad_mult travel as kernel arguments.
 void adamw_cuda_step(AdamWCuda *opt, void *params, const void *grads, float lr, float grad_mult);
+// The step with lr, grad_mult and the skip flag already in opt->dev (written by a kernel of
+// optim/step_cuda.cu): t + 1 and the scalars on the device (the bias corrections' powers in
+// double-double, so they round as the host's pow), then the update; a skip changes nothing.
+void adamw_cuda_apply(AdamWCuda *opt, void *params, const void *grads);
+// The step count on the device: get waits for it, set is a kernel.
+long long adamw_cuda_get_t(const AdamWCuda *opt);
+void adamw_cuda_set_t(AdamWCuda *opt, long long t);
+
+// Fills o's dev_* functions (optim/optim.h) for the AdamW a, and frees their state
+// (optim/step_cuda.cu).
+void step_cuda_attach(Optimizer *o, AdamWCuda *a);
+void step_cuda_detach(Optimizer *o);
 
 // The same AdamW behind the Optimizer interface (optimizer_create picks it for DEVICE_CUDA).
 Optimizer *adamw_cuda_optimizer_create(size_t n, const OptimSpan *spans, int n_spans,

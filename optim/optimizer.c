@@ -9,7 +9,13 @@
 #include "optim/optim_cuda.h"
 #endif
 
-static AdamW *host_adamw(Optimizer *o) { return o->ctx; }
+// The host optimizer's state: AdamW's moments and the step count.
+typedef struct {
+    AdamW a;
+    long long t;   // completed (non-skipped) steps
+} HostAdamW;
+
+static AdamW *host_adamw(Optimizer *o) { return &((HostAdamW *)o->ctx)->a; }
 
 static void host_destroy(Optimizer *o) {
     adamw_free(host_adamw(o));
@@ -20,11 +26,12 @@ static void host_destroy(Optimizer *o) {
 static double host_grad_sumsq(Optimizer *o, const void *grads) { return sumsq_cpu(grads, o->n); }
 
 static void host_step(Optimizer *o, void *params, const void *grads, float lr, float grad_mult) {
-    AdamW *a = host_adamw(o);
-    a->t = o->t;
-    adamw_step_cpu(a, params, grads, lr, grad_mult);
-    o->t = a->t;
+    HostAdamW *h = o->ctx;
+    adamw_step_cpu(&h->a, params, grads, ++h->t, lr, grad_mult);
 }
+
+static long long host_get_t(Optimizer *o) { return ((HostAdamW *)o->ctx)->t; }
+static void host_set_t(Optimizer *o, long long t) { ((HostAdamW *)o->ctx)->t = t; }
 
 static void host_get_state(Optimizer *o, float *master, float *m, float *v) {
     const AdamW *a = host_adamw(o);
@@ -44,11 +51,12 @@ static Optimizer *host_create(DType dtype, size_t n, const OptimSpan *spans, int
         fatal(EXIT_USAGE, "the CPU optimizer updates fp32 parameters, got %s: set "
                           "precision.dtype = fp32 on the cpu backend", dtype_name(dtype));
     Optimizer *o = xcalloc(1, sizeof *o);
-    AdamW *a = xcalloc(1, sizeof *a);
-    adamw_init(a, n, spans, n_spans, c);
-    *o = (Optimizer){.device = DEVICE_CPU, .n = n, .ctx = a, .destroy = host_destroy,
-                     .grad_sumsq = host_grad_sumsq, .step = host_step,
-                     .get_state = host_get_state, .set_state = host_set_state};
+    HostAdamW *h = xcalloc(1, sizeof *h);
+    adamw_init(&h->a, n, spans, n_spans, c);
+    *o = (Optimizer){.device = DEVICE_CPU, .n = n, .ctx = h, .destroy = host_destroy,
+                     .grad_sumsq = host_grad_sumsq, .step = host_step, .get_t = host_get_t,
+                     .set_t = host_set_t, .get_state = host_get_state,
+                     .set_state = host_set_state};
     return o;
 }
 

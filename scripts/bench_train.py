@@ -2,20 +2,28 @@
 """GPT training throughput and memory: flashgpt beside PyTorch, in one run on one GPU.
 
 usage: python3 scripts/bench_train.py [-c configs/gpt2_124m.json] [--batch 16] [--seq 1024]
-           [--steps 20] [--no-compile] [--bin ./train_gpt] [--json OUT.json]
+           [--steps 20] [--no-compile] [--set KEY=VALUE ...] [--whole-run] [--bin ./train_gpt]
+           [--json OUT.json]
 
 The model sizes: configs/gpt2_124m.json, gpt2_medium.json (350M), gpt2_large.json (774M),
 gpt2_xl.json (1.5B) at 1024 tokens, and configs/long_350m_32k.json (350M, RoPE, 4 key/value
 heads for 16 query heads) at --seq 32768 --batch 1.
 
 flashgpt: `train_gpt bench` (random tokens, one warm-up step, then --steps timed optimizer steps:
-forward, backward, clipping and AdamW) on the config with batch/seq overridden.
+forward, backward, clipping and AdamW) on the config with batch/seq overridden, twice: with
+train.cuda_graph = on (the step captured once and replayed; a config the graphs cannot serve,
+e.g. with dropout, shows why) and off (every kernel launched each step). --set passes more
+overrides to train_gpt (e.g. precision.dtype=bf16 for configs/tiny_cpu.json's fp32).
+--whole-run also trains the config from scratch with `train_gpt train` (its own batch and
+steps, graphs auto and off) and reports the whole process's seconds, the mean step time and the
+best validation loss it printed.
 PyTorch: the same GPT-2 architecture (the config's positions: learned, or RoPE half-split as
 flashgpt's; grouped-query attention by repeating key/value heads; pre-LayerNorm blocks, tanh GELU, tied
 head, vocabulary padded to a multiple of 128; as in nanoGPT the softmax spans the padded
 vocabulary, flashgpt's only the real one), bf16 autocast, scaled_dot_product_attention
 (causal), fused AdamW with weight decay on 2-D weights, gradient clipping; eager and, unless
---no-compile, torch.compile. Tokens/s over the timed steps (CUDA synchronised). GPU memory is
+--no-compile, torch.compile in mode max-autotune-no-cudagraphs and in mode reduce-overhead
+(which replays CUDA graphs). Tokens/s over the timed steps (CUDA synchronised). GPU memory is
 the device's used memory (total - free, the CUDA context included) at the end of the timed steps
 for both sides: flashgpt allocates everything up front, so this is its peak; PyTorch's caching
 allocator keeps its peak reservation, so this is PyTorch's peak footprint on the device (eager's
@@ -37,16 +45,49 @@ PEAK = 989e12
 LINE = re.compile(r"([0-9.]+) ms/step, ([0-9.]+) tokens/s(?:, MFU ([0-9.]+)%)?(?:, GPU memory ([0-9.]+) GiB)?")
 
 
-def bench_flashgpt(args):
+def flashgpt_sets(args):
+    sets = []
+    for kv in args.set:
+        sets += ["--set", kv]
+    return sets
+
+
+def bench_flashgpt(args, graph):
     cmd = [args.bin, "bench", "-c", args.config, "--steps", str(args.steps), "--device", "cuda",
            "--set", f"train.batch_size={args.batch}", "--set", f"train.seq_len={args.seq}",
-           "--set", f"model.max_seq_len={max(args.seq, args.max_seq_len)}", "--set", "train.grad_accum=1"]
+           "--set", f"model.max_seq_len={max(args.seq, args.max_seq_len)}", "--set", "train.grad_accum=1",
+           "--set", f"train.cuda_graph={graph}"] + flashgpt_sets(args)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     m = LINE.search(p.stdout)
+    if p.returncode == 2:
+        return {"cmd": " ".join(cmd), "status": "n/a", "output": p.stderr.strip()[-300:]}
     if p.returncode != 0 or not m:
         return {"cmd": " ".join(cmd), "status": "FAIL", "output": (p.stdout + p.stderr)[-2000:]}
     return {"cmd": " ".join(cmd), "status": "ok", "ms": float(m.group(1)), "tok_s": float(m.group(2)),
             "mem_gib": float(m.group(4)) if m.group(4) else None}
+
+
+DONE = re.compile(r"^done: (\d+) steps, ([0-9.]+) s of training")
+VAL = re.compile(r"val loss ([0-9.]+)")
+
+
+def whole_run(args, graph):
+    """The config trained from scratch: process seconds, mean step ms, best val loss."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [args.bin, "train", "-c", args.config, "--device", "cuda", "--set", f"log.dir={d}/run",
+               "--set", f"train.cuda_graph={graph}"] + flashgpt_sets(args)
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - t0
+    done = [DONE.match(l) for l in p.stdout.splitlines()]
+    done = [m for m in done if m]
+    vals = [float(v) for v in VAL.findall(p.stdout)]
+    if p.returncode != 0 or not done:
+        return {"cmd": " ".join(cmd), "status": "FAIL", "output": (p.stdout + p.stderr)[-2000:]}
+    steps, train_s = int(done[0].group(1)), float(done[0].group(2))
+    return {"cmd": " ".join(cmd), "status": "ok", "wall_s": wall, "step_ms": 1e3 * train_s / steps,
+            "best_val": min(vals) if vals else None}
 
 
 def build_torch_model(torch, cfg, seq):
@@ -115,7 +156,7 @@ def build_torch_model(torch, cfg, seq):
     return GPT()
 
 
-def bench_torch(args, cfg, compile_):
+def bench_torch(args, cfg, mode):
     import torch
     torch.manual_seed(0)
     dev = "cuda"
@@ -124,7 +165,7 @@ def bench_torch(args, cfg, compile_):
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), fused=True)
-    fwd = torch.compile(model) if compile_ else model
+    fwd = torch.compile(model, mode=mode) if mode else model
     V = cfg["vocab_size"]
     x = torch.randint(0, V, (args.batch, args.seq), device=dev)
     y = torch.randint(0, V, (args.batch, args.seq), device=dev)
@@ -164,6 +205,10 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for train_gpt (repeatable)")
+    ap.add_argument("--whole-run", action="store_true",
+                    help="also train the config from scratch, graphs auto and off (whole process)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "train_gpt"))
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
@@ -171,9 +216,11 @@ def main():
     cfg.setdefault("max_seq_len", 1024)
     args.max_seq_len = cfg["max_seq_len"]
     n_params = None
-    rows = {"flashgpt": bench_flashgpt(args), "pytorch eager": bench_torch(args, cfg, False)}
+    rows = {"flashgpt, graph": bench_flashgpt(args, "on"), "flashgpt, no graph": bench_flashgpt(args, "off"),
+            "pytorch eager": bench_torch(args, cfg, None)}
     if not args.no_compile:
-        rows["pytorch compile"] = bench_torch(args, cfg, True)
+        for mode in ("max-autotune-no-cudagraphs", "reduce-overhead"):
+            rows[f"pytorch compile {mode}"] = bench_torch(args, cfg, mode)
     L, C = cfg["n_layer"], cfg["n_embd"]
     Vp = (cfg["vocab_size"] + 127) // 128 * 128
     NH = cfg["n_head"]
@@ -185,20 +232,35 @@ def main():
     print(f"GPT ({args.config}), batch {args.batch} x seq {args.seq}, {args.steps} timed steps, bf16")
     print("| implementation | ms/step | tokens/s | MFU | GPU memory GiB | PyTorch allocated GiB | vs flashgpt |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    ours = rows["flashgpt"].get("tok_s")
+    ours = rows["flashgpt, graph"].get("tok_s") or rows["flashgpt, no graph"].get("tok_s")
     for name, r in rows.items():
         if r["status"] != "ok":
-            print(f"| {name} | {r['status']} | | | | | |")
+            why = r.get("output", "").replace("\n", " ") if r["status"] == "n/a" else ""
+            print(f"| {name} | {r['status']} {why} | | | | | |")
             continue
         mem = f"{r['mem_gib']:.2f}" if r.get("mem_gib") is not None else "-"
         alloc = f"{r['alloc_gib']:.2f}" if r.get("alloc_gib") is not None else "-"
         ratio = f"{r['tok_s'] / ours:.2f}x" if ours else "-"
         print(f"| {name} | {r['ms']:.1f} | {r['tok_s']:,.0f} | {100 * flops * r['tok_s'] / PEAK:.1f}% | {mem} | {alloc} "
               f"| {ratio} |")
-    if rows["flashgpt"]["status"] != "ok":
-        print(rows["flashgpt"].get("output", ""), file=sys.stderr)
+    for name in ("flashgpt, graph", "flashgpt, no graph"):
+        if rows[name]["status"] == "FAIL":
+            print(rows[name].get("output", ""), file=sys.stderr)
+    runs = {}
+    if args.whole_run:
+        print(f"\nwhole run of {args.config} (train_gpt train, from scratch)")
+        print("| train.cuda_graph | process s | ms/step | best val loss |")
+        print("| --- | --- | --- | --- |")
+        for graph in ("auto", "off"):
+            r = runs[graph] = whole_run(args, graph)
+            if r["status"] != "ok":
+                print(f"| {graph} | FAIL | | |")
+                print(r.get("output", ""), file=sys.stderr)
+                continue
+            val = f"{r['best_val']:.4f}" if r["best_val"] is not None else "-"
+            print(f"| {graph} | {r['wall_s']:.1f} | {r['step_ms']:.2f} | {val} |")
     if args.json:
-        json.dump({"args": vars(args), "rows": rows}, open(args.json, "w"), indent=1)
+        json.dump({"args": vars(args), "rows": rows, "whole_run": runs}, open(args.json, "w"), indent=1)
 
 
 if __name__ == "__main__":

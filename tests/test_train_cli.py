@@ -59,6 +59,7 @@ BAD_CONFIGS = [
     ('{"model": {"n_embd": 30, "n_head": 4}, "data": {"synthetic": "copy"}}', "divisible"),
     ('{"train": {"seq_len": 4096}, "data": {"synthetic": "copy"}}', "max_seq_len"),
     ('{"attention": {"impl": "fast"}}', "attention.impl"),
+    ('{"train": {"cuda_graph": "maybe"}}', "train.cuda_graph"),
 ]
 
 
@@ -89,6 +90,24 @@ def test_bad_cli_exits_2(args, needle):
     r = run(args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert needle in r.stderr
+
+
+def test_cuda_graph_on_refused_on_cpu(tmp_path):
+    """train.cuda_graph = on where the step cannot be a graph: exit 2, the key and the reason
+    named, nothing written; auto and off train the cpu backend alike, step for step."""
+    cfg = write_config(tmp_path, tiny(tmp_path))
+    r = run(["train", "-c", cfg, "--device", "cpu", "--set", "train.cuda_graph=on"])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "train.cuda_graph = on" in r.stderr and "cpu backend" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+    losses = {}
+    for mode in ("auto", "off"):
+        d = tmp_path / mode
+        r = run(["train", "-c", cfg, "--device", "cpu", "--set", f"log.dir={d}", "--set", "train.steps=12",
+                 "--set", f"train.cuda_graph={mode}"])
+        assert r.returncode == 0, r.stderr
+        losses[mode] = [(e["loss"], e["grad_norm"], e["lr"]) for e in train_events(str(d))]
+    assert len(losses["auto"]) == 12 and losses["auto"] == losses["off"]
 
 
 def test_missing_shards_exit_2(tmp_path):

@@ -6,6 +6,7 @@
 #include "trainer/train_step.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,25 @@ struct Trainer {
     int B, T, TL;           // batch, whole sequence, the tokens of it this rank holds
     int *inputs, *targets;  // (B, T) host, the current micro-batch
     int *local_in, *local_tg;  // (B, TL) host, this rank's part of it (context parallelism)
+    // Launched steps not yet collected (trainer_launch / trainer_collect): with host decisions
+    // their whole stats, with device decisions what the host knows (lr, stop); the rest waits in
+    // the optimizer's ring of records, slot = launch number % TRAINER_MAX_PENDING.
+    StepStats pending[TRAINER_MAX_PENDING];
+    int n_pending;
+    long long launched;     // steps launched so far
+    // Steps decided on the device (trainer_step's comment in train_step.h).
+    int dev_steps;
+    LossScaler scaler_dev;  // the scaler as the device last had it (scaler: the host's view)
+    int *staged;            // (2, accum, 2, B, T) host_alloc: two steps' micro-batches, each
+                            // tokens then targets, the steps in turn
+    int *dev_batch;         // (accum, 2, B, T) backend: the current step's micro-batches
+    int *n_valid;           // (accum) counted targets of the current step's micro-batches
+    // train.cuda_graph: the step captured once and replayed.
+    int graphs;             // 1: replay; 0: launch every kernel
+    int warm;               // a step has run without graph (workspaces have their sizes)
+    void *graph;            // the captured step, or NULL
+    float graph_scale;      // the loss scale its backward was captured with
+    int *graph_valid;       // (accum) the counted targets it was captured with
 };
 
 const char *const STEP_PHASE_NAMES[N_STEP_PHASES] = {"forward+backward", "reduction after backward",
@@ -122,6 +142,48 @@ static int shard_spans(const Trainer *t, OptimSpan **out) {
     return k;
 }
 
+// Why this run's step cannot be one CUDA graph, or NULL when it can.
+static const char *graph_obstacle(const Trainer *t, const Config *c, const Backend *be) {
+    if (!t->opt->dev_open) return "the cpu backend has no CUDA graphs";
+    if (t->comm)
+        return "with several ranks the loss, the gradient norm and the stop requests are "
+               "all-reduced on the host between backward and AdamW";
+    if (c->attention.doc_mask) return "attention.doc_mask finds each batch's documents on the host";
+    if (c->model.dropout > 0 || c->attention.dropout > 0)
+        return "dropout (model.dropout, attention.dropout) draws each micro-step's masks from a "
+               "Philox offset the kernels take as an argument, which a replay would repeat";
+    return NULL;
+}
+
+// train.cuda_graph: auto replays where graph_obstacle finds nothing (and says why not on a GPU),
+// on exits 2 where it does.
+static int graphs_wanted(const Trainer *t, const Config *c, const Backend *be) {
+    if (c->train.cuda_graph == CUDA_GRAPH_OFF) return 0;
+    const char *why = graph_obstacle(t, c, be);
+    if (why && c->train.cuda_graph == CUDA_GRAPH_ON)
+        fatal(EXIT_USAGE, "train.cuda_graph = on, but %s: set train.cuda_graph = auto or off", why);
+    if (why && t->opt->dev_open)
+        fprintf(stderr, "notice: train.cuda_graph = auto: the step runs without a CUDA graph: "
+                        "%s\n", why);
+    return why == NULL;
+}
+
+// The state of steps decided on the device: the staged batches, the optimizer's record ring and
+// the scaler's device copy.
+static void device_steps_open(Trainer *t) {
+    Backend *be = gpt_backend(t->m);
+    const int accum = t->c.train.grad_accum;
+    const size_t batch = (size_t)accum * 2 * t->B * t->T;   // ints per step
+    t->staged = be->host_alloc(be, 2 * batch * sizeof(int));
+    t->dev_batch = be->alloc(be, batch * sizeof(int));
+    t->n_valid = xcalloc((size_t)accum, sizeof(int));
+    t->graph_valid = xcalloc((size_t)accum, sizeof(int));
+    t->opt->dev_open(t->opt, TRAINER_MAX_PENDING, (double)accum, t->c.optim.grad_clip);
+    t->opt->dev_set_scaler(t->opt, &t->scaler);
+    t->scaler_dev = t->scaler;
+    t->graphs = graphs_wanted(t, &t->c, be);
+}
+
 Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     Backend *be = gpt_backend(m);
     Trainer *t = xcalloc(1, sizeof *t);
@@ -155,6 +217,9 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     // fp16 gradients underflow without a loss scale; bf16 (fp32's exponent range) and fp32 need
     // none, but the scaler still detects non-finite steps.
     scaler_init(&t->scaler, c, be->dtype == DTYPE_F16);
+    t->dev_steps = t->opt->dev_open && !t->comm && !c->attention.doc_mask;
+    if (t->dev_steps) device_steps_open(t);
+    else graphs_wanted(t, c, be);
     return t;
 }
 
@@ -162,6 +227,15 @@ Trainer *trainer_create(GPT *m, const Config *c) { return trainer_create_dist(m,
 
 void trainer_free(Trainer *t) {
     if (!t) return;
+    Backend *be = gpt_backend(t->m);
+    if (t->dev_steps) {
+        be->synchronize(be);
+        be->graph_free(be, t->graph);
+        be->host_release(be, t->staged);
+        be->release(be, t->dev_batch);
+        free(t->n_valid);
+        free(t->graph_valid);
+    }
     t->opt->destroy(t->opt);
     cp_close(t->cp);
     free(t->local_in);
@@ -207,7 +281,7 @@ OptimState *trainer_optim_state(Trainer *t) {
     t->opt->get_state(t->opt, NULL, mom, vel);
     if (t->opt->has_master) download_master(t, master);
     t->view = (OptimState){.n = t->n, .master = t->opt->has_master ? master : NULL, .m = mom,
-                           .v = vel, .t = t->opt->t, .shard_offset = t->shard_off,
+                           .v = vel, .t = t->opt->get_t(t->opt), .shard_offset = t->shard_off,
                            .shard_n = t->comm ? t->shard_n : 0};
     return &t->view;
 }
@@ -215,7 +289,7 @@ OptimState *trainer_optim_state(Trainer *t) {
 void trainer_optim_state_commit(Trainer *t) {
     const float *master = t->view.master ? t->view.master + t->shard_off : NULL;
     t->opt->set_state(t->opt, master, t->view.m, t->view.v);
-    t->opt->t = t->view.t;
+    t->opt->set_t(t->opt, t->view.t);
     // The same round-to-nearest-even as the optimizer's write: the parameters are bitwise
     // those the saving run computed with.
     if (t->view.master) gpt_set_params_f32(t->m, t->view.master);
@@ -240,7 +314,9 @@ static float micro_forward(Trainer *t) {
     return sums[1] > 0 ? (float)(sums[0] / sums[1]) : 0.0f;
 }
 
-StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) {
+// A step decided on the host: every number comes back before the next phase (the CPU, and
+// CUDA runs with several ranks or packed documents).
+static StepStats host_step(Trainer *t, long long step, NextBatchFn next, void *ctx) {
     GPT *m = t->m;
     const int accum = t->c.train.grad_accum;
     StepStats st;
@@ -301,5 +377,143 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) 
         t->comm->wait(t->comm);
     }
     phase_end(t, &st, PHASE_GATHER, &t0);
+    return st;
+}
+
+// ---- steps decided on the device ----
+
+// The step's kernels: forward and backward of every staged micro-batch (host: their host copy),
+// then the optimizer's device decisions and AdamW. Run as is, or recorded into the graph.
+static void device_body(Trainer *t, StepStats *st, long long step, const int *host, float scale) {
+    GPT *m = t->m;
+    const int accum = t->c.train.grad_accum;
+    const size_t per = (size_t)2 * t->B * t->T;   // ints per micro-batch
+    double t0 = now_seconds();
+    gpt_zero_grad(m);
+    for (int k = 0; k < accum; k++) {
+        gpt_set_rng_step(m, (uint64_t)step * (uint64_t)accum + (uint64_t)k);
+        t->n_valid[k] = gpt_forward_async(m, host + k * per, t->dev_batch + k * per, t->B, t->T,
+                                          t->opt->dev_loss(t->opt));
+        gpt_backward(m, scale / (float)accum);
+    }
+    phase_end(t, st, PHASE_COMPUTE, &t0);
+    t->opt->dev_step(t->opt, gpt_params(m), gpt_grads(m));
+    phase_end(t, st, PHASE_UPDATE, &t0);
+}
+
+// Whether this step replays the graph, capturing it first where there is none yet or where the
+// host values baked into it differ: the loss scale (fp16) and the micro-batches' counted
+// targets, which the backward divides by. The first step runs without one, so every workspace
+// has its size before a capture. A capture the device refuses ends the graphs with a notice
+// (train.cuda_graph = on: exit 1) and the step runs without.
+static int graph_ready(Trainer *t, StepStats *st, long long step, const int *host, float scale) {
+    if (!t->graphs || t->timing) return 0;
+    if (!t->warm) {
+        t->warm = 1;
+        return 0;
+    }
+    const int accum = t->c.train.grad_accum, N = t->B * t->T;
+    const size_t per = (size_t)2 * N;
+    int same = t->graph && scale == t->graph_scale;
+    for (int k = 0; k < accum; k++) {
+        const int *tg = host + k * per + N;
+        gpt_check_batch(t->m, host + k * per, tg, t->B, t->T);
+        int n = 0;
+        for (int i = 0; i < N; i++) n += tg[i] >= 0;
+        t->n_valid[k] = n;
+        same = same && n == t->graph_valid[k];
+    }
+    if (same) return 1;
+    Backend *be = gpt_backend(t->m);
+    char err[ERR_LEN];
+    be->graph_free(be, t->graph);
+    t->graph = NULL;
+    if (be->capture_begin(be, err, sizeof err) == 0) {
+        device_body(t, st, step, host, scale);
+        t->graph = be->capture_end(be, err, sizeof err);
+    }
+    if (!t->graph) {
+        if (t->c.train.cuda_graph == CUDA_GRAPH_ON)
+            fatal(EXIT_RUNTIME, "train.cuda_graph: %s", err);
+        fprintf(stderr, "notice: train.cuda_graph = auto: %s; the run continues without graphs\n",
+                err);
+        t->graphs = 0;
+        return 0;
+    }
+    t->graph_scale = scale;
+    memcpy(t->graph_valid, t->n_valid, (size_t)accum * sizeof(int));
+    return 1;
+}
+
+static void device_step(Trainer *t, long long step, NextBatchFn next, void *ctx, StepStats *st) {
+    Backend *be = gpt_backend(t->m);
+    Optimizer *o = t->opt;
+    // The host's scaler changed since the device last had it (a resume, a test): the device
+    // takes it. fp16's dynamic scale may have changed in a step still running, and the
+    // backward's gradient scale is a kernel argument: the one wait of these steps.
+    if (memcmp(&t->scaler, &t->scaler_dev, sizeof t->scaler) != 0) o->dev_set_scaler(o, &t->scaler);
+    else if (t->scaler.dynamic && t->n_pending > 0) o->dev_get_scaler(o, &t->scaler);
+    t->scaler_dev = t->scaler;
+    memset(st, 0, sizeof *st);
+    st->lr = lr_at(&t->c, step, t->c.train.steps);
+    st->loss_scale = t->scaler.scale;
+
+    // The micro-batches into page-locked memory (the previous user of this half was the step
+    // before last, whose copies are long done), each copied as it is filled.
+    const int accum = t->c.train.grad_accum, half = (int)(t->launched & 1);
+    const size_t per = (size_t)2 * t->B * t->T;
+    int *host = t->staged + (size_t)half * accum * per;
+    be->upload_wait(be, half);
+    for (int k = 0; k < accum; k++) {
+        int *h = host + k * per;
+        next(ctx, h, h + per / 2);
+        be->upload_async(be, t->dev_batch + k * per, h, per * sizeof(int), half);
+    }
+    o->dev_begin(o, st->lr, (int)(t->launched % TRAINER_MAX_PENDING));
+    const float scale = st->loss_scale;
+    if (!graph_ready(t, st, step, host, scale)) device_body(t, st, step, host, scale);
+    else if (be->graph_launch(be, t->graph) != 0) {   // stale: an op between steps grew a workspace
+        be->graph_free(be, t->graph);
+        t->graph = NULL;
+        if (graph_ready(t, st, step, host, scale)) CHECK(be->graph_launch(be, t->graph) == 0);
+        else device_body(t, st, step, host, scale);
+    }
+    st->stop = t->stop_poll && t->stop_poll();
+}
+
+void trainer_launch(Trainer *t, long long step, NextBatchFn next, void *ctx) {
+    CHECK(t->n_pending < TRAINER_MAX_PENDING);
+    StepStats *st = &t->pending[t->n_pending];
+    if (t->dev_steps) device_step(t, step, next, ctx, st);
+    else *st = host_step(t, step, next, ctx);
+    t->n_pending++;
+    t->launched++;
+}
+
+int trainer_pending(const Trainer *t) { return t->n_pending; }
+
+int trainer_collect(Trainer *t, StepStats *out) {
+    const int n = t->n_pending;
+    memcpy(out, t->pending, (size_t)n * sizeof(StepStats));
+    t->n_pending = 0;
+    if (!t->dev_steps || n == 0) return n;
+    StepRecord rec[TRAINER_MAX_PENDING];
+    t->opt->dev_records(t->opt, rec, (int)((t->launched - n) % TRAINER_MAX_PENDING), n);
+    for (int i = 0; i < n; i++) {
+        out[i].loss = rec[i].loss;
+        out[i].grad_norm = rec[i].grad_norm;
+        out[i].skipped = rec[i].skipped;
+        out[i].loss_scale = rec[i].loss_scale;
+    }
+    t->opt->dev_get_scaler(t->opt, &t->scaler);
+    t->scaler_dev = t->scaler;
+    return n;
+}
+
+StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx) {
+    CHECK(t->n_pending == 0);
+    trainer_launch(t, step, next, ctx);
+    StepStats st;
+    trainer_collect(t, &st);
     return st;
 }

@@ -87,8 +87,35 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm);
 // or NULL.
 ContextParallel *trainer_context_parallel(Trainer *t);
 void trainer_free(Trainer *t);
-// Runs optimizer step `step` (0-based) of c->train.steps.
+// Runs optimizer step `step` (0-based) of c->train.steps and returns its numbers (it waits for
+// them: trainer_launch and trainer_collect are the same step without the wait).
 StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
+// Steps without host waits. On the cuda backend with one process (and without
+// attention.doc_mask) a step's decisions are made on the device (optim/optim.h's dev_*): its
+// micro-batches are copied asynchronously from page-locked memory (next() fills them while the
+// device still runs the step before), every micro-batch adds its mean loss on the device, and
+// the norm, the non-finite check, the loss scaler, clipping and AdamW's skip never leave it, so
+// trainer_launch returns as soon as the step is queued; its numbers wait in a device ring until
+// trainer_collect reads them all back in one copy. fp16 with a dynamic loss scale is the one
+// exception: the backward's scale is a kernel argument, so each launch first reads the scale
+// the step before decided (a wait for the device).
+// train.cuda_graph: the second such step is captured as one CUDA graph (forward and backward of
+// every micro-batch, the norm, the scaler, clipping, AdamW) and every later one replays it: lr
+// and the record slot reach the device through a small kernel before the replay, the batches
+// through the asynchronous copies, the step count and the scaler live on the device. The graph
+// is captured again when a host value baked into it changes (the loss scale, a micro-batch's
+// count of counted targets). Without graphs the same kernels run in the same order, so the
+// numbers are bitwise those of a replay. Elsewhere (the cpu backend, several ranks, doc_mask)
+// trainer_launch runs trainer_step's host-decided step and keeps its numbers for
+// trainer_collect.
+#define TRAINER_MAX_PENDING 256
+// Queues step `step` (0-based). At most TRAINER_MAX_PENDING steps may wait uncollected.
+void trainer_launch(Trainer *t, long long step, NextBatchFn next, void *ctx);
+// Steps launched and not yet collected.
+int trainer_pending(const Trainer *t);
+// The numbers of every uncollected step, in launch order, into out (TRAINER_MAX_PENDING);
+// returns how many. Waits for them (and refreshes trainer_scaler).
+int trainer_collect(Trainer *t, StepStats *out);
 // Times each step's phases into StepStats.phase_ms. The device syncs it adds cost a little time
 // per step and stop work of one phase from overlapping the next (the bucket reductions still
 // overlap backward); bench reports it after its untimed run.
@@ -104,6 +131,8 @@ Comm *trainer_comm(Trainer *t);
 void trainer_set_weights_f32(Trainer *t, const float *host);
 // The optimizer (tests read its step count and state).
 const Optimizer *trainer_optimizer(const Trainer *t);
+// The loss scaler, as of the last trainer_collect (or trainer_step); a caller may change it
+// between steps (a resume) and the next step uses the change.
 LossScaler *trainer_scaler(Trainer *t);
 // The optimizer state as host views for checkpoints, filled with the current state (copied
 // into host buffers the trainer owns): the moments of this rank's shard, and where the optimizer

@@ -2,6 +2,7 @@
 // against. This file holds its memory functions, the attention dispatch and the op table; the
 // layer ops live in ops_cpu_layers.c, ops_cpu_matmul.c, ops_cpu_dropout.c and ops_cpu_rope.c.
 #include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,33 @@ static int cpu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
     return 0;
 }
 
+// Host memory is what the CPU computes on: the "asynchronous" copy is a copy, its fences are
+// passed at once, and there are no graphs.
+static void cpu_upload_async(Backend *be, void *dst, const void *host, size_t bytes, int slot) {
+    memcpy(dst, host, bytes);
+}
+static void cpu_upload_wait(Backend *be, int slot) {}
+
+static void cpu_loss_mean_add(Backend *be, double *acc, const float *losses, const int *targets,
+                              int N, int n_valid) {
+    if (n_valid == 0) return;
+    double sum = 0;
+    for (int i = 0; i < N; i++)
+        if (targets[i] >= 0) sum += losses[i];
+    *acc += (float)(sum / n_valid);
+}
+
+static int cpu_capture_begin(Backend *be, char *err, size_t errlen) {
+    snprintf(err, errlen, "the cpu backend has no CUDA graphs");
+    return -1;
+}
+static void *cpu_capture_end(Backend *be, char *err, size_t errlen) {
+    snprintf(err, errlen, "the cpu backend has no CUDA graphs");
+    return NULL;
+}
+static int cpu_graph_launch(Backend *be, void *graph) { return -1; }
+static void cpu_graph_free(Backend *be, void *graph) {}
+
 static void cpu_destroy(Backend *be) {
     attn_context_destroy(be->attn);
     free(be);
@@ -99,5 +127,14 @@ Backend *backend_cpu_create(void) {
     be->rope_forward = cpu_rope_forward;
     be->rope_backward = cpu_rope_backward;
     be->fill_f32 = cpu_fill_f32;
+    be->host_alloc = cpu_alloc;
+    be->host_release = cpu_release;
+    be->upload_async = cpu_upload_async;
+    be->upload_wait = cpu_upload_wait;
+    be->loss_mean_add = cpu_loss_mean_add;
+    be->capture_begin = cpu_capture_begin;
+    be->capture_end = cpu_capture_end;
+    be->graph_launch = cpu_graph_launch;
+    be->graph_free = cpu_graph_free;
     return be;
 }

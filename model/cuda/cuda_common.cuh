@@ -30,6 +30,8 @@ typedef struct {
     size_t lt_ws_bytes;
     void *scratch;                // op scratch (reduction partials, sort buffers, conversion
     size_t scratch_bytes;         // staging); contents never outlive one op
+    uint64_t scratch_epoch;       // times scratch moved (a graph that recorded it is stale)
+    cudaEvent_t fence[2];         // upload_async's fences
 } CudaCtx;
 
 static inline CudaCtx *cuda_ctx(Backend *be) { return (CudaCtx *)be->ctx; }
@@ -168,6 +170,18 @@ void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *
 
 // ops_cuda_dropout.cu
 void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);
+
+// ops_cuda_async.cu
+void *cuda_host_alloc(Backend *be, size_t bytes);
+void cuda_host_release(Backend *be, void *p);
+void cuda_upload_async(Backend *be, void *dst, const void *host, size_t bytes, int slot);
+void cuda_upload_wait(Backend *be, int slot);
+void cuda_loss_mean_add(Backend *be, double *acc, const float *losses, const int *targets, int N,
+                        int n_valid);
+int cuda_capture_begin(Backend *be, char *err, size_t errlen);
+void *cuda_capture_end(Backend *be, char *err, size_t errlen);
+int cuda_graph_launch(Backend *be, void *graph);
+void cuda_graph_free(Backend *be, void *graph);
 
 // ops_cuda_rope.cu
 void cuda_rope_forward(Backend *be, void *qkv, const float *table, const int *pos, int N, int T,

@@ -3,7 +3,8 @@
 // attention dispatch and the op table; the ops live in ops_cuda_layers.cu (embedding forward,
 // LayerNorm, add, GELU, conversions, deterministic column sums), ops_cuda_embed.cu (embedding
 // backward), ops_cuda_xent.cu (fused softmax cross-entropy), ops_cuda_matmul.cu (cuBLASLt) and
-// ops_cuda_dropout.cu (dropout) and ops_cuda_rope.cu (rotary position embedding).
+// ops_cuda_dropout.cu (dropout), ops_cuda_rope.cu (rotary position embedding) and
+// ops_cuda_async.cu (page-locked uploads, the device loss sum, CUDA graphs).
 //
 // Every op is asynchronous on the context's one stream; download, download_f32 and synchronize
 // wait for it. The stream is a blocking stream, so work queued on the legacy default stream
@@ -23,6 +24,7 @@ void *cuda_scratch(CudaCtx *ctx, size_t bytes) {
     ctx->scratch = NULL;
     CUDA_CHECK(cudaMalloc(&ctx->scratch, bytes));
     ctx->scratch_bytes = bytes;
+    ctx->scratch_epoch++;
     return ctx->scratch;
 }
 
@@ -118,6 +120,7 @@ static void cu_destroy(Backend *be) {
     CudaCtx *ctx = cuda_ctx(be);
     CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
     attn_context_destroy(be->attn);
+    for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(ctx->fence[i]));
     CUDA_CHECK(cudaFree(ctx->scratch));
     CUDA_CHECK(cudaFree(ctx->lt_ws));
     CUBLAS_CHECK(cublasLtDestroy(ctx->lt));
@@ -187,6 +190,8 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     CUBLAS_CHECK(cublasLtCreate(&ctx->lt));
     ctx->lt_ws_bytes = LT_WORKSPACE_BYTES;
     CUDA_CHECK(cudaMalloc(&ctx->lt_ws, ctx->lt_ws_bytes));
+    for (int i = 0; i < 2; i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&ctx->fence[i], cudaEventDisableTiming));
 
     Backend *be = (Backend *)xcalloc(1, sizeof *be);
     be->name = "cuda";
@@ -223,5 +228,14 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->rope_forward = cuda_rope_forward;
     be->rope_backward = cuda_rope_backward;
     be->fill_f32 = cuda_fill_f32;
+    be->host_alloc = cuda_host_alloc;
+    be->host_release = cuda_host_release;
+    be->upload_async = cuda_upload_async;
+    be->upload_wait = cuda_upload_wait;
+    be->loss_mean_add = cuda_loss_mean_add;
+    be->capture_begin = cuda_capture_begin;
+    be->capture_end = cuda_capture_end;
+    be->graph_launch = cuda_graph_launch;
+    be->graph_free = cuda_graph_free;
     return be;
 }

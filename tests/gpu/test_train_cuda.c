@@ -3,7 +3,9 @@
 // an injected overflow (the step is skipped, the loss scale halves, weights and AdamW state stay
 // bitwise), bitwise identical losses of two identical runs (attention.deterministic), and exact
 // resume through a checkpoint (save at step k, load into a fresh model, continue: the same
-// losses bitwise).
+// losses bitwise), and train.cuda_graph: 20 replayed steps bitwise those launched kernel by
+// kernel (bf16, fp16 with an injected overflow inside the graph, fp32, gradient accumulation),
+// dropout falling back to no graph under auto, and steps collected after several launches.
 //
 // Loss-curve tolerance, relative per step, derived as in tests/gpu/test_ops_cuda.c: the forward
 // chains S = 2 + 9L + 1 rounding stages, each off by at most u (the dtype's unit roundoff) plus
@@ -267,6 +269,135 @@ static void test_resume(DType dt) {
     free(w);
 }
 
+// ---- train.cuda_graph: the replayed step against the same step launched kernel by kernel ----
+
+#define GRAPH_STEPS 20
+
+typedef struct {
+    float loss[GRAPH_STEPS], norm[GRAPH_STEPS], scale[GRAPH_STEPS];
+    int skipped[GRAPH_STEPS];
+    float *master, *params;   // (n) after the last step
+} GraphRun;
+
+// GRAPH_STEPS steps of c from the same weights and data with train.cuda_graph = mode. With
+// overflow_at >= 0 (fp16) the loss scale is set to 2^30 before that step: the scaled gradients
+// overflow fp16, and the scaler halves its way down over several skipped steps, each one a graph
+// captured for its scale and replayed.
+static void graph_run(const Config *base, CudaGraphMode mode, int overflow_at, GraphRun *out) {
+    Config c = *base;
+    c.train.cuda_graph = mode;
+    Backend *gpu = backend_cuda_create(c.precision.dtype, 0, ATTN_KERNEL_AUTO);
+    GPT *m;
+    const size_t n = num_params(&c);
+    float *w = xmalloc(n * sizeof(float));  // (n)
+    Trainer *t = make_run(gpu, &c, &m, w);
+    Rng data;
+    rng_seed(&data, 21);
+    for (int s = 0; s < GRAPH_STEPS; s++) {
+        if (s == overflow_at) trainer_scaler(t)->scale = 0x1p30f;
+        StepStats st = trainer_step(t, s, chain_batch, &data);
+        out->loss[s] = st.loss;
+        out->norm[s] = st.grad_norm;
+        out->scale[s] = st.loss_scale;
+        out->skipped[s] = st.skipped;
+    }
+    out->master = xmalloc(n * sizeof(float));
+    out->params = xmalloc(n * sizeof(float));
+    memcpy(out->master, trainer_optim_state(t)->master, n * sizeof(float));
+    gpt_get_params_f32(m, out->params);
+    trainer_free(t);
+    gpt_free(m);
+    gpu->destroy(gpu);
+    free(w);
+}
+
+static void test_graph_bitwise(DType dt, int accum, int overflow_at) {
+    Config c;
+    small_config(&c, dt);
+    c.train.grad_accum = accum;
+    c.train.steps = GRAPH_STEPS;
+    c.precision.loss_scale_window = 3;   // fp16: the scale also grows, a new graph each time
+    const size_t n = num_params(&c);
+    GraphRun on, off;
+    graph_run(&c, CUDA_GRAPH_ON, overflow_at, &on);
+    graph_run(&c, CUDA_GRAPH_OFF, overflow_at, &off);
+    int skipped = 0, first_diff = -1;
+    for (int s = 0; s < GRAPH_STEPS; s++) {
+        skipped += on.skipped[s];
+        const int same = memcmp(&on.loss[s], &off.loss[s], sizeof(float)) == 0 &&
+                         memcmp(&on.norm[s], &off.norm[s], sizeof(float)) == 0 &&
+                         on.scale[s] == off.scale[s] && on.skipped[s] == off.skipped[s];
+        if (!same && first_diff < 0) first_diff = s;
+    }
+    printf("    %-5s accum %d: %d skipped steps, step %d loss %.6f norm %.4f scale %g\n",
+           dtype_name(dt), accum, skipped, GRAPH_STEPS - 1, on.loss[GRAPH_STEPS - 1],
+           on.norm[GRAPH_STEPS - 1], on.scale[GRAPH_STEPS - 1]);
+    EXPECT(first_diff < 0, "%s accum %d: graph and no-graph steps differ from step %d (loss %.9g "
+           "vs %.9g, norm %.9g vs %.9g)", dtype_name(dt), accum, first_diff,
+           first_diff < 0 ? 0 : on.loss[first_diff], first_diff < 0 ? 0 : off.loss[first_diff],
+           first_diff < 0 ? 0 : on.norm[first_diff], first_diff < 0 ? 0 : off.norm[first_diff]);
+    EXPECT(memcmp(on.master, off.master, n * sizeof(float)) == 0 &&
+               memcmp(on.params, off.params, n * sizeof(float)) == 0,
+           "%s accum %d: graph and no-graph weights differ after %d steps", dtype_name(dt), accum,
+           GRAPH_STEPS);
+    if (overflow_at >= 0)
+        EXPECT(skipped >= 1 && !on.skipped[GRAPH_STEPS - 1] && isfinite(on.loss[GRAPH_STEPS - 1]),
+               "the injected overflow at step %d: %d skipped steps, and the run must recover",
+               overflow_at, skipped);
+    EXPECT(on.loss[GRAPH_STEPS - 1] < on.loss[0], "%s accum %d: no learning (%g -> %g)",
+           dtype_name(dt), accum, on.loss[0], on.loss[GRAPH_STEPS - 1]);
+    free(on.master), free(on.params), free(off.master), free(off.params);
+}
+
+// Dropout takes its Philox offsets as kernel arguments, so auto runs it without a graph: the
+// same numbers as cuda_graph = off, and the masks still differ per step (the loss moves).
+static void test_graph_dropout_auto(void) {
+    Config c;
+    small_config(&c, DTYPE_BF16);
+    c.model.dropout = 0.1f;
+    c.train.steps = GRAPH_STEPS;
+    GraphRun a, off;
+    graph_run(&c, CUDA_GRAPH_AUTO, -1, &a);
+    graph_run(&c, CUDA_GRAPH_OFF, -1, &off);
+    const size_t n = num_params(&c);
+    EXPECT(memcmp(a.loss, off.loss, sizeof a.loss) == 0 &&
+               memcmp(a.master, off.master, n * sizeof(float)) == 0,
+           "dropout: auto and off differ (step %d loss %.9g vs %.9g)", GRAPH_STEPS - 1,
+           a.loss[GRAPH_STEPS - 1], off.loss[GRAPH_STEPS - 1]);
+    EXPECT(a.loss[GRAPH_STEPS - 1] < a.loss[0], "dropout: no learning (%g -> %g)", a.loss[0],
+           a.loss[GRAPH_STEPS - 1]);
+    free(a.master), free(a.params), free(off.master), free(off.params);
+}
+
+// Launched steps report later: trainer_launch x k, then one trainer_collect gives the numbers
+// trainer_step gives one by one.
+static void test_collect_later(void) {
+    Config c;
+    small_config(&c, DTYPE_BF16);
+    c.train.steps = GRAPH_STEPS;
+    GraphRun one;
+    graph_run(&c, CUDA_GRAPH_AUTO, -1, &one);
+    Backend *gpu = backend_cuda_create(DTYPE_BF16, 0, ATTN_KERNEL_AUTO);
+    GPT *m;
+    float *w = xmalloc(num_params(&c) * sizeof(float));
+    Trainer *t = make_run(gpu, &c, &m, w);
+    Rng data;
+    rng_seed(&data, 21);
+    StepStats got[TRAINER_MAX_PENDING];
+    int n = 0;
+    for (int s = 0; s < GRAPH_STEPS; s++) {
+        trainer_launch(t, s, chain_batch, &data);
+        if (s % 7 == 6 || s == GRAPH_STEPS - 1) n += trainer_collect(t, got + n);
+    }
+    int same = n == GRAPH_STEPS;
+    for (int s = 0; s < n && same; s++) same = got[s].loss == one.loss[s] && got[s].grad_norm == one.norm[s];
+    EXPECT(same, "collected %d steps; they differ from trainer_step's", n);
+    trainer_free(t);
+    gpt_free(m);
+    gpu->destroy(gpu);
+    free(w), free(one.master), free(one.params);
+}
+
 // Usage: test_train_cuda [--quick]: --quick runs the fp16 overflow step and the bf16 resume
 // only (16 steps through every kernel of a training step and the checkpoint code), the subset
 // compute-sanitizer runs (make test-gpu-sanitize).
@@ -283,5 +414,11 @@ int main(int argc, char **argv) {
     TEST_CASE("deterministic fp16", test_determinism(DTYPE_F16));
     TEST_CASE("exact resume bf16", test_resume(DTYPE_BF16));
     TEST_CASE("exact resume fp16", test_resume(DTYPE_F16));
+    TEST_CASE("graph = no graph, bf16", test_graph_bitwise(DTYPE_BF16, 1, -1));
+    TEST_CASE("graph = no graph, bf16, grad_accum 3", test_graph_bitwise(DTYPE_BF16, 3, -1));
+    TEST_CASE("graph = no graph, fp16 with an overflow", test_graph_bitwise(DTYPE_F16, 2, 8));
+    TEST_CASE("graph = no graph, fp32", test_graph_bitwise(DTYPE_F32, 2, -1));
+    TEST_CASE("dropout: auto runs without graph", test_graph_dropout_auto());
+    TEST_CASE("launched steps collected later", test_collect_later());
     return TEST_SUMMARY();
 }
