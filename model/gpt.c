@@ -4,6 +4,12 @@
 //
 // Per block (pre-LayerNorm):  x' = x + proj(attention(qkv(ln1(x))));  x'' = x' + fcproj(gelu(fc(ln2(x'))))
 // Head: logits = lnf(x_L) @ wte^T over Vp padded columns, of which the first V are real.
+// The head runs over chunks of rows (at most HEAD_CHUNK_BYTES of logits each), so the logits
+// never exist for the whole batch: the forward turns each chunk into its losses and log-sum-exp
+// and keeps only those; the backward recomputes each chunk's logits (all but the last chunk of
+// the forward, still in the buffer) and turns them into dlogits in place, then into that
+// chunk's rows of the lnf gradient and the chunk's share of the wte gradient. gpt_logits_f32
+// computes the logits it is asked for chunk by chunk from the kept lnf output.
 //
 // Positions: learned (wpe table added to the token embedding), rope (q and k rotated in place in
 // the fused qkv buffer right after its matmul, from a cos/sin table computed once in
@@ -38,6 +44,10 @@
 #include "common/check.h"
 #include "common/rng.h"
 #include "model/ring_attention.h"
+
+// Logits per head chunk: 2 GiB, so a bf16 batch of 16 x 1024 tokens over GPT-2's vocabulary
+// (1.5 GiB of logits) is one chunk and recomputes nothing; 524,288 tokens run in 26 chunks.
+#define HEAD_CHUNK_BYTES ((size_t)2 << 30)
 
 // The per-layer tensors, in the order they appear in the flat parameter vector.
 enum {
@@ -102,7 +112,9 @@ struct GPT {
     BlockActs *acts;              // (L)
     void *lnf;                    // (N, C)
     float *lnf_mean, *lnf_rstd;   // (N)
-    void *logits;                 // (N, Vp); becomes dlogits in backward
+    void *logits;                 // (head_rows, Vp): one chunk of the head; dlogits in backward
+    int head_rows, head_cap;      // rows per head chunk; rows the logits buffer holds
+    int head_chunk;               // first row of the chunk whose logits the buffer holds, or -1
     float *losses;                // (N) backend fp32
     float *logit_lse;             // (N) backend fp32: log-sum-exp of each row of logits
     float *losses_host;           // (N)
@@ -311,7 +323,7 @@ static void alloc_activations(GPT *m) {
     m->lnf = balloc(m, N * C * ds);
     m->lnf_mean = balloc(m, N * sizeof(float));
     m->lnf_rstd = balloc(m, N * sizeof(float));
-    m->logits = balloc(m, N * m->cfg.Vp * ds);
+    m->logits = balloc(m, (size_t)m->head_rows * m->cfg.Vp * ds);
     m->losses = balloc(m, N * sizeof(float));
     m->logit_lse = balloc(m, N * sizeof(float));
     m->losses_host = xcalloc(N, sizeof(float));
@@ -366,6 +378,9 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         free(slopes);
     }
     if (cfg->pos == POS_ROPE) m->rope = rope_table(m);
+    const size_t head_rows = HEAD_CHUNK_BYTES / ((size_t)cfg->Vp * m->ds);
+    m->head_cap = m->head_rows = (size_t)B * T < head_rows ? B * T : (int)head_rows;
+    m->head_chunk = -1;
     alloc_activations(m);
     return m;
 }
@@ -392,6 +407,14 @@ void *gpt_params(GPT *m) { return m->params; }
 void *gpt_grads(GPT *m) { return m->grads; }
 void gpt_set_training(GPT *m, int training) { m->training = training; }
 void gpt_set_rng_step(GPT *m, uint64_t step) { m->rng_step = step; }
+
+void gpt_set_head_rows(GPT *m, int rows) {
+    if (rows < 1 || rows > m->head_cap)
+        fatal(EXIT_USAGE, "gpt_set_head_rows: %d rows per classifier chunk, need 1 to %d", rows,
+              m->head_cap);
+    m->head_rows = rows;
+    m->head_chunk = -1;
+}
 
 void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed) {
     const GPTConfig *g = &m->cfg;
@@ -506,6 +529,45 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
     be->add(be, x_out, a->res_attn, scratch, (size_t)N * C);
 }
 
+// The logits of head rows [r0, r0 + n) of the last forward into the chunk buffer.
+static void head_logits(GPT *m, int r0, int n) {
+    m->be->matmul_forward(m->be, m->logits, NULL, at(m->lnf, (size_t)r0 * m->cfg.C, m->ds),
+                          tensor_ptr(m, m->params, m->wte_i), NULL, n, m->cfg.C, m->cfg.Vp,
+                          EPI_NONE);
+    m->head_chunk = r0;
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+// The loss and log-sum-exp of each of the N rows, chunk by chunk (targets uploaded).
+static void head_forward(GPT *m, int N) {
+    const GPTConfig *g = &m->cfg;
+    for (int r0 = 0; r0 < N; r0 += m->head_rows) {
+        const int n = min_int(m->head_rows, N - r0);
+        head_logits(m, r0, n);
+        m->be->softmax_xent(m->be, m->logits, m->losses + r0, m->logit_lse + r0, m->targets + r0,
+                            n, g->V, g->Vp, 0.0f);
+    }
+}
+
+// dlnf (N, C) = dlogits @ wte and dwte += dlogits^T @ lnf, dlogits = dscale * (softmax - onehot),
+// chunk by chunk from the last one (whose logits the forward left in the buffer).
+static void head_backward(GPT *m, int N, float dscale) {
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    for (int r0 = (N - 1) / m->head_rows * m->head_rows; r0 >= 0; r0 -= m->head_rows) {
+        const int n = min_int(m->head_rows, N - r0);
+        if (m->head_chunk != r0) head_logits(m, r0, n);
+        be->softmax_xent(be, m->logits, m->losses + r0, m->logit_lse + r0, m->targets + r0, n,
+                         g->V, g->Vp, dscale);
+        be->matmul_backward(be, at(m->dln, (size_t)r0 * g->C, m->ds),
+                            tensor_ptr(m, m->grads, m->wte_i), NULL, m->logits, NULL,
+                            at(m->lnf, (size_t)r0 * g->C, m->ds),
+                            tensor_ptr(m, m->params, m->wte_i), n, g->C, g->Vp, EPI_NONE);
+    }
+    m->head_chunk = -1;   // the buffer holds dlogits now
+}
+
 // Token ids must lie in [0, V); targets too, except negative ones, which mean "ignore".
 static void check_ids(const GPT *m, const int *ids, int B, int T, int is_target) {
     for (int i = 0; i < B * T; i++)
@@ -569,16 +631,15 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     }
     be->layernorm_forward(be, m->lnf, m->lnf_mean, m->lnf_rstd, x, tensor_ptr(m, m->params, m->lnf_i),
                           tensor_ptr(m, m->params, m->lnf_i + 1), N, C);
-    be->matmul_forward(be, m->logits, NULL, m->lnf, tensor_ptr(m, m->params, m->wte_i), NULL, N, C,
-                       g->Vp, EPI_NONE);
     m->last_B = B;
     m->last_T = T;
     m->logits_valid = 1;
+    m->head_chunk = -1;
     m->has_targets = targets != NULL;
     if (!targets) return 0.0f;
 
     be->upload(be, m->targets, targets, (size_t)N * sizeof(int));
-    be->softmax_xent(be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp, 0.0f);
+    head_forward(m, N);
     be->download(be, m->losses_host, m->losses, (size_t)N * sizeof(float));
     double sum = 0;
     m->n_valid = 0;
@@ -669,11 +730,7 @@ void gpt_backward(GPT *m, float grad_scale) {
     const size_t NC = (size_t)N * C * m->ds;
     void *w = m->params, *dw = m->grads;
 
-    // dlogits (N, Vp) = grad_scale / n_valid * (softmax - onehot), in place of the logits.
-    be->softmax_xent(be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp,
-                     (float)((double)grad_scale / (double)m->n_loss));
-    be->matmul_backward(be, m->dln, tensor_ptr(m, dw, m->wte_i), NULL, m->logits, NULL, m->lnf,
-                        tensor_ptr(m, w, m->wte_i), N, C, g->Vp, EPI_NONE);
+    head_backward(m, N, (float)((double)grad_scale / (double)m->n_loss));
     be->fill_zero(be, m->dres, NC);
     const void *x_last = m->acts[g->L - 1].res_mlp;
     be->layernorm_backward(be, m->dres, tensor_ptr(m, dw, m->lnf_i), tensor_ptr(m, dw, m->lnf_i + 1),
@@ -733,10 +790,15 @@ void gpt_logits_f32(GPT *m, float *host) {
     if (!m->logits_valid)
         fatal(EXIT_RUNTIME, "gpt_logits_f32: no logits (no forward yet, or backward consumed them)");
     const int N = m->last_B * m->last_T, V = m->cfg.V, Vp = m->cfg.Vp;
-    float *all = xmalloc((size_t)N * Vp * sizeof(float));   // (N, Vp)
-    m->be->download_f32(m->be, all, m->logits, (size_t)N * Vp);
-    for (int i = 0; i < N; i++) memcpy(host + (size_t)i * V, all + (size_t)i * Vp, (size_t)V * sizeof(float));
-    free(all);
+    float *chunk = xmalloc((size_t)min_int(m->head_rows, N) * Vp * sizeof(float));   // (rows, Vp)
+    for (int r0 = 0; r0 < N; r0 += m->head_rows) {
+        const int n = min_int(m->head_rows, N - r0);
+        if (m->head_chunk != r0) head_logits(m, r0, n);
+        m->be->download_f32(m->be, chunk, m->logits, (size_t)n * Vp);
+        for (int i = 0; i < n; i++)
+            memcpy(host + (size_t)(r0 + i) * V, chunk + (size_t)i * Vp, (size_t)V * sizeof(float));
+    }
+    free(chunk);
 }
 
 static void alloc_decode(GPT *m) {

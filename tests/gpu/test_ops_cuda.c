@@ -524,6 +524,7 @@ typedef struct {
     float resid_dropout;    // model.dropout
     int doc_mask;           // packed documents split at MODEL_EOT
     int window, window_every;
+    int head_rows;          // rows per classifier chunk on the GPU (0: the default, one chunk)
 } ModelCase;
 
 #define MODEL_EOT 3   // data.eot_token of the packed-document cases
@@ -548,6 +549,7 @@ static void model_case(Ctx *t, ModelCase var) {
     const int B = 2, T = 40, N = B * T;
     GPTConfig g = gpt_config_from(&c);
     GPT *mg = gpt_create(&g, t->gpu, B, T, &c), *mc = gpt_create(&g, t->cpu, B, T, &c);
+    if (var.head_rows > 0) gpt_set_head_rows(mg, var.head_rows);
     const size_t np = gpt_num_params(mg);
     float *w = xmalloc(np * sizeof(float));  // (np)
     gpt_init_weights_host(mg, w, 42);
@@ -617,12 +619,13 @@ static void model_case(Ctx *t, ModelCase var) {
         free(gg2);
 }
 
-static void test_model(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 0, -1, 1}); }
-static void test_model_dropout(Ctx *t) { model_case(t, (ModelCase){"learned", 0.2f, 0, -1, 1}); }
-static void test_model_rope(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 0, -1, 1}); }
-static void test_model_alibi(Ctx *t) { model_case(t, (ModelCase){"alibi", 0.0f, 0, -1, 1}); }
-static void test_model_rope_docs(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 1, 9, 2}); }
-static void test_model_learned_docs(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 1, -1, 1}); }
+static void test_model(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 0, -1, 1, 0}); }
+static void test_model_dropout(Ctx *t) { model_case(t, (ModelCase){"learned", 0.2f, 0, -1, 1, 0}); }
+static void test_model_rope(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 0, -1, 1, 0}); }
+static void test_model_alibi(Ctx *t) { model_case(t, (ModelCase){"alibi", 0.0f, 0, -1, 1, 0}); }
+static void test_model_rope_docs(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 1, 9, 2, 0}); }
+static void test_model_learned_docs(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 1, -1, 1, 0}); }
+static void test_model_head_chunks(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 0, -1, 1, 13}); }
 
 // ---- AdamW and the gradient sum of squares ----
 
@@ -719,6 +722,7 @@ int main(int argc, char **argv) {
         RUN("model alibi", test_model_alibi);
         RUN("model rope, packed documents, window 9 on even layers", test_model_rope_docs);
         RUN("model learned, packed documents", test_model_learned_docs);
+        RUN("model, classifier in chunks of 13 rows", test_model_head_chunks);
         RUN("adamw", test_adamw);
 #undef RUN
         t.gpu->destroy(t.gpu);
