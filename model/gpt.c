@@ -518,9 +518,8 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
     if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_PROJ);
-    be->add(be, a->res_attn, x_in, scratch, (size_t)N * C);
-    be->layernorm_forward(be, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_attn,
-                          layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C);
+    be->add_layernorm_forward(be, a->res_attn, a->ln2, a->ln2_mean, a->ln2_rstd, x_in, scratch,
+                              layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C);
     be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                        layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
     be->matmul_forward(be, scratch, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W),
@@ -733,8 +732,12 @@ void gpt_backward(GPT *m, float grad_scale) {
     head_backward(m, N, (float)((double)grad_scale / (double)m->n_loss));
     be->fill_zero(be, m->dres, NC);
     const void *x_last = m->acts[g->L - 1].res_mlp;
-    be->layernorm_backward(be, m->dres, tensor_ptr(m, dw, m->lnf_i), tensor_ptr(m, dw, m->lnf_i + 1),
-                           m->dln, x_last, tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
+    // Each LayerNorm backward also leaves a copy of the residual gradient in dtmp: the branch
+    // below it consumes that copy (through its dropout mask; matmul_backward may use it as
+    // scratch) while dres carries the residual path.
+    be->layernorm_backward(be, m->dres, m->dtmp, tensor_ptr(m, dw, m->lnf_i),
+                           tensor_ptr(m, dw, m->lnf_i + 1), m->dln, x_last,
+                           tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
     report_grads(m, m->lnf_i, 2);
 
     for (int l = g->L - 1; l >= 0; l--) {
@@ -742,27 +745,24 @@ void gpt_backward(GPT *m, float grad_scale) {
         const void *x_in = l == 0 ? m->encoded : m->acts[l - 1].res_mlp;
         AttnParams p = layer_attn(m, a, B, T, l);
         if (m->recompute == RECOMPUTE_BLOCK) {
-            // dtmp is free until the MLP branch below; the block output itself is not needed.
-            block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, T, m->pos, &p, NULL,
+            // dfch is free until the MLP backward below; the block output itself is not needed.
+            block_forward(m, l, a, x_in, m->dfch, m->scratch, N, T, m->pos, &p, NULL,
                           m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
             attention_forward(m, &p, 1);
             be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                                layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
         }
-        // MLP branch. matmul_backward may use its dout as scratch, and dres is still needed for
-        // the residual path, so it gets a copy (through the branch's dropout mask).
-        be->copy(be, m->dtmp, m->dres, NC);
+        // MLP branch, from dtmp.
         if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_MLP);
         be->matmul_backward(be, m->dfch, layer_ptr(m, dw, l, FCPROJ_W), layer_ptr(m, dw, l, FCPROJ_B),
                             m->dtmp, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W), N, 4 * C, C, EPI_NONE);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, FC_W), layer_ptr(m, dw, l, FC_B), m->dfch,
                             a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W), N, C, 4 * C, EPI_GELU);
-        be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN2_W), layer_ptr(m, dw, l, LN2_B),
-                               m->dln, a->res_attn, layer_ptr(m, w, l, LN2_W), a->ln2_mean,
-                               a->ln2_rstd, N, C);
-        // Attention branch.
-        be->copy(be, m->dtmp, m->dres, NC);
+        be->layernorm_backward(be, m->dres, m->dtmp, layer_ptr(m, dw, l, LN2_W),
+                               layer_ptr(m, dw, l, LN2_B), m->dln, a->res_attn,
+                               layer_ptr(m, w, l, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
+        // Attention branch, from dtmp.
         if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_PROJ);
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
@@ -771,8 +771,9 @@ void gpt_backward(GPT *m, float grad_scale) {
         if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
                             NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);
-        be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN1_W), layer_ptr(m, dw, l, LN1_B),
-                               m->dln, x_in, layer_ptr(m, w, l, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);
+        be->layernorm_backward(be, m->dres, l > 0 ? m->dtmp : NULL, layer_ptr(m, dw, l, LN1_W),
+                               layer_ptr(m, dw, l, LN1_B), m->dln, x_in, layer_ptr(m, w, l, LN1_W),
+                               a->ln1_mean, a->ln1_rstd, N, C);
         report_layer(m, l);
     }
     if (m->drop_resid) resid_dropout(m, m->dres, (size_t)N * C, g->L, 0);

@@ -140,8 +140,21 @@ static void test_layernorm(Backend *be, Rng *r, int N, int C) {
     EXPECT(rel_err_d(out, out_ref, N * C) < OP_TOL, "ln out rel err %g", rel_err_d(out, out_ref, N * C));
     EXPECT(rel_err_d(mean, mean_ref, N) < OP_TOL, "ln mean rel err %g", rel_err_d(mean, mean_ref, N));
     EXPECT(rel_err_d(rstd, rstd_ref, N) < OP_TOL, "ln rstd rel err %g", rel_err_d(rstd, rstd_ref, N));
-    be->layernorm_backward(be, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    float dcopy[N * C];
+    be->layernorm_backward(be, dinp, dcopy, dw, db, dout, inp, w, mean, rstd, N, C);
     EXPECT(rel_err_d(dinp, dinp_ref, N * C) < OP_TOL, "ln dinp rel err %g", rel_err_d(dinp, dinp_ref, N * C));
+    EXPECT(memcmp(dcopy, dinp, sizeof dcopy) == 0, "ln dcopy holds exactly the new dinp");
+    // The fused residual add: res = inp + dout (in place of a copy of inp), then the same
+    // LayerNorm of res, bit for bit.
+    float res[N * C], sum[N * C], out2[N * C], mean2[N], rstd2[N];
+    memcpy(res, inp, sizeof res);
+    be->add(be, sum, inp, dout, (size_t)N * C);
+    be->layernorm_forward(be, out, mean, rstd, sum, w, b, N, C);
+    be->add_layernorm_forward(be, res, out2, mean2, rstd2, res, dout, w, b, N, C);
+    EXPECT(memcmp(res, sum, sizeof res) == 0, "add+ln res is the add");
+    EXPECT(memcmp(out2, out, sizeof out) == 0 && memcmp(mean2, mean, sizeof mean) == 0 &&
+               memcmp(rstd2, rstd, sizeof rstd) == 0,
+           "add+ln out, mean and rstd are the LayerNorm of the sum");
     EXPECT(rel_err_d(dw, dw_ref, C) < OP_TOL, "ln dw rel err %g", rel_err_d(dw, dw_ref, C));
     EXPECT(rel_err_d(db, db_ref, C) < OP_TOL, "ln db rel err %g", rel_err_d(db, db_ref, C));
 }

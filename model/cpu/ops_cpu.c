@@ -94,5 +94,6 @@ Backend *backend_cpu_create(void) {
     be->dropout = cpu_dropout;
     be->rope_forward = cpu_rope_forward;
     be->rope_backward = cpu_rope_backward;
+    be->add_layernorm_forward = cpu_add_layernorm_forward;
     return be;
 }

@@ -208,5 +208,6 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->dropout = cuda_dropout;
     be->rope_forward = cuda_rope_forward;
     be->rope_backward = cuda_rope_backward;
+    be->add_layernorm_forward = cuda_add_layernorm_forward;
     return be;
 }
