@@ -63,9 +63,11 @@ struct Backend {
     void (*layernorm_forward)(Backend *be, void *out, float *mean, float *rstd, const void *inp,
                               const void *w, const void *b, int N, int C);
     // dinp (N,C) ACCUMULATES (it is the residual stream's gradient); dw, db (C) accumulate.
-    void (*layernorm_backward)(Backend *be, void *dinp, void *dw, void *db, const void *dout,
-                               const void *inp, const void *w, const float *mean, const float *rstd,
-                               int N, int C);
+    // dcopy (N,C), or NULL, receives dinp's new values too (the residual gradient the branch
+    // below starts from: the backward of the residual add, fused).
+    void (*layernorm_backward)(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
+                               const void *dout, const void *inp, const void *w, const float *mean,
+                               const float *rstd, int N, int C);
     // out (N,OC) = epi(inp (N,C) @ w (OC,C)^T + bias (OC or NULL)). With EPI_GELU, pre (N,OC)
     // receives the values before GELU (needed by backward); otherwise pre is NULL.
     void (*matmul_forward)(Backend *be, void *out, void *pre, const void *inp, const void *w,
@@ -137,6 +139,11 @@ struct Backend {
     void *(*capture_end)(Backend *be, char *err, size_t errlen);
     int (*graph_launch)(Backend *be, void *graph);
     void (*graph_free)(Backend *be, void *graph);
+    // The residual add and the LayerNorm after it in one pass: res (N,C) = a + b, rounded once
+    // to the dtype (res may alias a or b), then out = LayerNorm(res) as layernorm_forward.
+    void (*add_layernorm_forward)(Backend *be, void *res, void *out, float *mean, float *rstd,
+                                  const void *a, const void *b, const void *w, const void *bias,
+                                  int N, int C);
 };
 
 // Attention forward (backward = 0) or backward on be's attention context, in be's dtype. A

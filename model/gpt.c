@@ -4,6 +4,12 @@
 //
 // Per block (pre-LayerNorm):  x' = x + proj(attention(qkv(ln1(x))));  x'' = x' + fcproj(gelu(fc(ln2(x'))))
 // Head: logits = lnf(x_L) @ wte^T over Vp padded columns, of which the first V are real.
+// The head runs over chunks of rows (at most HEAD_CHUNK_BYTES of logits each), so the logits
+// never exist for the whole batch: the forward turns each chunk into its losses and log-sum-exp
+// and keeps only those; the backward recomputes each chunk's logits (all but the last chunk of
+// the forward, still in the buffer) and turns them into dlogits in place, then into that
+// chunk's rows of the lnf gradient and the chunk's share of the wte gradient. gpt_logits_f32
+// computes the logits it is asked for chunk by chunk from the kept lnf output.
 //
 // Positions: learned (wpe table added to the token embedding), rope (q and k rotated in place in
 // the fused qkv buffer right after its matmul, from a cos/sin table computed once in
@@ -38,6 +44,10 @@
 #include "common/check.h"
 #include "common/rng.h"
 #include "model/ring_attention.h"
+
+// Logits per head chunk: 2 GiB, so a bf16 batch of 16 x 1024 tokens over GPT-2's vocabulary
+// (1.5 GiB of logits) is one chunk and recomputes nothing; 524,288 tokens run in 26 chunks.
+#define HEAD_CHUNK_BYTES ((size_t)2 << 30)
 
 // The per-layer tensors, in the order they appear in the flat parameter vector.
 enum {
@@ -104,7 +114,9 @@ struct GPT {
     BlockActs *acts;              // (L)
     void *lnf;                    // (N, C)
     float *lnf_mean, *lnf_rstd;   // (N)
-    void *logits;                 // (N, Vp); becomes dlogits in backward
+    void *logits;                 // (head_rows, Vp): one chunk of the head; dlogits in backward
+    int head_rows, head_cap;      // rows per head chunk; rows the logits buffer holds
+    int head_chunk;               // first row of the chunk whose logits the buffer holds, or -1
     float *losses;                // (N) backend fp32
     float *logit_lse;             // (N) backend fp32: log-sum-exp of each row of logits
     float *losses_host;           // (N)
@@ -313,7 +325,7 @@ static void alloc_activations(GPT *m) {
     m->lnf = balloc(m, N * C * ds);
     m->lnf_mean = balloc(m, N * sizeof(float));
     m->lnf_rstd = balloc(m, N * sizeof(float));
-    m->logits = balloc(m, N * m->cfg.Vp * ds);
+    m->logits = balloc(m, (size_t)m->head_rows * m->cfg.Vp * ds);
     m->losses = balloc(m, N * sizeof(float));
     m->logit_lse = balloc(m, N * sizeof(float));
     m->losses_host = xcalloc(N, sizeof(float));
@@ -368,6 +380,9 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         free(slopes);
     }
     if (cfg->pos == POS_ROPE) m->rope = rope_table(m);
+    const size_t head_rows = HEAD_CHUNK_BYTES / ((size_t)cfg->Vp * m->ds);
+    m->head_cap = m->head_rows = (size_t)B * T < head_rows ? B * T : (int)head_rows;
+    m->head_chunk = -1;
     alloc_activations(m);
     return m;
 }
@@ -394,6 +409,14 @@ void *gpt_params(GPT *m) { return m->params; }
 void *gpt_grads(GPT *m) { return m->grads; }
 void gpt_set_training(GPT *m, int training) { m->training = training; }
 void gpt_set_rng_step(GPT *m, uint64_t step) { m->rng_step = step; }
+
+void gpt_set_head_rows(GPT *m, int rows) {
+    if (rows < 1 || rows > m->head_cap)
+        fatal(EXIT_USAGE, "gpt_set_head_rows: %d rows per classifier chunk, need 1 to %d", rows,
+              m->head_cap);
+    m->head_rows = rows;
+    m->head_chunk = -1;
+}
 
 void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed) {
     const GPTConfig *g = &m->cfg;
@@ -497,15 +520,53 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
     if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_PROJ);
-    be->add(be, a->res_attn, x_in, scratch, (size_t)N * C);
-    be->layernorm_forward(be, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_attn,
-                          layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C);
+    be->add_layernorm_forward(be, a->res_attn, a->ln2, a->ln2_mean, a->ln2_rstd, x_in, scratch,
+                              layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C);
     be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                        layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
     be->matmul_forward(be, scratch, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W),
                        layer_ptr(m, w, l, FCPROJ_B), N, 4 * C, C, EPI_NONE);
     if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_MLP);
     be->add(be, x_out, a->res_attn, scratch, (size_t)N * C);
+}
+
+// The logits of head rows [r0, r0 + n) of the last forward into the chunk buffer.
+static void head_logits(GPT *m, int r0, int n) {
+    m->be->matmul_forward(m->be, m->logits, NULL, at(m->lnf, (size_t)r0 * m->cfg.C, m->ds),
+                          tensor_ptr(m, m->params, m->wte_i), NULL, n, m->cfg.C, m->cfg.Vp,
+                          EPI_NONE);
+    m->head_chunk = r0;
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+// The loss and log-sum-exp of each of the N rows, chunk by chunk (targets uploaded).
+static void head_forward(GPT *m, int N) {
+    const GPTConfig *g = &m->cfg;
+    for (int r0 = 0; r0 < N; r0 += m->head_rows) {
+        const int n = min_int(m->head_rows, N - r0);
+        head_logits(m, r0, n);
+        m->be->softmax_xent(m->be, m->logits, m->losses + r0, m->logit_lse + r0, m->targets + r0,
+                            n, g->V, g->Vp, 0.0f);
+    }
+}
+
+// dlnf (N, C) = dlogits @ wte and dwte += dlogits^T @ lnf, dlogits = dscale * (softmax - onehot),
+// chunk by chunk from the last one (whose logits the forward left in the buffer).
+static void head_backward(GPT *m, int N, float dscale) {
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    for (int r0 = (N - 1) / m->head_rows * m->head_rows; r0 >= 0; r0 -= m->head_rows) {
+        const int n = min_int(m->head_rows, N - r0);
+        if (m->head_chunk != r0) head_logits(m, r0, n);
+        be->softmax_xent(be, m->logits, m->losses + r0, m->logit_lse + r0, m->targets + r0, n,
+                         g->V, g->Vp, dscale);
+        be->matmul_backward(be, at(m->dln, (size_t)r0 * g->C, m->ds),
+                            tensor_ptr(m, m->grads, m->wte_i), NULL, m->logits, NULL,
+                            at(m->lnf, (size_t)r0 * g->C, m->ds),
+                            tensor_ptr(m, m->params, m->wte_i), n, g->C, g->Vp, EPI_NONE);
+    }
+    m->head_chunk = -1;   // the buffer holds dlogits now
 }
 
 // Token ids must lie in [0, V); targets too, except negative ones, which mean "ignore".
@@ -575,17 +636,15 @@ static void forward_logits(GPT *m, const int *tokens, int has_targets, int B, in
     }
     be->layernorm_forward(be, m->lnf, m->lnf_mean, m->lnf_rstd, x, tensor_ptr(m, m->params, m->lnf_i),
                           tensor_ptr(m, m->params, m->lnf_i + 1), N, C);
-    be->matmul_forward(be, m->logits, NULL, m->lnf, tensor_ptr(m, m->params, m->wte_i), NULL, N, C,
-                       g->Vp, EPI_NONE);
     m->last_B = B;
     m->last_T = T;
     m->logits_valid = 1;
+    m->head_chunk = -1;
     m->has_targets = has_targets;
 }
 
 float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     Backend *be = m->be;
-    const GPTConfig *g = &m->cfg;
     gpt_check_batch(m, tokens, targets, B, T);
     const int N = B * T;
     m->tokens = m->own_tokens;
@@ -595,7 +654,7 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     if (!targets) return 0.0f;
 
     be->upload(be, m->targets, targets, (size_t)N * sizeof(int));
-    be->softmax_xent(be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp, 0.0f);
+    head_forward(m, N);
     be->download(be, m->losses_host, m->losses, (size_t)N * sizeof(float));
     double sum = 0;
     m->n_valid = 0;
@@ -624,8 +683,7 @@ int gpt_forward_async(GPT *m, const int *host, const int *dev, int B, int T, dou
     for (int i = 0; i < N; i++) m->n_valid += targets[i] >= 0;
     m->n_loss = m->n_valid;
     m->loss_sum = NAN;   // on the device only
-    m->be->softmax_xent(m->be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp,
-                        0.0f);
+    head_forward(m, N);
     m->be->loss_mean_add(m->be, loss_acc, m->losses, m->targets, N, m->n_valid);
     return m->n_valid;
 }
@@ -707,15 +765,15 @@ void gpt_backward(GPT *m, float grad_scale) {
     const size_t NC = (size_t)N * C * m->ds;
     void *w = m->params, *dw = m->grads;
 
-    // dlogits (N, Vp) = grad_scale / n_valid * (softmax - onehot), in place of the logits.
-    be->softmax_xent(be, m->logits, m->losses, m->logit_lse, m->targets, N, g->V, g->Vp,
-                     (float)((double)grad_scale / (double)m->n_loss));
-    be->matmul_backward(be, m->dln, tensor_ptr(m, dw, m->wte_i), NULL, m->logits, NULL, m->lnf,
-                        tensor_ptr(m, w, m->wte_i), N, C, g->Vp, EPI_NONE);
+    head_backward(m, N, (float)((double)grad_scale / (double)m->n_loss));
     be->fill_zero(be, m->dres, NC);
     const void *x_last = m->acts[g->L - 1].res_mlp;
-    be->layernorm_backward(be, m->dres, tensor_ptr(m, dw, m->lnf_i), tensor_ptr(m, dw, m->lnf_i + 1),
-                           m->dln, x_last, tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
+    // Each LayerNorm backward also leaves a copy of the residual gradient in dtmp: the branch
+    // below it consumes that copy (through its dropout mask; matmul_backward may use it as
+    // scratch) while dres carries the residual path.
+    be->layernorm_backward(be, m->dres, m->dtmp, tensor_ptr(m, dw, m->lnf_i),
+                           tensor_ptr(m, dw, m->lnf_i + 1), m->dln, x_last,
+                           tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
     report_grads(m, m->lnf_i, 2);
 
     for (int l = g->L - 1; l >= 0; l--) {
@@ -723,27 +781,24 @@ void gpt_backward(GPT *m, float grad_scale) {
         const void *x_in = l == 0 ? m->encoded : m->acts[l - 1].res_mlp;
         AttnParams p = layer_attn(m, a, B, T, l);
         if (m->recompute == RECOMPUTE_BLOCK) {
-            // dtmp is free until the MLP branch below; the block output itself is not needed.
-            block_forward(m, l, a, x_in, m->dtmp, m->scratch, N, T, m->pos, &p, NULL,
+            // dfch is free until the MLP backward below; the block output itself is not needed.
+            block_forward(m, l, a, x_in, m->dfch, m->scratch, N, T, m->pos, &p, NULL,
                           m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
             attention_forward(m, &p, 1);
             be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                                layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
         }
-        // MLP branch. matmul_backward may use its dout as scratch, and dres is still needed for
-        // the residual path, so it gets a copy (through the branch's dropout mask).
-        be->copy(be, m->dtmp, m->dres, NC);
+        // MLP branch, from dtmp.
         if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_MLP);
         be->matmul_backward(be, m->dfch, layer_ptr(m, dw, l, FCPROJ_W), layer_ptr(m, dw, l, FCPROJ_B),
                             m->dtmp, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W), N, 4 * C, C, EPI_NONE);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, FC_W), layer_ptr(m, dw, l, FC_B), m->dfch,
                             a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W), N, C, 4 * C, EPI_GELU);
-        be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN2_W), layer_ptr(m, dw, l, LN2_B),
-                               m->dln, a->res_attn, layer_ptr(m, w, l, LN2_W), a->ln2_mean,
-                               a->ln2_rstd, N, C);
-        // Attention branch.
-        be->copy(be, m->dtmp, m->dres, NC);
+        be->layernorm_backward(be, m->dres, m->dtmp, layer_ptr(m, dw, l, LN2_W),
+                               layer_ptr(m, dw, l, LN2_B), m->dln, a->res_attn,
+                               layer_ptr(m, w, l, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
+        // Attention branch, from dtmp.
         if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_PROJ);
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
@@ -752,8 +807,9 @@ void gpt_backward(GPT *m, float grad_scale) {
         if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
                             NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);
-        be->layernorm_backward(be, m->dres, layer_ptr(m, dw, l, LN1_W), layer_ptr(m, dw, l, LN1_B),
-                               m->dln, x_in, layer_ptr(m, w, l, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);
+        be->layernorm_backward(be, m->dres, l > 0 ? m->dtmp : NULL, layer_ptr(m, dw, l, LN1_W),
+                               layer_ptr(m, dw, l, LN1_B), m->dln, x_in, layer_ptr(m, w, l, LN1_W),
+                               a->ln1_mean, a->ln1_rstd, N, C);
         report_layer(m, l);
     }
     if (m->drop_resid) resid_dropout(m, m->dres, (size_t)N * C, g->L, 0);
@@ -771,10 +827,15 @@ void gpt_logits_f32(GPT *m, float *host) {
     if (!m->logits_valid)
         fatal(EXIT_RUNTIME, "gpt_logits_f32: no logits (no forward yet, or backward consumed them)");
     const int N = m->last_B * m->last_T, V = m->cfg.V, Vp = m->cfg.Vp;
-    float *all = xmalloc((size_t)N * Vp * sizeof(float));   // (N, Vp)
-    m->be->download_f32(m->be, all, m->logits, (size_t)N * Vp);
-    for (int i = 0; i < N; i++) memcpy(host + (size_t)i * V, all + (size_t)i * Vp, (size_t)V * sizeof(float));
-    free(all);
+    float *chunk = xmalloc((size_t)min_int(m->head_rows, N) * Vp * sizeof(float));   // (rows, Vp)
+    for (int r0 = 0; r0 < N; r0 += m->head_rows) {
+        const int n = min_int(m->head_rows, N - r0);
+        if (m->head_chunk != r0) head_logits(m, r0, n);
+        m->be->download_f32(m->be, chunk, m->logits, (size_t)n * Vp);
+        for (int i = 0; i < n; i++)
+            memcpy(host + (size_t)(r0 + i) * V, chunk + (size_t)i * Vp, (size_t)V * sizeof(float));
+    }
+    free(chunk);
 }
 
 static void alloc_decode(GPT *m) {

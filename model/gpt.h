@@ -107,9 +107,13 @@ void gpt_set_training(GPT *m, int training);
 void gpt_set_rng_step(GPT *m, uint64_t step);
 // Per-token losses (B*T) of the last forward with targets, fp32 host copy.
 void gpt_losses_f32(GPT *m, float *host);
-// Logits (B,T,Vp) of the last forward, converted to fp32 host (only real V columns copied into
-// a (B,T,V) host array).
+// Logits (B,T,V) of the last forward (its real V columns), fp32 host: computed on this call,
+// chunk by chunk, from that forward's final LayerNorm output and the current weights (the
+// forward itself never holds the whole batch's logits).
 void gpt_logits_f32(GPT *m, float *host);
+// Rows per classifier chunk (logits, loss and their gradient): by default as many as 2 GiB of
+// logits hold, at most B*T; fewer (1 up to that default) to test or to save memory.
+void gpt_set_head_rows(GPT *m, int rows);
 
 // Incremental decoding with a KV cache (batch 1): feed token at position pos (0, 1, 2, ...),
 // receive logits (V) fp32 host for the next token. pos 0 resets the cache. The cache holds one

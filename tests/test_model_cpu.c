@@ -140,8 +140,21 @@ static void test_layernorm(Backend *be, Rng *r, int N, int C) {
     EXPECT(rel_err_d(out, out_ref, N * C) < OP_TOL, "ln out rel err %g", rel_err_d(out, out_ref, N * C));
     EXPECT(rel_err_d(mean, mean_ref, N) < OP_TOL, "ln mean rel err %g", rel_err_d(mean, mean_ref, N));
     EXPECT(rel_err_d(rstd, rstd_ref, N) < OP_TOL, "ln rstd rel err %g", rel_err_d(rstd, rstd_ref, N));
-    be->layernorm_backward(be, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    float dcopy[N * C];
+    be->layernorm_backward(be, dinp, dcopy, dw, db, dout, inp, w, mean, rstd, N, C);
     EXPECT(rel_err_d(dinp, dinp_ref, N * C) < OP_TOL, "ln dinp rel err %g", rel_err_d(dinp, dinp_ref, N * C));
+    EXPECT(memcmp(dcopy, dinp, sizeof dcopy) == 0, "ln dcopy holds exactly the new dinp");
+    // The fused residual add: res = inp + dout (in place of a copy of inp), then the same
+    // LayerNorm of res, bit for bit.
+    float res[N * C], sum[N * C], out2[N * C], mean2[N], rstd2[N];
+    memcpy(res, inp, sizeof res);
+    be->add(be, sum, inp, dout, (size_t)N * C);
+    be->layernorm_forward(be, out, mean, rstd, sum, w, b, N, C);
+    be->add_layernorm_forward(be, res, out2, mean2, rstd2, res, dout, w, b, N, C);
+    EXPECT(memcmp(res, sum, sizeof res) == 0, "add+ln res is the add");
+    EXPECT(memcmp(out2, out, sizeof out) == 0 && memcmp(mean2, mean, sizeof mean) == 0 &&
+               memcmp(rstd2, rstd, sizeof rstd) == 0,
+           "add+ln out, mean and rstd are the LayerNorm of the sum");
     EXPECT(rel_err_d(dw, dw_ref, C) < OP_TOL, "ln dw rel err %g", rel_err_d(dw, dw_ref, C));
     EXPECT(rel_err_d(db, db_ref, C) < OP_TOL, "ln db rel err %g", rel_err_d(db, db_ref, C));
 }
@@ -1038,6 +1051,53 @@ static void test_recompute(const char *mode, PosEmbedding pos, DocMode docs) {
     case_close(&c);
 }
 
+// The classifier in chunks of `rows` rows (the last one shorter) against one chunk for the whole
+// batch: the same losses, logits and gradients up to fp32 summation order (wte's gradient adds
+// the chunks' shares one after another; OpenBLAS may block a shorter matmul differently).
+static void test_head_chunks(int rows) {
+    ModelCase c;
+    case_open(&c, POS_LEARNED, NULL, 41, 42);
+    GPT *whole = c.m, *chunked = gpt_create(&c.g, c.be, MB, MT, NULL);
+    gpt_set_params_f32(chunked, c.params);
+    gpt_set_head_rows(chunked, rows);
+    const size_t nl = (size_t)MB * MT * c.g.V;
+    float *l0 = xmalloc(nl * sizeof(float)), *l1 = xmalloc(nl * sizeof(float));
+    float p0[MB * MT], p1[MB * MT];
+    float *g0 = case_grads(&c), *g1 = case_grads(&c);
+    GPT *models[2] = {whole, chunked};
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+        gpt_zero_grad(models[k]);
+        loss[k] = gpt_forward(models[k], c.tokens, c.targets, MB, MT);
+        gpt_losses_f32(models[k], k ? p1 : p0);
+        gpt_logits_f32(models[k], k ? l1 : l0);
+        gpt_backward(models[k], 0.5f);
+        gpt_get_grads_f32(models[k], k ? g1 : g0);
+    }
+    const double tol = 1e-6;   // 2^-24 roundings over sums of K <= 111 terms: ~1e-7
+    EXPECT(fabsf(loss[0] - loss[1]) <= tol * fabsf(loss[0]), "chunks of %d: loss %.7f vs %.7f",
+           rows, loss[1], loss[0]);
+    EXPECT(rel_err_f32(p1, p0, MB * MT) < tol, "chunks of %d: per-token losses rel err %g", rows,
+           rel_err_f32(p1, p0, MB * MT));
+    EXPECT(rel_err_f32(l1, l0, nl) < tol, "chunks of %d: logits rel err %g", rows,
+           rel_err_f32(l1, l0, nl));
+    for (int i = 0; i < gpt_num_tensors(whole); i++) {
+        const ParamTensor *t = gpt_tensor(whole, i);
+        const double e = rel_err_f32(g1 + t->offset, g0 + t->offset, t->numel);
+        EXPECT(e < tol, "chunks of %d: grad %s rel err %g", rows, t->name, e);
+    }
+    EXPECT(!all_zero(g1, c.n), "chunks of %d: gradients are not all zero", rows);
+    free(l0), free(l1), free(g0), free(g1);
+    gpt_free(chunked);
+    case_close(&c);
+}
+
+static void head_rows_zero(void) {
+    ModelCase c;
+    case_open(&c, POS_LEARNED, NULL, 1, 2);
+    gpt_set_head_rows(c.m, 0);
+}
+
 // Runs fn in a child process with stderr silenced; returns its exit code (-1 if it crashed).
 static int exit_code_of(void (*fn)(void)) {
     fflush(stdout);
@@ -1166,6 +1226,9 @@ int main(void) {
               test_recompute("block", POS_ROPE, PACKED_DOCS));
     TEST_CASE("gpt recompute attn_gelu == none (rope, packed documents)",
               test_recompute("attn_gelu", POS_ROPE, PACKED_DOCS));
+    TEST_CASE("gpt classifier in chunks of 7 rows == one chunk", test_head_chunks(7));
+    TEST_CASE("gpt classifier in chunks of 1 row == one chunk", test_head_chunks(1));
+    TEST_CASE("gpt classifier in chunks of 110 of 111 rows == one chunk", test_head_chunks(MB * MT - 1));
     TEST_CASE("synthetic retrieval task", test_retrieval_task());
     TEST_CASE("gpt bad input exits with code 2", {
         EXPECT(exit_code_of(create_rope_odd_head) == 2, "rope with an odd head size");
@@ -1177,6 +1240,7 @@ int main(void) {
         EXPECT(exit_code_of(create_bad_heads) == 2, "n_kv_head not dividing n_head");
         EXPECT(exit_code_of(forward_bad_token) == 2, "token id >= vocab_size");
         EXPECT(exit_code_of(forward_too_big) == 2, "batch larger than built for");
+        EXPECT(exit_code_of(head_rows_zero) == 2, "0 rows per classifier chunk");
     });
     return TEST_SUMMARY();
 }

@@ -136,5 +136,6 @@ Backend *backend_cpu_create(void) {
     be->capture_end = cpu_capture_end;
     be->graph_launch = cpu_graph_launch;
     be->graph_free = cpu_graph_free;
+    be->add_layernorm_forward = cpu_add_layernorm_forward;
     return be;
 }

@@ -17,9 +17,12 @@ void cpu_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, c
                         const int *pos, int B, int T, int C);
 void cpu_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
                            const void *w, const void *b, int N, int C);
-void cpu_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const void *dout,
-                            const void *inp, const void *w, const float *mean, const float *rstd,
-                            int N, int C);
+void cpu_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
+                            const void *dout, const void *inp, const void *w, const float *mean,
+                            const float *rstd, int N, int C);
+void cpu_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
+                               const void *a, const void *b, const void *w, const void *bias,
+                               int N, int C);
 void cpu_add(Backend *be, void *out, const void *a, const void *b, size_t n);
 void cpu_softmax_xent(Backend *be, void *logits, float *losses, float *lse, const int *targets,
                       int N, int V, int Vp, float dscale);

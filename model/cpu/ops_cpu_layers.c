@@ -5,6 +5,7 @@
 // are reduced by splitting the CHANNELS among threads, each thread looping over every row in
 // order: no atomics, and bit-identical results whatever the thread count.
 #include <math.h>
+#include <string.h>
 
 #include "model/cpu/ops_cpu.h"
 
@@ -67,9 +68,17 @@ void cpu_layernorm_forward(Backend *be, void *out_, float *mean, float *rstd, co
     }
 }
 
-void cpu_layernorm_backward(Backend *be, void *dinp_, void *dw_, void *db_, const void *dout_,
-                            const void *inp_, const void *w_, const float *mean, const float *rstd,
-                            int N, int C) {
+// The reference of the fused op: the add, then the LayerNorm.
+void cpu_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
+                               const void *a, const void *b, const void *w, const void *bias,
+                               int N, int C) {
+    cpu_add(be, res, a, b, (size_t)N * C);
+    cpu_layernorm_forward(be, out, mean, rstd, res, w, bias, N, C);
+}
+
+void cpu_layernorm_backward(Backend *be, void *dinp_, void *dcopy_, void *dw_, void *db_,
+                            const void *dout_, const void *inp_, const void *w_, const float *mean,
+                            const float *rstd, int N, int C) {
     float *dinp = dinp_;        // (N, C), accumulates
     float *dw = dw_, *db = db_;  // (C), accumulate
     const float *dout = dout_, *inp = inp_;  // (N, C)
@@ -88,6 +97,7 @@ void cpu_layernorm_backward(Backend *be, void *dinp_, void *dw_, void *db_, cons
         float a = (float)(sum_dn / C), bb = (float)(sum_dn_n / C);
         float *di = dinp + (size_t)i * C;
         for (int c = 0; c < C; c++) di[c] += s * (d[c] * w[c] - a - (x[c] - m) * s * bb);
+        if (dcopy_) memcpy((float *)dcopy_ + (size_t)i * C, di, (size_t)C * sizeof(float));
     }
     #pragma omp parallel for schedule(static) if ((size_t)N * C >= CPU_PAR_MIN)
     for (int c0 = 0; c0 < C; c0 += COL_CHUNK) {

@@ -139,9 +139,12 @@ void cuda_embed_forward(Backend *be, void *out, const int *tokens, const int *po
                         const void *wpe, int B, int T, int C);
 void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
                             const void *w, const void *b, int N, int C);
-void cuda_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const void *dout,
-                             const void *inp, const void *w, const float *mean, const float *rstd,
-                             int N, int C);
+void cuda_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
+                             const void *dout, const void *inp, const void *w, const float *mean,
+                             const float *rstd, int N, int C);
+void cuda_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
+                                const void *a, const void *b, const void *w, const void *bias,
+                                int N, int C);
 void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n);
 void cuda_add_f32(Backend *be, float *acc, const float *x, size_t n);
 void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, size_t src_pitch,

@@ -237,5 +237,6 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->capture_end = cuda_capture_end;
     be->graph_launch = cuda_graph_launch;
     be->graph_free = cuda_graph_free;
+    be->add_layernorm_forward = cuda_add_layernorm_forward;
     return be;
 }

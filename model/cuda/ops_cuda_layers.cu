@@ -1,5 +1,6 @@
 // ops_cuda_layers: the CUDA backend's element-wise and row-wise ops: embedding forward,
-// LayerNorm forward/backward (fp32 statistics), residual add, GELU, the bias/GELU backward of the
+// LayerNorm forward (alone or fused with the residual add before it) and backward (fp32
+// statistics; optionally also writing a copy of the residual gradient), residual add, GELU, the bias/GELU backward of the
 // linear layer, dtype conversions, and the deterministic column sums that parameter gradients
 // (LayerNorm weight/bias, linear bias) are reduced with.
 //
@@ -46,17 +47,28 @@ void cuda_embed_forward(Backend *be, void *out, const int *tokens, const int *po
 
 // ---- LayerNorm ----
 
-// One warp per row; lane l owns the VEC-element groups starting at (l + 32 k) VEC.
+// One warp per row; lane l owns the VEC-element groups starting at (l + 32 k) VEC. With res
+// (the fused residual add), the row is first res = inp + add, rounded to T and stored; the lane
+// then reads back only what it wrote itself.
 template <typename T, int VEC>
-__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
-                                         const T *b, int N, int C) {
+__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, T *res, const T *inp,
+                                         const T *add, const T *w, const T *b, int N, int C) {
     const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const T *x = inp + (size_t)row * C;   // (C)
-    T *o = out + (size_t)row * C;         // (C)
+    const T *x = (res ? res : inp) + (size_t)row * C;   // (C)
+    T *o = out + (size_t)row * C;                       // (C)
     float v[VEC], s = 0.0f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        load_f32<T, VEC>(v, x + c);
+        if (res) {
+            float y[VEC];
+            load_f32<T, VEC>(v, inp + (size_t)row * C + c);
+            load_f32<T, VEC>(y, add + (size_t)row * C + c);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) v[i] = to_f32(from_f32<T>(v[i] + y[i]));
+            store_f32<T, VEC>(res + (size_t)row * C + c, v);
+        } else {
+            load_f32<T, VEC>(v, x + c);
+        }
 #pragma unroll
         for (int i = 0; i < VEC; i++) s += v[i];
     }
@@ -84,18 +96,32 @@ __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const
     }
 }
 
-void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
-                            const void *w, const void *b, int N, int C) {
+// LayerNorm of inp, or with res of res = inp + add.
+static void launch_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, void *res,
+                                     const void *inp, const void *add, const void *w,
+                                     const void *b, int N, int C) {
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        dispatch_vec<E>(C, {out, inp, w, b}, [&](auto vec) {
+        dispatch_vec<E>(C, {out, res, inp, add, w, b}, [&](auto vec) {
             constexpr int V = decltype(vec)::value;
             layernorm_forward_kernel<E, V><<<cdiv(N, LN_WARPS), LN_WARPS * 32, 0,
                                                  cuda_ctx(be)->stream>>>(
-                (E *)out, mean, rstd, (const E *)inp, (const E *)w, (const E *)b, N, C);
+                (E *)out, mean, rstd, (E *)res, (const E *)inp, (const E *)add, (const E *)w,
+                (const E *)b, N, C);
         });
     });
     CUDA_CHECK_LAUNCH();
+}
+
+void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
+                            const void *w, const void *b, int N, int C) {
+    launch_layernorm_forward(be, out, mean, rstd, NULL, inp, NULL, w, b, N, C);
+}
+
+void cuda_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
+                                const void *a, const void *b, const void *w, const void *bias,
+                                int N, int C) {
+    launch_layernorm_forward(be, out, mean, rstd, res, a, b, w, bias, N, C);
 }
 
 // The whole backward in one pass over each row (one warp per row, LN_BWD_ROWS rows per warp):
@@ -106,9 +132,9 @@ void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, co
 // kept at i G + g (G = C / VEC groups), so the 32 lanes of a warp, which hold adjacent groups,
 // hit 32 different banks.
 template <typename T, int VEC>
-__global__ void layernorm_backward_kernel(T *dinp, float *partial, const T *dout, const T *inp,
-                                          const T *w, const float *mean, const float *rstd, int N,
-                                          int C) {
+__global__ void layernorm_backward_kernel(T *dinp, T *dcopy, float *partial, const T *dout,
+                                          const T *inp, const T *w, const float *mean,
+                                          const float *rstd, int N, int C) {
     extern __shared__ float sh_acc[];   // (warps, 2, VEC, G)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int G = C / VEC;
@@ -149,6 +175,7 @@ __global__ void layernorm_backward_kernel(T *dinp, float *partial, const T *dout
             for (int i = 0; i < VEC; i++)
                 out[i] += s * (dv[i] * wv[i] - a - (xv[i] - m) * s * bb);
             store_f32<T, VEC>(di + c, out);
+            if (dcopy) store_f32<T, VEC>(dcopy + (size_t)row * C + c, out);
         }
     }
     __syncthreads();
@@ -164,9 +191,9 @@ __global__ void layernorm_backward_kernel(T *dinp, float *partial, const T *dout
     }
 }
 
-void cuda_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const void *dout,
-                             const void *inp, const void *w, const float *mean, const float *rstd,
-                             int N, int C) {
+void cuda_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
+                             const void *dout, const void *inp, const void *w, const float *mean,
+                             const float *rstd, int N, int C) {
     CudaCtx *ctx = cuda_ctx(be);
     // As many warps as the per-warp column sums leave room for: 8 up to C = 768 within the
     // default 48 KB of shared memory, fewer (and the opt-in maximum) for wider rows.
@@ -182,14 +209,15 @@ void cuda_layernorm_backward(Backend *be, void *dinp, void *dw, void *db, const 
     float *partial = (float *)cuda_scratch(ctx, 2 * (size_t)blocks * C * sizeof(float));
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        dispatch_vec<E>(C, {dinp, dout, inp, w}, [&](auto vec) {
+        dispatch_vec<E>(C, {dinp, dcopy, dout, inp, w}, [&](auto vec) {
             constexpr int V = decltype(vec)::value;
             auto kernel = layernorm_backward_kernel<E, V>;
             if (smem > 48 * 1024)
                 CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem));
             kernel<<<blocks, warps * 32, smem, ctx->stream>>>(
-                (E *)dinp, partial, (const E *)dout, (const E *)inp, (const E *)w, mean, rstd, N, C);
+                (E *)dinp, (E *)dcopy, partial, (const E *)dout, (const E *)inp, (const E *)w, mean,
+                rstd, N, C);
         });
     });
     CUDA_CHECK_LAUNCH();

@@ -253,21 +253,45 @@ static void test_layernorm_case(Ctx *t, int N, int C) {
           *dinp = rand_vec(t, (size_t)N * C, 0.0f, 1.0f);
     float *dw = rand_vec(t, C, 0.0f, 1.0f), *db = rand_vec(t, C, 0.0f, 1.0f);
     void *d_dout = dev_from(t, dout, (size_t)N * C), *d_dinp = dev_from(t, dinp, (size_t)N * C);
-    void *d_dw = dev_from(t, dw, C), *d_db = dev_from(t, db, C);
-    t->gpu->layernorm_backward(t->gpu, d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
-    t->cpu->layernorm_backward(t->cpu, dinp, dw, db, dout, x, w, mean, rstd, N, C);
+    void *d_dw = dev_from(t, dw, C), *d_db = dev_from(t, db, C), *d_dcopy = dev_zeros(t, (size_t)N * C);
+    t->gpu->layernorm_backward(t->gpu, d_dinp, d_dcopy, d_dw, d_db, d_dout, d_x, d_w, d_mean,
+                               d_rstd, N, C);
+    t->cpu->layernorm_backward(t->cpu, dinp, NULL, dw, db, dout, x, w, mean, rstd, N, C);
     float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, C),
-          *g_db = fetch(t, d_db, C);
+          *g_db = fetch(t, d_db, C), *g_dcopy = fetch(t, d_dcopy, (size_t)N * C);
     snprintf(what, sizeof what, "layernorm_backward dinp (+=) N=%d C=%d", N, C);
     expect_close(t, what, g_dinp, dinp, (size_t)N * C, tol(t->u, 1, C));
+    EXPECT(memcmp(g_dcopy, g_dinp, (size_t)N * C * sizeof(float)) == 0,
+           "layernorm_backward N=%d C=%d: dcopy holds exactly the new dinp", N, C);
     snprintf(what, sizeof what, "layernorm_backward dw (+=) N=%d C=%d", N, C);
     expect_close(t, what, g_dw, dw, C, tol(t->u, 1, N));
     snprintf(what, sizeof what, "layernorm_backward db (+=) N=%d C=%d", N, C);
     expect_close(t, what, g_db, db, C, tol(t->u, 1, N));
-    void *bufs[] = {d_x, d_w, d_b, d_out, d_mean, d_rstd, d_dout, d_dinp, d_dw, d_db};
+
+    // The residual add fused in front: res = x + y in place of x (res aliases the first input),
+    // then the LayerNorm of res. res is one rounded add; the LayerNorm is checked against the
+    // CPU's on the GPU's (rounded) res, so both sides normalise the same values.
+    float *y = rand_vec(t, (size_t)N * C, 0.0f, 1.0f), *res = xmalloc((size_t)N * C * sizeof(float));
+    void *d_y = dev_from(t, y, (size_t)N * C);
+    t->gpu->add_layernorm_forward(t->gpu, d_x, d_out, d_mean, d_rstd, d_x, d_y, d_w, d_b, N, C);
+    t->cpu->add(t->cpu, res, x, y, (size_t)N * C);
+    float *g_res = fetch(t, d_x, (size_t)N * C);
+    snprintf(what, sizeof what, "add_layernorm_forward res N=%d C=%d", N, C);
+    expect_close(t, what, g_res, res, (size_t)N * C, tol(t->u, 1, 2));
+    t->cpu->layernorm_forward(t->cpu, out, mean, rstd, g_res, w, b, N, C);
+    free(g_out), free(g_mean), free(g_rstd);
+    g_out = fetch(t, d_out, (size_t)N * C), g_mean = fetch_f32(t, d_mean, N), g_rstd = fetch_f32(t, d_rstd, N);
+    snprintf(what, sizeof what, "add_layernorm_forward out N=%d C=%d", N, C);
+    expect_close(t, what, g_out, out, (size_t)N * C, tol(t->u, 1, C));
+    snprintf(what, sizeof what, "add_layernorm_forward mean, rstd (fp32) N=%d C=%d", N, C);
+    expect_close(t, what, g_mean, mean, N, tol(U_F32, 1, C));
+    expect_close(t, what, g_rstd, rstd, N, tol(U_F32, 1, C));
+
+    void *bufs[] = {d_x, d_w, d_b, d_out, d_mean, d_rstd, d_dout, d_dinp, d_dw, d_db, d_dcopy, d_y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
     free(x), free(w), free(b), free(out), free(mean), free(rstd), free(g_out), free(g_mean);
     free(g_rstd), free(dout), free(dinp), free(dw), free(db), free(g_dinp), free(g_dw), free(g_db);
+    free(g_dcopy), free(y), free(res), free(g_res);
 }
 
 // C = 72 runs the 16-byte vector path, C = 70 (rows not 16-byte aligned) the element-wise one;
@@ -524,6 +548,7 @@ typedef struct {
     float resid_dropout;    // model.dropout
     int doc_mask;           // packed documents split at MODEL_EOT
     int window, window_every;
+    int head_rows;          // rows per classifier chunk on the GPU (0: the default, one chunk)
 } ModelCase;
 
 #define MODEL_EOT 3   // data.eot_token of the packed-document cases
@@ -548,6 +573,7 @@ static void model_case(Ctx *t, ModelCase var) {
     const int B = 2, T = 40, N = B * T;
     GPTConfig g = gpt_config_from(&c);
     GPT *mg = gpt_create(&g, t->gpu, B, T, &c), *mc = gpt_create(&g, t->cpu, B, T, &c);
+    if (var.head_rows > 0) gpt_set_head_rows(mg, var.head_rows);
     const size_t np = gpt_num_params(mg);
     float *w = xmalloc(np * sizeof(float));  // (np)
     gpt_init_weights_host(mg, w, 42);
@@ -617,12 +643,13 @@ static void model_case(Ctx *t, ModelCase var) {
         free(gg2);
 }
 
-static void test_model(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 0, -1, 1}); }
-static void test_model_dropout(Ctx *t) { model_case(t, (ModelCase){"learned", 0.2f, 0, -1, 1}); }
-static void test_model_rope(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 0, -1, 1}); }
-static void test_model_alibi(Ctx *t) { model_case(t, (ModelCase){"alibi", 0.0f, 0, -1, 1}); }
-static void test_model_rope_docs(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 1, 9, 2}); }
-static void test_model_learned_docs(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 1, -1, 1}); }
+static void test_model(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 0, -1, 1, 0}); }
+static void test_model_dropout(Ctx *t) { model_case(t, (ModelCase){"learned", 0.2f, 0, -1, 1, 0}); }
+static void test_model_rope(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 0, -1, 1, 0}); }
+static void test_model_alibi(Ctx *t) { model_case(t, (ModelCase){"alibi", 0.0f, 0, -1, 1, 0}); }
+static void test_model_rope_docs(Ctx *t) { model_case(t, (ModelCase){"rope", 0.0f, 1, 9, 2, 0}); }
+static void test_model_learned_docs(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 1, -1, 1, 0}); }
+static void test_model_head_chunks(Ctx *t) { model_case(t, (ModelCase){"learned", 0.0f, 0, -1, 1, 13}); }
 
 // ---- AdamW and the gradient sum of squares ----
 
@@ -719,6 +746,7 @@ int main(int argc, char **argv) {
         RUN("model alibi", test_model_alibi);
         RUN("model rope, packed documents, window 9 on even layers", test_model_rope_docs);
         RUN("model learned, packed documents", test_model_learned_docs);
+        RUN("model, classifier in chunks of 13 rows", test_model_head_chunks);
         RUN("adamw", test_adamw);
 #undef RUN
         t.gpu->destroy(t.gpu);
