@@ -28,7 +28,7 @@ namespace {
 constexpr int DEC_WARPS = 4;           // warps per block, each with its own partial result
 constexpr int DEC_KEYS = 32;           // keys per warp step: one per lane
 constexpr int DEC_MIN_SPLIT = 256;     // fewest keys a split is given: two steps for each warp
-constexpr int DEC_BLOCKS_PER_SM = 4;   // blocks per multiprocessor the split count aims at
+constexpr int DEC_BLOCKS_PER_SM = 8;   // blocks per multiprocessor the split count aims at
 constexpr int MERGE_WARPS = 8;         // query rows per block of the merge kernel
 
 // Query rows per block: the group's rows rounded up to 1, 4 or 8 (the kernel's template).

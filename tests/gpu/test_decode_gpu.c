@@ -3,7 +3,9 @@
 // KV cache laid out (B, NKV, T_max, HS) as the model's, for T_k in {1, 17, 1000, 4097, 70000},
 // GQA groups of 1, 4 and 12 heads, 1 to 8 queries, bf16 and fp16, HS 64 and 128, windows, ALiBi
 // and fully masked rows (more queries than keys). Every case checks that the split kernel ran
-// (attn_decode_splits), with more than one split for long caches.
+// (attn_decode_splits), with more than one split for long caches. Then the model: a small bf16
+// and fp16 RoPE GPT decoding greedily with the split kernel and without it (gpt_set_decode_split)
+// picks the same tokens, and three sequences decoded together give the single sequence's logits.
 //
 // Tolerance (STYLE.md): the split kernel's rms error against float64 stays within 2x the flash
 // path's (a same-precision implementation; the flash kernel also rounds P to the element type,
@@ -11,6 +13,13 @@
 // to 7e4 terms at 2^-24 each stay under 1e-5 rms). Its lse, computed in fp32 from the same
 // rounded inputs, stays within 1e-4 * (1 + |lse|) of float64's: a log-sum-exp over 7e4 terms
 // accumulated in fp32 is good to a few 1e-6 relative.
+//
+// Model tolerance: the two decode paths differ by the attention output's rounding (an ulp of
+// the element type, 2^-8 for bf16, 2^-11 for fp16), and the batched one by the matmuls' sum
+// order, each rounding carried through two layers and the head; their logits stay within 8 unit
+// roundoffs (rms, relative: two layers of 4 roundings each between the attention output and
+// the next residual), and greedy tokens may differ only where the top two logits are closer
+// than that (then the sequences part, and the test stops).
 //
 // Usage: test_decode_gpu [--quick]   (--quick: the cases up to T_k 4097, for compute-sanitizer)
 #include <cuda_runtime.h>
@@ -22,7 +31,9 @@
 #include "attention/attention.h"
 #include "attention/mask.h"
 #include "common/rng.h"
+#include "common/config.h"
 #include "model/backend.h"
+#include "model/gpt.h"
 #include "tests/testlib.h"
 #include "tests/gpu/cuda_ok.h"
 
@@ -193,6 +204,86 @@ static void run_case(Backend *be, const Case *c, Rng *rng) {
     tensor_free(be, &v);
 }
 
+// A 2-layer RoPE GPT with GQA (4 query heads, 2 K/V heads of 64) and GPT-2's initialisation
+// with the weights scaled up so that the logits are far from uniform.
+static GPT *small_model(Backend *be) {
+    GPTConfig g = {.V = 101, .Vp = 128, .maxT = 1100, .L = 2, .NH = 4, .NKV = 2, .C = 256, .HS = 64,
+                   .pos = POS_ROPE, .rope_theta = 10000.0f};
+    Config run;
+    config_defaults(&run);
+    GPT *m = gpt_create(&g, be, 1, 64, &run);
+    float *params = malloc(gpt_num_params(m) * sizeof(float));
+    gpt_init_weights_host(m, params, 5);
+    for (size_t i = 0; i < gpt_num_params(m); i++) params[i] *= 4.f;
+    gpt_set_params_f32(m, params);
+    free(params);
+    return m;
+}
+
+static int argmax(const float *x, int n, float *gap) {
+    int best = 0, second = -1;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) {
+            second = best;
+            best = i;
+        } else if (second < 0 || x[i] > x[second]) {
+            second = i;
+        }
+    *gap = x[best] - x[second];
+    return best;
+}
+
+static void test_model(DType dt) {
+    enum { PROMPT = 1000, NEW = 60, NB = 3 };
+    Backend *be = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
+    GPT *split = small_model(be), *plain = small_model(be), *batched = small_model(be);
+    gpt_set_decode_split(plain, 0);
+    const int V = gpt_cfg(split)->V;
+    const double tol = 8 * dtype_unit_roundoff(dt);
+    float *ls = malloc((size_t)V * sizeof(float)), *lp = malloc((size_t)V * sizeof(float));
+    float *lb = malloc((size_t)NB * V * sizeof(float));
+    Rng rng;
+    rng_seed(&rng, 77);
+    int token = (int)rng_below(&rng, V), same = 0, parted = 0;
+    double worst = 0, worst_batch = 0;
+    for (int pos = 0; pos < PROMPT + NEW; pos++) {
+        const int tokens[NB] = {token, token, token};
+        gpt_decode_step(split, token, pos, ls);
+        gpt_decode_step(plain, token, pos, lp);
+        gpt_decode_batch(batched, tokens, NB, pos, lb);
+        const double e = rel_err_f32(ls, lp, (size_t)V), eb = rel_err_f32(lb + (size_t)(NB - 1) * V, ls, (size_t)V);
+        worst = e > worst ? e : worst;
+        worst_batch = eb > worst_batch ? eb : worst_batch;
+        if (pos < PROMPT) {
+            token = (int)rng_below(&rng, V);
+            continue;
+        }
+        float gap_s, gap_p;
+        const int ts = argmax(ls, V, &gap_s), tp = argmax(lp, V, &gap_p);
+        if (ts != tp) {   // allowed only at a near tie
+            float mx = 0;
+            for (int i = 0; i < V; i++) mx = fmaxf(mx, fabsf(ls[i]));
+            EXPECT(gap_s < tol * mx, "greedy tokens %d and %d at position %d, top-2 gap %g of %g", ts, tp,
+                   pos, gap_s, mx);
+            parted = 1;
+            break;
+        }
+        same++;
+        token = ts;
+    }
+    EXPECT(worst < tol, "split and unsplit decode logits differ by %.3g (tolerance %.3g)", worst, tol);
+    EXPECT(worst_batch < tol, "batched and single decode logits differ by %.3g", worst_batch);
+    printf("  %s: %d greedy tokens the same%s; logits differ by %.3g (split/unsplit), %.3g (batch/single)\n",
+           dtype_name(dt), same, parted ? " then a near tie" : "", worst, worst_batch);
+    free(ls);
+    free(lp);
+    free(lb);
+    gpt_free(split);
+    gpt_free(plain);
+    gpt_free(batched);
+    be->destroy(be);
+}
+
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     const DType dts[] = {DTYPE_BF16, DTYPE_F16};
@@ -229,6 +320,9 @@ int main(int argc, char **argv) {
             TEST_CASE(name, run_case(be, &cases[i], &rng));
         }
         be->destroy(be);
+        char name[64];
+        snprintf(name, sizeof name, "greedy decode, split = unsplit, batch = single (%s)", dtype_name(dts[di]));
+        TEST_CASE(name, test_model(dts[di]));
     }
     return TEST_SUMMARY();
 }
