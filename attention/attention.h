@@ -123,6 +123,22 @@ void attn_context_destroy(AttnContext *ctx);
 int attn_forward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 
+// Forward of a decode step: a few queries (T_q <= ATTN_DECODE_MAX_TQ, the newest positions)
+// against a long key/value cache, with attn_forward's contract and result (out, lse, every
+// masking rule). On CUDA it runs the split-KV kernel (FlashDecoding): the visible key range is
+// cut into splits over the GPU's multiprocessors, each writing a partial output and its
+// log-sum-exp to the context's workspace, merged in fp32 by a second kernel; one block reads
+// each K/V head once for all the query heads of its GQA group. It takes bf16 and fp16, impl
+// flash, HS 64 or 128, no dropout, no documents, k and v 16-byte aligned with strides in
+// multiples of 8 elements; any other problem (and every problem on the CPU) runs exactly
+// attn_forward. A cache laid out (B, NKV, T_max, HS), k_st = {NKV * T_max * HS, HS, T_max * HS},
+// reads each head's keys contiguously.
+#define ATTN_DECODE_MAX_TQ 8
+int attn_decode(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
+// The number of key splits attn_decode runs p (accepted by attn_check) with on ctx: >= 1 for
+// the split-KV kernel, 0 when p runs attn_forward's path.
+int attn_decode_splits(const AttnContext *ctx, const AttnParams *p);
+
 // The fused QKV layout: q, k and v are the head groups [NH | NKV | NKV] of one buffer qkv
 // (B, T, (NH + 2*NKV) * HS) and out is (B, T, NH * HS), elements of elem_bytes. Sets the four
 // pointers and strides, B, T_q = T_k = T, NH, NKV, HS and scale = 1/sqrt(HS); the rest of p is

@@ -6,6 +6,7 @@
 // failure (a launch, cudaFuncSetAttribute in a launcher, cuBLAS, an allocation) comes back as
 // attention.h's status with CUDA's message; nothing here ends the process.
 #include "attention/attention_gpu.h"
+#include "attention/decode_cuda.cuh"
 #include "attention/flash_common.cuh"
 #include "attention/flash_tiles.cuh"
 #include "attention/mask.h"
@@ -35,6 +36,7 @@ struct AttnGpu {
     cudaStream_t stream;
     AttnKernel kernel;        // the family asked for
     int arch;                 // 10 * major + minor of the current device
+    int sms;                  // its multiprocessors (the split-KV decode's split count)
     bool sm90_ok;             // this binary holds sm_90a code for it
     TensorMapEncoder encode;  // the driver's cuTensorMapEncodeTiled (sm90 family only)
     cublasHandle_t blas;      // the naive path's, made on its first use
@@ -172,10 +174,11 @@ static int find_tensor_map_encoder(TensorMapEncoder *out, char *err, size_t errl
 extern "C" void *attn_gpu_stream(const AttnGpu *g) { return (void *)g->stream; }
 
 extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, size_t errlen) {
-    int dev, major, minor;
+    int dev, major, minor, sms;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         snprintf(err, errlen, "attention: no usable CUDA device (%s)", cudaGetErrorString(cudaGetLastError()));
         return NULL;
     }
@@ -187,6 +190,7 @@ extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, 
     g->stream = static_cast<cudaStream_t>(stream);
     g->kernel = kernel;
     g->arch = major * 10 + minor;
+    g->sms = sms;
     g->sm90_ok = g->arch == 90 && flash_sm90_ok();
     if (kernel == ATTN_KERNEL_SM90 && !g->sm90_ok) {
         snprintf(err, errlen, "attention: kernel sm90 needs a Hopper GPU (compute capability 9.0) and a "
@@ -248,9 +252,8 @@ static int plan_for(AttnGpu *g, const AttnParams &p, int backward, AttnKernelCho
 }
 
 // The caller's workspace, or the context's own, grown (after the work queued on its stream
-// that may still read the old one) to what p needs.
-static int attach_workspace(AttnGpu *g, AttnParams *p, char *err, size_t errlen) {
-    const size_t need = attn_workspace_bytes(p, DEVICE_CUDA);
+// that may still read the old one) to need bytes.
+static int attach_workspace(AttnGpu *g, AttnParams *p, size_t need, char *err, size_t errlen) {
     if (p->workspace) return 0;   // attn_check accepted its size
     if (need > g->ws_bytes) {
         cudaError_t e = cudaStreamSynchronize(g->stream);
@@ -287,7 +290,7 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
     if (plan_for(g, *p, backward, &c, err, errlen) != 0) return -1;
     AttnParams run = *p;   // the caller's params stay as they were given
     run.stream = g->stream;
-    if (attach_workspace(g, &run, err, errlen) != 0) return -1;
+    if (attach_workspace(g, &run, attn_workspace_bytes(p, DEVICE_CUDA), err, errlen) != 0) return -1;
     if (c.family == FAMILY_NAIVE) {
         if (!g->blas) {
             const cublasStatus_t st = cublasCreate(&g->blas);
@@ -309,4 +312,16 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
         return cuda_failed(e, c.family == FAMILY_SM90 ? "the sm90 flash kernels' launch"
                                                       : "the sm80 flash kernels' launch", err, errlen);
     return 0;
+}
+
+extern "C" int attn_gpu_decode_splits(const AttnGpu *g, const AttnParams *p) { return decode_splits(*p, g->sms); }
+
+extern "C" int attn_gpu_decode(AttnGpu *g, AttnParams *p, char *err, size_t errlen) {
+    const int splits = decode_splits(*p, g->sms);
+    if (splits == 0) return attn_gpu_run(g, p, 0, err, errlen);
+    AttnParams run = *p;
+    run.stream = g->stream;
+    run.workspace = NULL;   // the caller's was sized for attn_workspace_bytes
+    if (attach_workspace(g, &run, decode_workspace_bytes(run, splits), err, errlen) != 0) return -1;
+    return decode_run_cuda(run, splits, err, errlen);
 }

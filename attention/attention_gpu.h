@@ -15,6 +15,12 @@ AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, size_t errl
 void attn_gpu_destroy(AttnGpu *g);
 // Runs p (already accepted by attn_check) on the GPU. Returns 0, or -1 with err set.
 int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, size_t errlen);
+// attn_decode on the GPU, on params attn_check accepted: the split-KV kernel
+// (attention/decode_cuda.cu) where it applies, else attn_gpu_run's forward. Returns 0, or -1
+// with err set.
+int attn_gpu_decode(AttnGpu *g, AttnParams *p, char *err, size_t errlen);
+// The split count attn_gpu_decode would run p with, 0 for attn_gpu_run's forward.
+int attn_gpu_decode_splits(const AttnGpu *g, const AttnParams *p);
 // The stream the context's work is queued on.
 void *attn_gpu_stream(const AttnGpu *g);
 // attn_merge on the GPU (attention/merge_cuda.cu), on params the context checked. Returns 0, or

@@ -1,5 +1,6 @@
-// context: AttnContext and the two validated entry points of attention/attention.h. The CPU
-// runs the reference; CUDA runs through the GPU half (attention/attention_gpu.h).
+// context: AttnContext and the validated entry points of attention/attention.h (forward,
+// backward, decode, merge). The CPU runs the reference; CUDA runs through the GPU half
+// (attention/attention_gpu.h).
 #include <stdlib.h>
 
 #include "attention/attention.h"
@@ -76,6 +77,24 @@ int attn_forward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen) {
 
 int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen) {
     return attn_run(ctx, p, 1, err, errlen);
+}
+
+int attn_decode(AttnContext *ctx, AttnParams *p, char *err, size_t errlen) {
+#ifdef FLASHGPT_CUDA
+    if (ctx->device == DEVICE_CUDA) {
+        if (attn_check(p, ctx->device, 0, err, errlen) != 0) return -1;
+        return attn_gpu_decode(ctx->gpu, p, err, errlen);
+    }
+#endif
+    return attn_run(ctx, p, 0, err, errlen);
+}
+
+int attn_decode_splits(const AttnContext *ctx, const AttnParams *p) {
+#ifdef FLASHGPT_CUDA
+    if (ctx->device == DEVICE_CUDA) return attn_gpu_decode_splits(ctx->gpu, p);
+#endif
+    (void)p;
+    return 0;
 }
 
 int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, char *err,

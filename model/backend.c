@@ -27,6 +27,12 @@ void backend_attention(Backend *be, AttnParams *p, int backward) {
     if (rc != 0) attention_fail(err);
 }
 
+void backend_attention_decode(Backend *be, AttnParams *p) {
+    char err[ERR_LEN];
+    p->dtype = be->dtype;
+    if (attn_decode(be->attn, p, err, sizeof err) != 0) attention_fail(err);
+}
+
 void backend_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part) {
     char err[ERR_LEN];
     if (attn_merge(be->attn, acc, part, err, sizeof err) != 0) attention_fail(err);

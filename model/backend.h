@@ -150,6 +150,9 @@ struct Backend {
 // problem the module refuses (its message names its own parameters) ends the run with exit 2
 // and the message told in the config's terms (model/backend.c).
 void backend_attention(Backend *be, AttnParams *p, int backward);
+// Decode-step attention forward (attn_decode) on be's attention context, failing as
+// backend_attention does.
+void backend_attention_decode(Backend *be, AttnParams *p);
 // The exact merge of a partial attention result over other keys into acc (attn_merge), on be's
 // attention context; exits 2 with the module's message where the device has none.
 void backend_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part);

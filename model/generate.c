@@ -43,15 +43,27 @@ int sample_token(const float *logits, int V, float temperature, int top_k, Rng *
 
 int gpt_generate(GPT *m, const int *prompt, int n_prompt, int n_new, float temperature, int top_k,
                  Rng *rng, int *out) {
+    return gpt_generate_batch(m, 1, 0, prompt, n_prompt, n_new, temperature, top_k, rng, out);
+}
+
+int gpt_generate_batch(GPT *m, int B, int pos0, const int *prompt, int n_prompt, int n_new,
+                       float temperature, int top_k, Rng *rngs, int *out) {
     const GPTConfig *cfg = gpt_cfg(m);
-    float *logits = xmalloc((size_t)cfg->V * sizeof(float));  // (V)
-    int pos = 0;
-    for (; pos < n_prompt && pos < cfg->maxT; pos++) gpt_decode_step(m, prompt[pos], pos, logits);
+    float *logits = xmalloc((size_t)B * cfg->V * sizeof(float));   // (B, V)
+    int *tokens = xmalloc((size_t)B * sizeof(int));                 // (B) this step's
+    int pos = pos0;
+    for (; pos < pos0 + n_prompt && pos < cfg->maxT; pos++) {
+        for (int b = 0; b < B; b++) tokens[b] = prompt[pos - pos0];
+        gpt_decode_batch(m, tokens, B, pos, logits);
+    }
     int n = 0;
     for (; n < n_new && pos < cfg->maxT; n++, pos++) {
-        out[n] = sample_token(logits, cfg->V, temperature, top_k, rng);
-        if (pos + 1 < cfg->maxT && n + 1 < n_new) gpt_decode_step(m, out[n], pos, logits);
+        for (int b = 0; b < B; b++)
+            tokens[b] = out[(size_t)b * n_new + n] =
+                sample_token(logits + (size_t)b * cfg->V, cfg->V, temperature, top_k, &rngs[b]);
+        if (pos + 1 < cfg->maxT && n + 1 < n_new) gpt_decode_batch(m, tokens, B, pos, logits);
     }
+    free(tokens);
     free(logits);
     return n;
 }

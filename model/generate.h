@@ -1,4 +1,5 @@
-// generate: autoregressive sampling with the model's KV cache (temperature, top-k), batch 1.
+// generate: autoregressive sampling with the model's KV cache (temperature, top-k), for one
+// sequence or a batch of them decoded together.
 #pragma once
 #include "common/rng.h"
 #include "model/gpt.h"
@@ -8,6 +9,13 @@
 int sample_token(const float *logits, int V, float temperature, int top_k, Rng *rng);
 
 // Feeds the prompt (n_prompt >= 1 tokens) and draws up to n_new tokens into out; stops early at
-// the model's max_seq_len. Returns the number of tokens drawn.
+// the model's max_seq_len. Returns the number of tokens drawn. The batch of one of:
 int gpt_generate(GPT *m, const int *prompt, int n_prompt, int n_new, float temperature, int top_k,
                  Rng *rng, int *out);
+// B sequences decoded together (gpt_decode_batch), each starting from the same prompt at
+// position pos0 (0, or after gpt_decode_seek): sequence b draws its tokens with rngs[b] alone
+// and writes them to out + b * n_new (out is (B, n_new)), so it is the sequence gpt_generate
+// draws with that generator (to rounding: the batched matmuls may sum in another order on a
+// GPU).
+int gpt_generate_batch(GPT *m, int B, int pos0, const int *prompt, int n_prompt, int n_new,
+                       float temperature, int top_k, Rng *rngs, int *out);

@@ -40,6 +40,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/rng.h"
@@ -137,13 +138,17 @@ struct GPT {
     const int *pos;               // doc_pos when doc_mask, else NULL (pos = t)
     uint64_t dropout_base;        // Philox offset of its first dropout site
 
-    // incremental decoding (allocated on first use)
-    BlockActs dec;                // N = 1
-    void *dec_x, *dec_scratch, *dec_lnf, *dec_logits;  // (C), (C), (C), (Vp)
-    float *dec_lnf_mean, *dec_lnf_rstd;                // (1)
-    int *dec_token, *dec_pos;                          // (1) backend int32
-    void *kv;                     // (L, maxT, 2*NKV*HS): per position [k | v]
+    // incremental decoding of dec_B sequences (allocated by gpt_decode_reserve or the first step)
+    int dec_B;
+    BlockActs dec;                // N = dec_B
+    void *dec_x, *dec_scratch, *dec_lnf, *dec_logits;  // (B, C), (B, C), (B, C), (B, Vp)
+    float *dec_lnf_mean, *dec_lnf_rstd;                // (B)
+    int *dec_token, *dec_pos;                          // (B) backend int32
+    void *kv;                     // (L, 2, B, NKV, maxT, HS): per layer the keys, then the values;
+                                  // a head's positions are contiguous (attn_decode's layout)
     int kv_len;                   // positions cached
+    int decode_unsplit;           // decode attention through attn_forward, not attn_decode
+                                  // (gpt_set_decode_split(m, 0))
 };
 
 static void *balloc(GPT *m, size_t bytes) {
@@ -487,9 +492,11 @@ static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
 }
 
 // The layer's attention: through the ring under context parallelism (every rank of the ring
-// takes part), else on this process's keys alone. Decoding never uses the ring (ring = 0).
-static void attention_forward(GPT *m, AttnParams *p, int ring) {
-    if (ring && m->ring) ring_attention_forward(m->ring, p);
+// takes part), else on this process's keys alone. Decoding never uses the ring: it runs over
+// this process's cache, through attn_decode unless gpt_set_decode_split turned it off.
+static void attention_forward(GPT *m, AttnParams *p, int decoding) {
+    if (decoding && !m->decode_unsplit) backend_attention_decode(m->be, p);
+    else if (!decoding && m->ring) ring_attention_forward(m->ring, p);
     else backend_attention(m->be, p, 0);
 }
 static void attention_backward(GPT *m, AttnParams *p) {
@@ -497,13 +504,34 @@ static void attention_backward(GPT *m, AttnParams *p) {
     else backend_attention(m->be, p, 1);
 }
 
+// Decoding: the keys and values of the N = dec_B new tokens in a->qkv into layer l's cache at
+// position pos, by head rows (copy_2d over the batch rows or over the heads, whichever is fewer
+// calls).
+static void kv_store(GPT *m, int l, const BlockActs *a, int pos) {
+    const GPTConfig *g = &m->cfg;
+    const size_t ds = m->ds, B = m->dec_B, HS = g->HS, NKV = g->NKV, maxT = g->maxT;
+    const size_t head = maxT * HS, seq = NKV * head;   // cache elements per head, per sequence
+    for (int kv = 0; kv < 2; kv++) {
+        char *dst = at(m->kv, ((size_t)(2 * l + kv) * B * seq + pos * HS), ds);
+        const char *src = at(a->qkv, (size_t)(g->NH + kv * g->NKV) * HS, ds);
+        if (B <= NKV)
+            for (size_t b = 0; b < B; b++)
+                m->be->copy_2d(m->be, dst + b * seq * ds, head * ds, src + b * m->OCq * ds, HS * ds,
+                               HS * ds, NKV);
+        else
+            for (size_t h = 0; h < NKV; h++)
+                m->be->copy_2d(m->be, dst + h * head * ds, seq * ds, src + h * HS * ds, m->OCq * ds,
+                               HS * ds, B);
+    }
+}
+
 // One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe
-// the attention with q/out/lse in `a`; with kv_row set (decoding), this token's k and v are
-// first copied there (p's k and v already point into the cache). pos (N) backend int32 gives
-// the RoPE positions (NULL: i % T). With drop, the last forward's residual dropout masks apply
-// to both branch outputs.
+// the attention with q/out/lse in `a`; with kv_pos >= 0 (decoding), the tokens' k and v are
+// first stored in the cache at that position (p's k and v already point into it). pos (N)
+// backend int32 gives the RoPE positions (NULL: i % T). With drop, the last forward's residual
+// dropout masks apply to both branch outputs.
 static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x_out, void *scratch,
-                          int N, int T, const int *pos, AttnParams *p, void *kv_row, int drop) {
+                          int N, int T, const int *pos, AttnParams *p, int kv_pos, int drop) {
     Backend *be = m->be;
     const int C = m->cfg.C;
     void *w = m->params;
@@ -513,10 +541,8 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
                        N, C, m->OCq, EPI_NONE);
     if (m->rope)
         be->rope_forward(be, a->qkv, m->rope, pos, N, T, m->cfg.NH, m->cfg.NKV, m->cfg.HS);
-    if (kv_row)
-        be->copy(be, kv_row, at(a->qkv, (size_t)m->cfg.NH * m->cfg.HS, m->ds),
-                 (size_t)2 * m->cfg.NKV * m->cfg.HS * m->ds);
-    attention_forward(m, p, kv_row == NULL);   // kv_row: decoding, over this process's cache
+    if (kv_pos >= 0) kv_store(m, l, a, kv_pos);
+    attention_forward(m, p, kv_pos >= 0);
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
     if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_PROJ);
@@ -631,7 +657,7 @@ static void forward_logits(GPT *m, const int *tokens, int has_targets, int B, in
     for (int l = 0; l < g->L; l++) {
         BlockActs *a = &m->acts[l];
         AttnParams p = layer_attn(m, a, B, T, l);
-        block_forward(m, l, a, x, a->res_mlp, m->scratch, N, T, m->pos, &p, NULL, m->drop_resid);
+        block_forward(m, l, a, x, a->res_mlp, m->scratch, N, T, m->pos, &p, -1, m->drop_resid);
         x = a->res_mlp;
     }
     be->layernorm_forward(be, m->lnf, m->lnf_mean, m->lnf_rstd, x, tensor_ptr(m, m->params, m->lnf_i),
@@ -782,7 +808,7 @@ void gpt_backward(GPT *m, float grad_scale) {
         AttnParams p = layer_attn(m, a, B, T, l);
         if (m->recompute == RECOMPUTE_BLOCK) {
             // dfch is free until the MLP backward below; the block output itself is not needed.
-            block_forward(m, l, a, x_in, m->dfch, m->scratch, N, T, m->pos, &p, NULL,
+            block_forward(m, l, a, x_in, m->dfch, m->scratch, N, T, m->pos, &p, -1,
                           m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
             attention_forward(m, &p, 1);
@@ -838,56 +864,100 @@ void gpt_logits_f32(GPT *m, float *host) {
     free(chunk);
 }
 
-static void alloc_decode(GPT *m) {
+// Bytes of the decode buffers for B sequences: the KV cache and one block's activations.
+static size_t decode_bytes(const GPT *m, int B) {
     const GPTConfig *g = &m->cfg;
-    size_t C = g->C, ds = m->ds;
-    alloc_block(m, &m->dec, 1, 1);
-    m->dec_x = balloc(m, C * ds);
-    m->dec_scratch = balloc(m, C * ds);
-    m->dec_lnf = balloc(m, C * ds);
-    m->dec_logits = balloc(m, (size_t)g->Vp * ds);
-    m->dec_lnf_mean = balloc(m, sizeof(float));
-    m->dec_lnf_rstd = balloc(m, sizeof(float));
-    m->dec_token = balloc(m, sizeof(int));
-    m->dec_pos = balloc(m, sizeof(int));
-    m->kv = balloc(m, (size_t)g->L * g->maxT * 2 * g->NKV * g->HS * ds);
+    const size_t C = g->C, ds = m->ds;
+    const size_t kv = (size_t)g->L * 2 * g->NKV * g->maxT * g->HS * ds;
+    const size_t acts = (8 * C + 4 * C * 2 + m->OCq + g->Vp) * ds + (4 + g->NH + 2) * sizeof(float) +
+                        2 * sizeof(int);
+    return (size_t)B * (kv + acts);
 }
 
+int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen) {
+    if (m->kv) {
+        if (B == m->dec_B) return 0;
+        return set_error(err, errlen, "decode: the cache holds %d sequences, asked for %d", m->dec_B, B);
+    }
+    const GPTConfig *g = &m->cfg;
+    const size_t need = decode_bytes(m, B);
+    size_t free_bytes = 0, used = 0;
+    if (!m->be->memory(m->be, &free_bytes, &used))   // host memory: the machine's
+        free_bytes = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    if (B < 1 || need / (size_t)B != decode_bytes(m, 1) || need > free_bytes)
+        return set_error(err, errlen, "decode: %d sequences of up to %d positions need %.2f GiB for "
+                                      "the KV cache and activations, the %s has %.2f GiB free: use fewer",
+                         B, g->maxT, need / 1073741824.0, m->be->name, free_bytes / 1073741824.0);
+    size_t C = g->C, ds = m->ds;
+    m->dec_B = B;
+    alloc_block(m, &m->dec, B, 1);
+    m->dec_x = balloc(m, B * C * ds);
+    m->dec_scratch = balloc(m, B * C * ds);
+    m->dec_lnf = balloc(m, B * C * ds);
+    m->dec_logits = balloc(m, B * (size_t)g->Vp * ds);
+    m->dec_lnf_mean = balloc(m, B * sizeof(float));
+    m->dec_lnf_rstd = balloc(m, B * sizeof(float));
+    m->dec_token = balloc(m, B * sizeof(int));
+    m->dec_pos = balloc(m, B * sizeof(int));
+    m->kv = balloc(m, (size_t)B * g->L * 2 * g->NKV * g->maxT * g->HS * ds);
+    return 0;
+}
+
+void gpt_decode_seek(GPT *m, int pos) {
+    if (!m->kv || pos < 0 || pos >= m->cfg.maxT)
+        fatal(EXIT_USAGE, "decode: seek to position %d needs the decode buffers and 0 <= pos < "
+                          "model.max_seq_len (%d)", pos, m->cfg.maxT);
+    m->kv_len = pos;
+}
+
+void gpt_set_decode_split(GPT *m, int on) { m->decode_unsplit = !on; }
+
 void gpt_decode_step(GPT *m, int token, int pos, float *logits_out) {
+    gpt_decode_batch(m, &token, 1, pos, logits_out);
+}
+
+void gpt_decode_batch(GPT *m, const int *tokens, int B, int pos, float *logits_out) {
     Backend *be = m->be;
     const GPTConfig *g = &m->cfg;
     const int C = g->C;
-    const size_t kv_row = (size_t)2 * g->NKV * g->HS;   // elements per cached position
-    if (token < 0 || token >= g->V)
-        fatal(EXIT_USAGE, "decode: token %d is outside the vocabulary [0, %d)", token, g->V);
+    char err[ERR_LEN];
+    for (int b = 0; b < B; b++)
+        if (tokens[b] < 0 || tokens[b] >= g->V)
+            fatal(EXIT_USAGE, "decode: token %d is outside the vocabulary [0, %d)", tokens[b], g->V);
     if (pos < 0 || pos >= g->maxT)
         fatal(EXIT_USAGE, "decode: position %d is beyond model.max_seq_len (%d)", pos, g->maxT);
     if (pos > m->kv_len)
         fatal(EXIT_RUNTIME, "decode: position %d follows %d cached positions; feed positions "
                             "0, 1, 2, ... in order", pos, m->kv_len);
-    if (!m->kv) alloc_decode(m);
-    be->upload(be, m->dec_token, &token, sizeof(int));
-    be->upload(be, m->dec_pos, &pos, sizeof(int));
+    if (gpt_decode_reserve(m, B, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    int *pos_host = xmalloc((size_t)B * sizeof(int));
+    for (int b = 0; b < B; b++) pos_host[b] = pos;
+    be->upload(be, m->dec_token, tokens, (size_t)B * sizeof(int));
+    be->upload(be, m->dec_pos, pos_host, (size_t)B * sizeof(int));
+    free(pos_host);
     void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
     be->embed_forward(be, m->dec_x, m->dec_token, m->dec_pos, tensor_ptr(m, m->params, m->wte_i), wpe,
-                      1, 1, C);
+                      B, 1, C);
+    const int64_t head = (int64_t)g->maxT * g->HS;   // cache elements per (sequence, head)
     for (int l = 0; l < g->L; l++) {
-        void *cache = at(m->kv, (size_t)l * g->maxT * kv_row, m->ds);   // (maxT, 2*NKV*HS)
-        AttnParams p = attn_params(m, &m->dec, 1, 1, l);
-        // One query against the pos+1 cached positions (bottom-right aligned: the query is the
-        // last position, so causal masking hides nothing here but a window still applies).
+        void *keys = at(m->kv, (size_t)2 * l * B * g->NKV * head, m->ds);   // (B, NKV, maxT, HS)
+        AttnParams p = attn_params(m, &m->dec, B, 1, l);
+        // One query per sequence against its pos+1 cached positions (bottom-right aligned: the
+        // query is the last position, so causal masking hides nothing here but a window still
+        // applies).
         p.T_k = pos + 1;
-        p.k = cache;
-        p.v = at(cache, (size_t)g->NKV * g->HS, m->ds);
-        p.k_st = p.v_st = (AttnStrides){(int64_t)g->maxT * kv_row, (int64_t)kv_row, g->HS};
-        block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, 1, 1, m->dec_pos, &p,
-                      at(cache, (size_t)pos * kv_row, m->ds), 0);
+        p.k = keys;
+        p.v = at(keys, (size_t)B * g->NKV * head, m->ds);
+        p.k_st = p.v_st = (AttnStrides){g->NKV * head, g->HS, head};
+        block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, B, 1, m->dec_pos, &p, pos, 0);
     }
     be->layernorm_forward(be, m->dec_lnf, m->dec_lnf_mean, m->dec_lnf_rstd, m->dec_x,
                           tensor_ptr(m, m->params, m->lnf_i), tensor_ptr(m, m->params, m->lnf_i + 1),
-                          1, C);
+                          B, C);
     be->matmul_forward(be, m->dec_logits, NULL, m->dec_lnf, tensor_ptr(m, m->params, m->wte_i), NULL,
-                       1, C, g->Vp, EPI_NONE);
-    be->download_f32(be, logits_out, m->dec_logits, (size_t)g->V);
+                       B, C, g->Vp, EPI_NONE);
+    for (int b = 0; b < B; b++)
+        be->download_f32(be, logits_out + (size_t)b * g->V, at(m->dec_logits, (size_t)b * g->Vp, m->ds),
+                         (size_t)g->V);
     m->kv_len = pos + 1;
 }

@@ -115,7 +115,23 @@ void gpt_logits_f32(GPT *m, float *host);
 // logits hold, at most B*T; fewer (1 up to that default) to test or to save memory.
 void gpt_set_head_rows(GPT *m, int rows);
 
-// Incremental decoding with a KV cache (batch 1): feed token at position pos (0, 1, 2, ...),
-// receive logits (V) fp32 host for the next token. pos 0 resets the cache. The cache holds one
-// sequence: positions are not split into documents here (eot tokens are ordinary tokens).
+// Incremental decoding with a KV cache: feed B sequences' tokens (B) at position pos (0, 1,
+// 2, ..., the same for every sequence), receive logits (B, V) fp32 host for their next tokens.
+// pos 0 resets the cache. The cache, per layer (B, NKV, maxT, HS) for the keys and the same for
+// the values, is made for the B of the first step (or gpt_decode_reserve) and keeps it; a step
+// with another B is refused. Positions are not split into documents here (eot tokens are
+// ordinary tokens). gpt_decode_step is the batch of one.
+void gpt_decode_batch(GPT *m, const int *tokens, int B, int pos, float *logits_out);
 void gpt_decode_step(GPT *m, int token, int pos, float *logits_out);
+// Makes the decode buffers for B sequences, after checking that they fit the device's free
+// memory (the host's physical memory on the CPU): 0, or -1 with err naming the bytes needed
+// and free, before anything is allocated. 0 when they already exist for B; -1 for another B.
+int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen);
+// A timing aid: marks the first pos positions of every sequence as cached without computing
+// them (their keys and values are what the cache holds: zeros when it is new), so that the next
+// step may feed position pos and costs what a step at that context length costs. Needs the
+// buffers (gpt_decode_reserve); pos in [0, maxT).
+void gpt_decode_seek(GPT *m, int pos);
+// Decode attention through attn_decode, the split-KV kernel on CUDA (on = 1, the default), or
+// through attn_forward as training's attention (on = 0): the same results to rounding.
+void gpt_set_decode_split(GPT *m, int on);
