@@ -122,12 +122,15 @@ typedef struct {
 // Block patterns (a sparse list built on the host from a few numbers, in blocks): every
 // pattern keeps the local band |kb - diag(qb)| < band, where diag(qb) is the key block holding
 // the aligned position of query block qb's first row (the diagonal block when T_q == T_k);
-//   local_global: plus `global` global blocks: the first `global` query blocks read every key
-//                 block and every query block reads the first `global` key blocks;
+//   local_global: plus `global` global blocks: a query block whose diag is below `global`
+//                 reads every key block and every query block reads the first `global` key
+//                 blocks;
 //   strided:      plus every key block kb with kb % stride == stride - 1 (summary columns);
 //   bigbird:      local_global plus `random` key blocks per query block drawn from a stream
-//                 keyed by seed and the query block (duplicates merge).
-// With causal, blocks wholly above the causal diagonal are left out of the lists.
+//                 keyed by seed and diag (duplicates merge).
+// Every rule depends on diag(qb), not on qb, so one query decoding at position t against the
+// cache (T_q = 1, T_k = t + 1) reads the blocks of training's query block holding t. With
+// causal, blocks wholly above the causal diagonal are left out of the lists.
 typedef enum {
     ATTN_SPARSE_NONE = 0,
     ATTN_SPARSE_LOCAL_GLOBAL = 1,
@@ -136,7 +139,7 @@ typedef enum {
 } AttnSparsePattern;
 typedef struct {
     AttnSparsePattern pattern;
-    int band;      // >= 1 blocks
+    int band;      // >= 1 blocks (1: the diagonal block alone)
     int global;    // >= 0 blocks (local_global, bigbird)
     int stride;    // >= 1 blocks (strided)
     int random;    // >= 0 blocks per query block (bigbird)
@@ -152,9 +155,10 @@ typedef struct {
 } AttnBlockMask;
 
 // Builds m for pattern s over T_q queries and T_k keys (causal: bottom-right aligned, as in
-// AttnParams). Returns 0, or -1 with err naming the parameter (band, global, stride, random)
-// that does not fit (a band wider than the key blocks, more global blocks than blocks) and m
-// left empty. ATTN_SPARSE_NONE is refused: dense attention needs no lists.
+// AttnParams). Parameters wider than the problem are clipped to it (a decoding step early in a
+// sequence has fewer blocks than the band). Returns 0, or -1 with err naming the parameter
+// (band, global, stride, random) out of its range and m left empty. ATTN_SPARSE_NONE is
+// refused: dense attention needs no lists.
 int attn_block_mask_build(AttnBlockMask *m, const AttnSparseSpec *s, int T_q, int T_k, int causal,
                           char *err, size_t errlen);
 // Builds m from a caller's per-query-block lists (copied; each row sorted, distinct, in range,

@@ -74,43 +74,41 @@ int attn_block_mask_from_lists(AttnBlockMask *m, int T_q, int T_k, const int *q_
     return add_transpose(m, err, errlen);
 }
 
-static int check_spec(const AttnSparseSpec *s, int n_qb, int n_kb, char *err, size_t errlen) {
+// Parameters wider than the problem are clipped to it, not refused: a decoding step (T_q = 1,
+// T_k = t + 1) early in a sequence has fewer blocks than the band. Callers refuse a pattern
+// wider than their sequence in their own terms.
+static int check_spec(const AttnSparseSpec *s, char *err, size_t errlen) {
     if (s->pattern < ATTN_SPARSE_LOCAL_GLOBAL || s->pattern > ATTN_SPARSE_BIGBIRD)
         return set_error(err, errlen, "attention: block pattern %d is not local_global, strided or bigbird",
                          (int)s->pattern);
-    if (s->band < 1 || s->band > n_kb)
-        return set_error(err, errlen,
-                         "attention: the local band of %d blocks does not fit the %d key blocks of %d "
-                         "tokens: use 1..%d", s->band, n_kb, ATTN_SPARSE_BLOCK, n_kb);
-    const int globals = s->pattern != ATTN_SPARSE_STRIDED;
-    if (globals && (s->global < 0 || s->global > n_qb || s->global > n_kb))
-        return set_error(err, errlen,
-                         "attention: %d global blocks are more than the %d query or %d key blocks",
-                         s->global, n_qb, n_kb);
-    if (s->pattern == ATTN_SPARSE_STRIDED && (s->stride < 1 || s->stride > n_kb))
-        return set_error(err, errlen, "attention: the stride of %d blocks does not fit the %d key blocks",
-                         s->stride, n_kb);
-    if (s->pattern == ATTN_SPARSE_BIGBIRD && (s->random < 0 || s->random > n_kb))
-        return set_error(err, errlen, "attention: %d random blocks per query block are more than the %d "
-                                      "key blocks", s->random, n_kb);
+    if (s->band < 1)
+        return set_error(err, errlen, "attention: the local band of %d blocks must be at least 1 (the "
+                                      "diagonal block)", s->band);
+    if (s->global < 0 || s->random < 0)
+        return set_error(err, errlen, "attention: global (%d) and random (%d) blocks must be >= 0",
+                         s->global, s->random);
+    if (s->pattern == ATTN_SPARSE_STRIDED && s->stride < 1)
+        return set_error(err, errlen, "attention: the stride of %d blocks must be at least 1", s->stride);
     return 0;
 }
 
-// Marks row qb's blocks of pattern s in row[n_kb] (0/1). diag: the key block of the row's first
-// aligned position; last: the last key block any causal query of the row can see.
-static void mark_row(unsigned char *row, const AttnSparseSpec *s, int qb, int n_kb, int diag, int last) {
+// Marks the blocks of pattern s in row[n_kb] (0/1) for the query block whose first aligned
+// position lies in key block diag; last: the last key block any causal query of it can see.
+// Everything depends on diag, not on the query block's index, so a decoding step (one query
+// against the cache) reads the blocks its position's query block reads in training.
+static void mark_row(unsigned char *row, const AttnSparseSpec *s, int n_kb, int diag, int last) {
     memset(row, 0, (size_t)n_kb);
     for (int kb = diag - s->band + 1; kb < diag + s->band; kb++)
         if (kb >= 0 && kb < n_kb) row[kb] = 1;
     if (s->pattern == ATTN_SPARSE_STRIDED)
         for (int kb = s->stride - 1; kb < n_kb; kb += s->stride) row[kb] = 1;
     else {
-        for (int kb = 0; kb < s->global; kb++) row[kb] = 1;
-        if (qb < s->global) memset(row, 1, (size_t)n_kb);
+        for (int kb = 0; kb < s->global && kb < n_kb; kb++) row[kb] = 1;
+        if (diag < s->global) memset(row, 1, (size_t)n_kb);
     }
     if (s->pattern == ATTN_SPARSE_BIGBIRD && s->random > 0 && last >= 0) {
         Rng r;
-        rng_seed(&r, s->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(qb + 1)));
+        rng_seed(&r, s->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(diag + 1)));
         for (int i = 0; i < s->random; i++) row[rng_below(&r, (uint64_t)(last + 1))] = 1;
     }
 }
@@ -121,7 +119,7 @@ int attn_block_mask_build(AttnBlockMask *m, const AttnSparseSpec *s, int T_q, in
     if (T_q < 1 || T_k < 1)
         return set_error(err, errlen, "attention: block lists need positive T_q and T_k, got %d and %d", T_q, T_k);
     const int n_qb = attn_sparse_blocks(T_q), n_kb = attn_sparse_blocks(T_k);
-    if (check_spec(s, n_qb, n_kb, err, errlen) != 0) return -1;
+    if (check_spec(s, err, errlen) != 0) return -1;
     unsigned char *row = malloc((size_t)n_kb);
     size_t cap = (size_t)n_qb * 4 + 16;
     if (!row || init_mask(m, T_q, T_k, cap, err, errlen) != 0) {
@@ -135,7 +133,7 @@ int attn_block_mask_build(AttnBlockMask *m, const AttnSparseSpec *s, int T_q, in
         const int diag = (int)(p0 >= 0 ? p0 / ATTN_SPARSE_BLOCK : -((-p0 + ATTN_SPARSE_BLOCK - 1) / ATTN_SPARSE_BLOCK));
         int last = n_kb - 1;  // causal: nothing after the row's last aligned position
         if (causal) last = p1 < 0 ? -1 : (int)(p1 / ATTN_SPARSE_BLOCK < last ? p1 / ATTN_SPARSE_BLOCK : last);
-        mark_row(row, s, qb, n_kb, diag, last);
+        mark_row(row, s, n_kb, diag, last);
         for (int kb = 0; kb <= last; kb++) {
             if (!row[kb]) continue;
             if ((size_t)m->nnz == cap) {
