@@ -24,17 +24,21 @@ struct SparseLists {
     Slot slots[2];  // [0] T_q == T_k (training, evaluation), [1] T_q != T_k (decoding)
 };
 
+AttnSparseSpec sparse_lists_spec(const Config *run) {
+    return (AttnSparseSpec){(AttnSparsePattern)run->attention.sparse,
+                            run->attention.sparse_band / ATTN_SPARSE_BLOCK,
+                            run->attention.sparse_global / ATTN_SPARSE_BLOCK,
+                            run->attention.sparse_stride / ATTN_SPARSE_BLOCK,
+                            run->attention.sparse_random,
+                            (uint64_t)run->attention.sparse_seed};
+}
+
 SparseLists *sparse_lists_create(Backend *be, const Config *run) {
     if (!run || run->attention.sparse == ATTN_SPARSE_NONE) return NULL;
     SparseLists *s = xcalloc(1, sizeof *s);
     s->be = be;
     s->every = run->attention.sparse_every > 0 ? run->attention.sparse_every : 1;
-    s->spec = (AttnSparseSpec){(AttnSparsePattern)run->attention.sparse,
-                               run->attention.sparse_band / ATTN_SPARSE_BLOCK,
-                               run->attention.sparse_global / ATTN_SPARSE_BLOCK,
-                               run->attention.sparse_stride / ATTN_SPARSE_BLOCK,
-                               run->attention.sparse_random,
-                               (uint64_t)run->attention.sparse_seed};
+    s->spec = sparse_lists_spec(run);
     return s;
 }
 

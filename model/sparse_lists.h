@@ -7,6 +7,8 @@
 
 typedef struct SparseLists SparseLists;
 
+// attention.sparse and its sparse_* keys as the attention module's pattern (in blocks).
+AttnSparseSpec sparse_lists_spec(const Config *run);
 // NULL when run is NULL or attention.sparse is none (config_validate checked the parameters).
 SparseLists *sparse_lists_create(Backend *be, const Config *run);
 void sparse_lists_free(SparseLists *s);
