@@ -16,6 +16,7 @@
 
 #include "attention/attention.h"
 #include "common/rng.h"
+#include "tests/attn_contiguous.h"
 #include "tests/testlib.h"
 
 #define U32 5.9604644775390625e-8  // 2^-24
@@ -79,21 +80,11 @@ static void problem_free(Problem *pb) {
     attn_block_mask_free(&pb->m);
 }
 
-static AttnStrides strides(int T, int H, int HS) { return (AttnStrides){(int64_t)T * H * HS, (int64_t)H * HS, HS}; }
-
 static AttnParams params_of(Problem *pb, AttnImpl impl, int sparse) {
     const Case *c = &pb->c;
-    AttnParams p;
-    memset(&p, 0, sizeof p);
-    p.q = pb->q; p.k = pb->k; p.v = pb->v; p.out = pb->out; p.lse = pb->lse;
-    p.dout = pb->dout; p.dq = pb->dq; p.dk = pb->dk; p.dv = pb->dv;
-    p.q_st = p.o_st = p.do_st = p.dq_st = strides(c->T_q, c->NH, c->HS);
-    p.k_st = p.v_st = p.dk_st = p.dv_st = strides(c->T_k, c->NKV, c->HS);
-    p.B = c->B; p.T_q = c->T_q; p.T_k = c->T_k; p.NH = c->NH; p.NKV = c->NKV; p.HS = c->HS;
-    p.scale = 1.0f / sqrtf((float)c->HS);
-    p.causal = c->causal;
-    p.window_left = c->window;
-    p.window_right = c->causal ? -1 : c->window;
+    const AttnTensors t = {pb->q, pb->k, pb->v, pb->dout, pb->out, pb->dq, pb->dk, pb->dv, pb->lse};
+    const AttnShape s = {c->B, c->T_q, c->T_k, c->NH, c->NKV, c->HS, c->causal, c->window};
+    AttnParams p = attn_contiguous(&t, &s);
     p.cu_seqlens = c->docs ? pb->cu : NULL;
     p.n_docs = c->docs ? pb->n_docs : 0;
     p.dtype = DTYPE_F32;

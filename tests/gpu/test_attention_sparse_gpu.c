@@ -20,6 +20,7 @@
 
 #include "attention/attention.h"
 #include "common/rng.h"
+#include "tests/attn_contiguous.h"
 #include "tests/testlib.h"
 #include "tests/gpu/cuda_ok.h"
 
@@ -140,24 +141,14 @@ static void problem_free(Problem *pb) {
     attn_block_mask_free(&pb->m);
 }
 
-static AttnStrides st(int T, int H, int HS) { return (AttnStrides){(int64_t)T * H * HS, (int64_t)H * HS, HS}; }
-
 // Params of the case on the host (fp32) or device (bf16) tensors, with or without the lists.
 static AttnParams params(const Problem *pb, const Case *c, Device dev, int sparse, int deterministic) {
-    AttnParams p;
-    memset(&p, 0, sizeof p);
     const int gpu = dev == DEVICE_CUDA;
-    p.q = gpu ? pb->d_q : pb->q; p.k = gpu ? pb->d_k : pb->k; p.v = gpu ? pb->d_v : pb->v;
-    p.out = gpu ? pb->d_out : pb->out; p.lse = gpu ? pb->d_lse : pb->lse;
-    p.dout = gpu ? pb->d_dout : pb->dout; p.dq = gpu ? pb->d_dq : pb->dq;
-    p.dk = gpu ? pb->d_dk : pb->dk; p.dv = gpu ? pb->d_dv : pb->dv;
-    p.q_st = p.o_st = p.do_st = p.dq_st = st(c->T_q, c->NH, c->HS);
-    p.k_st = p.v_st = p.dk_st = p.dv_st = st(c->T_k, c->NKV, c->HS);
-    p.B = c->B; p.T_q = c->T_q; p.T_k = c->T_k; p.NH = c->NH; p.NKV = c->NKV; p.HS = c->HS;
-    p.scale = 1.0f / sqrtf((float)c->HS);
-    p.causal = c->causal;
-    p.window_left = c->window;
-    p.window_right = c->causal ? -1 : c->window;
+    const AttnTensors host = {pb->q, pb->k, pb->v, pb->dout, pb->out, pb->dq, pb->dk, pb->dv, pb->lse};
+    const AttnTensors devt = {pb->d_q, pb->d_k, pb->d_v, pb->d_dout, pb->d_out, pb->d_dq, pb->d_dk, pb->d_dv,
+                              pb->d_lse};
+    const AttnShape s = {c->B, c->T_q, c->T_k, c->NH, c->NKV, c->HS, c->causal, c->window};
+    AttnParams p = attn_contiguous(gpu ? &devt : &host, &s);
     p.dtype = gpu ? DTYPE_BF16 : DTYPE_F32;
     p.impl = ATTN_IMPL_FLASH;
     p.deterministic = deterministic;
