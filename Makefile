@@ -143,10 +143,12 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HDR) $(BUILD)/libflashgpt.a
 	$(call say,FUZZ,$@)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(BUILD)/libflashgpt.a -o $@ $(LDLIBS)
 
 # The attention module alone as a shared library (C API of attention/attention.h), for ctypes.
-# It needs only common/check.o and common/dtype.o from the rest of common (no cJSON, so it loads
-# on machines without it); -fopenmp links libgomp for the CPU reference's parallel loops.
+# It needs only common/check.o, common/dtype.o and common/rng.o (the block patterns' random
+# blocks) from the rest of common (no cJSON, so it loads on machines without it); -fopenmp
+# links libgomp for the CPU reference's parallel loops.
 libattention: $(BUILD)/libattention.so
-$(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/check.o $(BUILD)/common/dtype.o
+$(BUILD)/libattention.so: $(filter $(BUILD)/attention/%,$(OBJ)) $(BUILD)/common/check.o $(BUILD)/common/dtype.o \
+                          $(BUILD)/common/rng.o
 	$(call say,LINK,$@)$(CC) -shared -fopenmp $^ -o $@ $(LDLIBS)
 
 # Every #include against the layer rules of docs/ARCHITECTURE.md.

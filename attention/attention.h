@@ -99,7 +99,78 @@ typedef struct {
     // becomes softcap * tanh(s / softcap), and only then are ALiBi added and masks applied (the
     // order flash-attn uses). Forward and backward.
     float softcap;
+    // Block-sparse attention (all four NULL: dense). Queries and keys are cut into blocks of
+    // ATTN_SPARSE_BLOCK (by index in T_q and T_k; the last block of each may be ragged); query
+    // block qb reads only the key blocks sparse_q_blocks[sparse_q_offsets[qb] ..
+    // sparse_q_offsets[qb + 1]) (sorted, distinct), and the transposed lists sparse_k_offsets /
+    // sparse_k_blocks give each key block its query blocks (backward). The usual masks (causal,
+    // window, documents) still apply inside the present blocks. One pattern for every batch row
+    // and head, so the query heads of a GQA group share their KV head's. Device memory on CUDA;
+    // attn_block_mask_build / attn_block_mask_from_lists make the lists and
+    // attn_set_block_mask points p at them. Not with pos_explicit or the naive CUDA path.
+    const int *sparse_q_offsets;    // (ceil(T_q / ATTN_SPARSE_BLOCK) + 1)
+    const int *sparse_q_blocks;     // (sparse_q_offsets[n_qb]) key block indices
+    const int *sparse_k_offsets;    // (ceil(T_k / ATTN_SPARSE_BLOCK) + 1)
+    const int *sparse_k_blocks;     // (sparse_k_offsets[n_kb]) query block indices
 } AttnParams;
+
+// The block size of block-sparse attention: a multiple of every flash tile along both axes
+// (sm80: 64 and 128, sm90: 64 and 128; the sm90 forward's 192-row tile is not used with a
+// block mask) and of the CPU reference's 64.
+#define ATTN_SPARSE_BLOCK 128
+
+// Block patterns (a sparse list built on the host from a few numbers, in blocks): every
+// pattern keeps the local band |kb - diag(qb)| < band, where diag(qb) is the key block holding
+// the aligned position of query block qb's first row (the diagonal block when T_q == T_k);
+//   local_global: plus `global` global blocks: a query block whose diag is below `global`
+//                 reads every key block and every query block reads the first `global` key
+//                 blocks;
+//   strided:      plus every key block kb with kb % stride == stride - 1 (summary columns);
+//   bigbird:      local_global plus `random` key blocks per query block drawn from a stream
+//                 keyed by seed and diag (duplicates merge).
+// Every rule depends on diag(qb), not on qb, so one query decoding at position t against the
+// cache (T_q = 1, T_k = t + 1) reads the blocks of training's query block holding t. With
+// causal, blocks wholly above the causal diagonal are left out of the lists.
+typedef enum {
+    ATTN_SPARSE_NONE = 0,
+    ATTN_SPARSE_LOCAL_GLOBAL = 1,
+    ATTN_SPARSE_STRIDED = 2,
+    ATTN_SPARSE_BIGBIRD = 3
+} AttnSparsePattern;
+typedef struct {
+    AttnSparsePattern pattern;
+    int band;      // >= 1 blocks (1: the diagonal block alone)
+    int global;    // >= 0 blocks (local_global, bigbird)
+    int stride;    // >= 1 blocks (strided)
+    int random;    // >= 0 blocks per query block (bigbird)
+    uint64_t seed; // bigbird's random blocks
+} AttnSparseSpec;
+
+// Host memory: the lists of AttnParams' sparse fields for one (T_q, T_k).
+typedef struct {
+    int T_q, T_k, n_qb, n_kb;
+    int nnz;                      // present blocks
+    int *q_offsets, *q_blocks;    // (n_qb + 1), (nnz)
+    int *k_offsets, *k_blocks;    // (n_kb + 1), (nnz)
+} AttnBlockMask;
+
+// Builds m for pattern s over T_q queries and T_k keys (causal: bottom-right aligned, as in
+// AttnParams). Parameters wider than the problem are clipped to it (a decoding step early in a
+// sequence has fewer blocks than the band). Returns 0, or -1 with err naming the parameter
+// (band, global, stride, random) out of its range and m left empty. ATTN_SPARSE_NONE is
+// refused: dense attention needs no lists.
+int attn_block_mask_build(AttnBlockMask *m, const AttnSparseSpec *s, int T_q, int T_k, int causal,
+                          char *err, size_t errlen);
+// Builds m from a caller's per-query-block lists (copied; each row sorted, distinct, in range,
+// else -1 with err naming the row) and adds the transposed lists.
+int attn_block_mask_from_lists(AttnBlockMask *m, int T_q, int T_k, const int *q_offsets,
+                               const int *q_blocks, char *err, size_t errlen);
+void attn_block_mask_free(AttnBlockMask *m);
+// Fraction of the (query block, key block) pairs that are present.
+double attn_block_mask_density(const AttnBlockMask *m);
+// Points p's four sparse fields at m's host arrays (CPU; CUDA callers point them at device
+// copies of the same four arrays).
+void attn_set_block_mask(AttnParams *p, const AttnBlockMask *m);
 
 // ---- the context: made once per backend (device, stream, kernel family) ----
 // It holds what every call would otherwise look up again: the GPU's architecture, whether this
@@ -193,7 +264,7 @@ int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, 
 void attn_merge_cpu(const AttnParams *acc, const AttnParams *part);
 
 // Helpers shared by every implementation (attention/mask.c): whether key j is visible to query
-// i of batch row b under the params' causal/window/document rules, and the ALiBi bias.
+// i of batch row b under the params' causal/window/document rules and block mask (host lists).
 int attn_visible(const AttnParams *p, int b, int i, int j);
 // The dropout keep-decision for element (b, h, i, j): 1 keep (scaled by 1/(1-p)), 0 drop.
 // Counter-based (Philox-4x32-10 keyed by seed, counter from offset and the element index), so

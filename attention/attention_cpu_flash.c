@@ -1,8 +1,8 @@
 // attention_cpu_flash: the FlashAttention-2 algorithm in fp32 on the CPU, the reference the CUDA
 // flash kernels are checked against.
 //
-// Forward: per (b, h, query tile) a loop over the key tiles the tile's mask ranges touch, with an
-// online softmax (running max m and sum l per row); the output is written once, with
+// Forward: per (b, h, query tile) a loop over the key tiles the tile's mask ranges touch (and,
+// with a block mask, that its query block's list holds), with an online softmax (running max m and sum l per row); the output is written once, with
 // lse = m + log(l). Backward: per (b, kv head) a loop over key tiles, recomputing P = exp(S - lse)
 // per (query tile, key tile) from the saved lse; the thread owns dK/dV of its kv head and dQ of
 // the query heads sharing it, so there are no races and the summation order is fixed
@@ -22,6 +22,8 @@
 // of each stays in L2 while the query rows stream past.
 #define FLASH_BR 64  // query rows per tile
 #define FLASH_BC 64  // keys per tile
+_Static_assert(ATTN_SPARSE_BLOCK % FLASH_BR == 0 && ATTN_SPARSE_BLOCK % FLASH_BC == 0,
+               "a block-sparse block is whole tiles");
 
 typedef struct {
     float *kt;   // (HS, BC) K^T of the current key tile
@@ -173,8 +175,12 @@ static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int
         w->l[r] = 0.0f;
         memset(acc + r * HS, 0, sizeof(float) * HS);
     }
-    // Key tiles outside [u.lo, u.hi) are masked for every row of this query tile: skipped.
-    for (int j0 = u.lo - u.lo % FLASH_BC; j0 < u.hi; j0 += FLASH_BC) {
+    // Key tiles outside [u.lo, u.hi) are masked for every row of this query tile, and those of
+    // the blocks a block mask leaves out are never read: both skipped.
+    const AttnTileSpan span = attn_tile_span(p->sparse_q_offsets, p->sparse_q_blocks, i0 / ATTN_SPARSE_BLOCK,
+                                             u.lo / FLASH_BC, (u.hi + FLASH_BC - 1) / FLASH_BC, FLASH_BC);
+    for (int it = 0; it < span.count; it++) {
+        const int j0 = attn_span_tile(&span, it) * FLASH_BC;
         const int bc = min_i(FLASH_BC, p->T_k - j0);
         gather_transposed(w->kt, p->k, p->k_st, b, g, j0, bc, HS);
         tile_scores(p, w->s, NULL, w->kt, b, h, i0, br, j0, bc, rng);
@@ -304,13 +310,19 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
     }
     for (int j0 = 0; j0 < p->T_k; j0 += FLASH_BC) {
         const int bc = min_i(FLASH_BC, p->T_k - j0);
-        gather_transposed(w->kt, p->k, p->k_st, b, g, j0, bc, HS);
-        gather_transposed(w->vt, p->v, p->v_st, b, g, j0, bc, HS);
+        // The query tiles of the blocks that read this key tile (all of them when dense).
+        const AttnTileSpan span = attn_tile_span(p->sparse_k_offsets, p->sparse_k_blocks, j0 / ATTN_SPARSE_BLOCK,
+                                                 0, n_qt, FLASH_BR);
+        if (span.count > 0) {
+            gather_transposed(w->kt, p->k, p->k_st, b, g, j0, bc, HS);
+            gather_transposed(w->vt, p->v, p->v_st, b, g, j0, bc, HS);
+        }
         memset(w->acc, 0, sizeof(float) * bc * HS);  // dK (bc, HS), unscaled
         memset(w->dv, 0, sizeof(float) * bc * HS);   // dV (bc, HS)
         for (int hh = 0; hh < group; hh++) {
             const int h = g * group + hh;
-            for (int t = 0; t < n_qt; t++) {
+            for (int it = 0; it < span.count; it++) {
+                const int t = attn_span_tile(&span, it);
                 AttnKeyRange u = rows->tiles[t];
                 if (u.lo >= u.hi || u.hi <= j0 || u.lo >= j0 + bc) continue;  // fully masked pair
                 const int i0 = t * FLASH_BR, br = min_i(FLASH_BR, p->T_q - i0);

@@ -39,7 +39,7 @@ static void softmax_rows(const AttnParams *p, float *P, float *lse, int b, int h
         AttnKeyRange r = attn_key_range(p, b, i);
         float mx = -INFINITY;
         for (int j = 0; j < p->T_k; j++) {
-            if (j < r.lo || j >= r.hi) {
+            if (j < r.lo || j >= r.hi || !attn_block_present(p, i, j)) {
                 pr[j] = -INFINITY;
                 continue;
             }

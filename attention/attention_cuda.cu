@@ -26,7 +26,7 @@ typedef struct {
 
 // What a kernel choice depends on besides the context: one cached plan per distinct key.
 typedef struct {
-    int backward, hs, extras, softcap, deterministic, naive, long_q;
+    int backward, hs, extras, softcap, deterministic, naive, long_q, sparse;
     DType dtype;
 } PlanKey;
 
@@ -79,8 +79,9 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
         return -1;
     }
     // HS 64: three warpgroups (BM 192) from 4K queries on, two below (short causal rows are
-    // imbalanced over 192-row tiles); HS 128 fits two only, and so do the feature instances.
-    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
+    // imbalanced over 192-row tiles); HS 128 fits two only, and so do the feature instances. A
+    // block mask needs query tiles that divide its blocks: two (BM 128).
+    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras && !attn_sparse(&p) ? 3 : 2;
     return 0;
 }
 
@@ -238,6 +239,7 @@ static int plan_for(AttnGpu *g, const AttnParams &p, int backward, AttnKernelCho
     k.deterministic = p.deterministic;
     k.naive = attn_runs_naive(&p, DEVICE_CUDA);
     k.long_q = p.T_q >= 4096;
+    k.sparse = attn_sparse(&p);
     k.dtype = p.dtype;
     for (int i = 0; i < g->n_plans; i++)
         if (same_key(g->keys[i], k)) {

@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
 #pragma unroll
     for (int i = 0; i < ND; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 
-    for (int nb = qb.nb_begin; nb < qb.nb_end; nb++) {
-        const int n0 = nb * BN;
+    for (int it = 0; it < qb.n_tiles(); it++) {  // the visible, present key tiles
+        const int n0 = qb.key_tile(it) * BN;
         tile_load_async<BN, HS, NT>(sK, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
         tile_load_async<BN, HS, NT>(sV, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
         cp_async_commit();

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         if (warp != 0 || !DQ) return;
         int hi = 0, mb = 0;
         for (int it = 0; it < pairs.total; it++) {
-            const int h = kvh * pairs.G + hi, m0 = (pairs.mb_begin + mb) * BM;
+            const int h = kvh * pairs.G + hi, m0 = pairs.tile_m0(mb, BM);
             if (++mb == pairs.n_mb) mb = 0, hi++;
 #pragma unroll
             for (int w = 0; w < 2; w++) {
@@ -92,9 +92,9 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     // thread, cp.async), and returns whether its tile is partial; only then do the visible key
     // ranges of its rows go to shared memory (the only case that reads them). Rows past T_k or
     // T_q read as zeros (flash_bwd_sm80.cu: their dS and P dO come out 0).
-    int cur_hi = 0, cur_mb = 0;  // the next pair to load: query head kvh * G + cur_hi, tile mb_begin + cur_mb
+    int cur_hi = 0, cur_mb = 0;  // the next pair to load: query head kvh * G + cur_hi, tile tile_m0(cur_mb)
     auto load_stage = [&](int stage, bool kv) {
-        const int h = kvh * pairs.G + cur_hi, m0 = (pairs.mb_begin + cur_mb) * BM;
+        const int h = kvh * pairs.G + cur_hi, m0 = pairs.tile_m0(cur_mb, BM);
         if (++cur_mb == pairs.n_mb) cur_mb = 0, cur_hi++;
         const int m_valid = min(BM, p.T_q - m0);
         if (tid == 0) {

@@ -44,14 +44,15 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
         if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p);
     }
 
-    // K and V tile nb go to stage nb & 1; tile nb-1 is fetched while tile nb is computed.
-    auto load_kv = [&](int nb) {
-        const int n0 = nb * BN, st = nb & 1;
+    // Loop step `it` computes key tile qb.key_tile(it) from stage it & 1 while the loads of step
+    // it - 1 fill the other stage.
+    auto load_kv = [&](int it) {
+        const int n0 = qb.key_tile(it) * BN, st = it & 1;
         tile_load_async<BN, HS, NT>(sK + st * BN * HS, k + (int64_t)n0 * p.k_st.row, p.k_st.row, p.T_k - n0, tid);
         tile_load_async<BN, HS, NT>(sV + st * BN * HS, v + (int64_t)n0 * p.v_st.row, p.v_st.row, p.T_k - n0, tid);
     };
     tile_load_async<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
-    if (qb.nb_end > qb.nb_begin) load_kv(qb.nb_end - 1);
+    if (qb.n_tiles() > 0) load_kv(qb.n_tiles() - 1);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -79,13 +80,13 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     for (int mt = 0; mt < MT; mt++) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.f;
 
     // Key tiles from last to first: the partial (diagonal, ragged) tiles come first, then the bulk.
-    for (int nb = qb.nb_end - 1; nb >= qb.nb_begin; nb--) {
-        const int n0 = nb * BN;
-        const T *cK = sK + (nb & 1) * BN * HS, *cV = sV + (nb & 1) * BN * HS;
+    for (int it = qb.n_tiles() - 1; it >= 0; it--) {
+        const int n0 = qb.key_tile(it) * BN;
+        const T *cK = sK + (it & 1) * BN * HS, *cV = sV + (it & 1) * BN * HS;
         cp_async_wait<0>();
-        __syncthreads();  // tile nb has landed; every warp is done with tile nb+1, whose stage
+        __syncthreads();  // step it's tile has landed; every warp is done with step it+1's, whose stage
                           // the next load overwrites
-        if (nb > qb.nb_begin) load_kv(nb - 1);
+        if (it > 0) load_kv(it - 1);
         cp_async_commit();
 
         float s[MT][NS][4];  // (WROWS, BN) scores of this warp

@@ -31,7 +31,6 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     const QueryBlock qb = query_block(p, BM, BN);
     const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0;
     const RowRange first = qb.first, last = qb.last;
-    const int nb_begin = qb.nb_begin, nb_end = qb.nb_end;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
@@ -55,14 +54,15 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     }
 
     // Key tiles run from last to first (the partial diagonal and ragged tiles first, then the
-    // bulk): tile i is nb_end - 1 - i, in stage i % STAGES. Thread 0 has the copy engine load
+    // bulk): tile i starts at key key_n0(i), in stage i % STAGES. Thread 0 has the copy engine load
     // each tile (keys past T_k read as zeros), which lands on the stage's `full` barrier; every
     // thread arrives on `empty` when its warpgroup is done with the stage. Thread 0 refills a
     // stage once all have released it, so warpgroups drift apart by up to a tile instead of
     // meeting every tile. Q lands with tile 0 (rows past T_q read as zeros).
-    const int n_tiles = nb_end - nb_begin;
+    const int n_tiles = qb.n_tiles();
+    auto key_n0 = [&](int i) { return qb.key_tile(n_tiles - 1 - i) * BN; };  // i-th tile from the last
     auto load_kv = [&](int i) {  // thread 0 only
-        const int n0 = (nb_end - 1 - i) * BN, st = i % STAGES;
+        const int n0 = key_n0(i), st = i % STAGES;
         const uint32_t full = full0 + st * 8;
         if (i >= STAGES) mbar_wait(empty0 + st * 8, ((i / STAGES) - 1) & 1);
         mbar_arrive_expect_tx(full, (2 * BN + (i == 0 ? BM : 0)) * HS * 2);
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN. Only partial tiles
     // are masked (softmax_tile).
     auto softmax = [&](int i, bool masked) {
-        const int n0 = (nb_end - 1 - i) * BN;
+        const int n0 = key_n0(i);
         if (EXTRAS && prescale) {
 #pragma unroll
             for (int e = 0; e < NS * 4; e++) {
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // around the masking alone (two instances put two softmax copies into the pipelined loop,
     // 174 -> 202 registers, and measured 0.93x there: docs/PERFORMANCE.md).
     auto softmax_tile = [&](int i) {
-        const int n0 = (nb_end - 1 - i) * BN;
+        const int n0 = key_n0(i);
         const bool partial = tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL;
         if constexpr (HS == 128) step_by_class(partial, [&](auto m) { softmax(i, decltype(m)::value); });
         else softmax(i, partial);
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 
     // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while O += P V of tile
     // i - 1 runs on the tensor cores, the softmax of tile i (whose S = Q K^T was issued just
-    // before) runs on the other units. Tile i is nb_end - 1 - i (last to first: the partial
+    // before) runs on the other units. Tile i is key_n0(i) (last to first: the partial
     // diagonal and ragged tiles first, then the bulk), in stage i % STAGES; a stage is released
     // once its O += P V has completed, and refilled with tile i + STAGES.
     if (n_tiles > 0) {

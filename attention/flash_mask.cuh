@@ -98,11 +98,16 @@ __device__ __forceinline__ int64_t dq_acc_offset(const AttnParams &p, int b, int
 // The query tile of a forward-style block (grid: query tiles of BM rows, query heads, batch
 // rows; causal blocks late in the sequence carry the most key tiles, so they start first), the
 // visible keys of its first and last row (tile_class classifies every key tile with them) and
-// the key tiles [nb_begin, nb_end) of BN keys it visits.
+// the key tiles of BN keys it visits: key_tile(it) for it < n_tiles, ascending, the tiles of
+// [nb_begin, nb_end) that its block mask row holds (all of them when dense). With a block mask
+// BM divides ATTN_SPARSE_BLOCK, so the tile lies in one query block.
 struct QueryBlock {
     int h, b, kvh, m0, m_valid;
     RowRange first, last;
     int nb_begin, nb_end;
+    AttnTileSpan keys;
+    __device__ __forceinline__ int n_tiles() const { return keys.count; }
+    __device__ __forceinline__ int key_tile(int it) const { return attn_span_tile(&keys, it); }
 };
 __device__ __forceinline__ QueryBlock query_block(const AttnParams &p, int BM, int BN) {
     QueryBlock q;
@@ -116,6 +121,8 @@ __device__ __forceinline__ QueryBlock query_block(const AttnParams &p, int BM, i
     q.last = row_range(p, q.b, q.m0 + q.m_valid - 1);
     q.nb_begin = max(q.first.lo, 0) / BN;
     q.nb_end = max((min(q.last.hi, p.T_k) + BN - 1) / BN, q.nb_begin);
+    q.keys = attn_tile_span(p.sparse_q_offsets, p.sparse_q_blocks, q.m0 / ATTN_SPARSE_BLOCK, q.nb_begin,
+                            q.nb_end, BN);
     return q;
 }
 
@@ -131,20 +138,26 @@ template <typename T> __device__ __forceinline__ QueryBases<T> query_bases(const
 
 // Backward: the (query head, query tile) pairs a block of key tile [n0, n0 + n_valid) and KV head
 // kvh visits, head-major: pair `it` is query head head(it), query rows from m0(it). GQA: the G
-// query heads sharing the KV head follow each other, so dK and dV sum them in registers.
+// query heads sharing the KV head follow each other, so dK and dV sum them in registers. The
+// n_mb query tiles of a head are tile_m0(0 .. n_mb - 1): those that see a key of the tile and,
+// with a block mask, whose query block reads its key block (n0 is then a multiple of
+// ATTN_SPARSE_BLOCK: the key tile is one block, BN == ATTN_SPARSE_BLOCK).
 struct BwdPairs {
-    int G, kvh, mb_begin, n_mb, total;
+    int G, kvh, n_mb, total;
+    AttnTileSpan queries;
     __device__ __forceinline__ int head(int it) const { return kvh * G + it / n_mb; }
-    __device__ __forceinline__ int m0(int it, int BM) const { return (mb_begin + it % n_mb) * BM; }
+    __device__ __forceinline__ int tile_m0(int mb, int BM) const { return attn_span_tile(&queries, mb) * BM; }
+    __device__ __forceinline__ int m0(int it, int BM) const { return tile_m0(it % n_mb, BM); }
 };
 __device__ __forceinline__ BwdPairs bwd_pairs(const AttnParams &p, int b, int kvh, int n0, int n_valid, int BM) {
     int q_begin, q_end;
     query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
+    const int mb_begin = q_begin / BM, mb_end = q_end > q_begin ? (q_end + BM - 1) / BM : mb_begin;
     BwdPairs w;
     w.G = p.NH / p.NKV;
     w.kvh = kvh;
-    w.mb_begin = q_begin / BM;
-    w.n_mb = q_end > q_begin ? (q_end + BM - 1) / BM - w.mb_begin : 0;
+    w.queries = attn_tile_span(p.sparse_k_offsets, p.sparse_k_blocks, n0 / ATTN_SPARSE_BLOCK, mb_begin, mb_end, BM);
+    w.n_mb = w.queries.count;
     w.total = w.G * w.n_mb;
     return w;
 }

@@ -172,6 +172,19 @@ template <typename T, int HS> struct Sm90BwdSmem {
     uint64_t qbar[2];
 };
 
+// Block-sparse attention (attention.h) visits whole tiles of its ATTN_SPARSE_BLOCK blocks: every
+// query tile and forward key tile divides a block, and a backward key tile is exactly one
+// (bwd_pairs in flash_mask.cuh looks its block up by n0). The sm90 forward's 192-row tile
+// (three warpgroups) does not divide one: attn_select_kernel keeps two with a block mask.
+template <int HS> constexpr bool sparse_tiles_fit() {
+    return ATTN_SPARSE_BLOCK % FwdTile<HS>::BM == 0 && ATTN_SPARSE_BLOCK % FwdTile<HS>::BN == 0 &&
+           ATTN_SPARSE_BLOCK % BwdTile<HS>::BM == 0 && BwdTile<HS>::BN == ATTN_SPARSE_BLOCK &&
+           ATTN_SPARSE_BLOCK % DqTile<HS>::BM == 0 && ATTN_SPARSE_BLOCK % DqTile<HS>::BN == 0 &&
+           ATTN_SPARSE_BLOCK % Sm90FwdTile<HS, 2>::BM == 0 && ATTN_SPARSE_BLOCK % Sm90FwdTile<HS, 2>::BN == 0 &&
+           ATTN_SPARSE_BLOCK % Sm90BwdTile<HS>::BM == 0 && Sm90BwdTile<HS>::BN == ATTN_SPARSE_BLOCK;
+}
+static_assert(sparse_tiles_fit<64>() && sparse_tiles_fit<128>(), "tiles must divide the sparse block");
+
 // Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {64, 128},
 // EXTRAS = ALiBi or dropout present). dsum and dq_accum point into the caller's fp32 workspace
 // (its layout: flash_ws_dq_accum / flash_ws_dsum in attention_cuda.cu).

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "attention/attention.h"
 #include "common/check.h"
@@ -109,6 +110,44 @@ static int check_docs(const AttnParams *p, char *err, size_t errlen) {
     return 0;
 }
 
+// Host-side checks of the block lists (CPU only: for CUDA they live in device memory): each
+// list's offsets start at 0 and never decrease, each row is ascending and in range, and the
+// transposed lists hold exactly the same blocks.
+static int check_block_lists(const AttnParams *p, int backward, char *err, size_t errlen) {
+    AttnBlockMask m;
+    if (attn_block_mask_from_lists(&m, p->T_q, p->T_k, p->sparse_q_offsets, p->sparse_q_blocks, err,
+                                   errlen) != 0)
+        return -1;
+    int bad = -1;  // the first key block whose transposed list differs
+    if (backward)
+        for (int kb = 0; kb < m.n_kb && bad < 0; kb++) {
+            const int n = m.k_offsets[kb + 1] - m.k_offsets[kb];
+            if (p->sparse_k_offsets[kb] != m.k_offsets[kb] || p->sparse_k_offsets[kb + 1] != m.k_offsets[kb + 1] ||
+                memcmp(p->sparse_k_blocks + m.k_offsets[kb], m.k_blocks + m.k_offsets[kb], sizeof(int) * n) != 0)
+                bad = kb;
+        }
+    attn_block_mask_free(&m);
+    if (bad >= 0)
+        return set_error(err, errlen, "attention: the transposed block list of key block %d is not that of "
+                                      "the query blocks' lists (attn_block_mask_from_lists builds it)", bad);
+    return 0;
+}
+
+static int check_sparse(const AttnParams *p, Device dev, int backward, char *err, size_t errlen) {
+    const int any = p->sparse_q_offsets || p->sparse_q_blocks || p->sparse_k_offsets || p->sparse_k_blocks;
+    if (!any) return 0;
+    if (!p->sparse_q_offsets || !p->sparse_q_blocks || (backward && (!p->sparse_k_offsets || !p->sparse_k_blocks)))
+        return set_error(err, errlen, "attention: a block mask needs sparse_q_offsets and sparse_q_blocks, "
+                                      "and for backward sparse_k_offsets and sparse_k_blocks");
+    if (p->pos_explicit)
+        return set_error(err, errlen, "attention: a block mask cannot be combined with explicit chunk "
+                                      "positions (context parallelism)");
+    if (attn_runs_naive(p, dev))
+        return set_error(err, errlen, "attention: a block mask needs the flash kernels on cuda (impl flash, "
+                                      "dtype bf16 or fp16); the naive path is dense");
+    return dev == DEVICE_CPU ? check_block_lists(p, backward, err, errlen) : 0;
+}
+
 // The feature combinations the CUDA flash kernels do not have on any GPU; the naive CUDA path
 // has them all (attn_runs_naive decides which path a problem takes). Softcap itself runs on
 // the sm90 family only: attn_select_kernel (attention_cuda.cu) refuses it elsewhere.
@@ -205,6 +244,7 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
             return set_error(err, errlen, "attention: cu_seqlens is set but n_docs is %d", p->n_docs);
         if (dev == DEVICE_CPU && check_docs(p, err, errlen) != 0) return -1;
     }
+    if (check_sparse(p, dev, backward, err, errlen) != 0) return -1;
     if (!p->lse) return set_error(err, errlen, "attention: lse (B, NH, T_q) fp32 buffer is NULL");
 
     TensorDesc t[8] = {
@@ -251,7 +291,7 @@ size_t attn_workspace_bytes(const AttnParams *p, Device dev) {
 
 int attn_visible(const AttnParams *p, int b, int i, int j) {
     AttnKeyRange r = attn_key_range(p, b, i);
-    return j >= r.lo && j < r.hi;
+    return j >= r.lo && j < r.hi && attn_block_present(p, i, j);
 }
 
 int attn_dropout_keep(const AttnParams *p, int b, int h, int i, int j) {

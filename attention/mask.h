@@ -62,6 +62,71 @@ ATTN_HD AttnKeyRange attn_key_range(const AttnParams *p, int b, int i) {
     return r;
 }
 
+// ---- block-sparse attention (attention.h's sparse fields) ----
+ATTN_HD int attn_sparse(const AttnParams *p) { return p->sparse_q_offsets != NULL; }
+ATTN_HD int attn_sparse_blocks(int T) { return (T + ATTN_SPARSE_BLOCK - 1) / ATTN_SPARSE_BLOCK; }
+
+// First position e in the sorted idx[lo, hi) with idx[e] >= x (hi when there is none).
+ATTN_HD int attn_lower_bound(const int *idx, int lo, int hi, int x) {
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (idx[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// Whether row `row` of a block list (offsets, idx) holds block `col`.
+ATTN_HD int attn_sparse_has(const int *offsets, const int *idx, int row, int col) {
+    const int e = attn_lower_bound(idx, offsets[row], offsets[row + 1], col);
+    return e < offsets[row + 1] && idx[e] == col;
+}
+
+// Whether the block mask (if any) lets query i read key j.
+ATTN_HD int attn_block_present(const AttnParams *p, int i, int j) {
+    return !attn_sparse(p) || attn_sparse_has(p->sparse_q_offsets, p->sparse_q_blocks, i / ATTN_SPARSE_BLOCK,
+                                              j / ATTN_SPARSE_BLOCK);
+}
+
+// The tiles (of `tile` rows or keys, a divisor of ATTN_SPARSE_BLOCK) of the range
+// [t_begin, t_end) that row `row` of a block list reaches, in ascending order: tile(it) for
+// it < count. Dense (offsets NULL): every tile of the range. Sparse: the tiles of the row's
+// present blocks, clipped to the range; the loop counter maps to a tile in O(1), so a kernel
+// walks present tiles only and never touches an absent block.
+typedef struct {
+    const int *idx;   // NULL: dense
+    int first;        // dense: the first tile; sparse: the row's first entry in idx that counts
+    int skip;         // sparse: tiles of entry `first`'s block that lie before t_begin
+    int per_block;    // tiles per block
+    int count;
+} AttnTileSpan;
+
+ATTN_HD AttnTileSpan attn_tile_span(const int *offsets, const int *idx, int row, int t_begin,
+                                    int t_end, int tile) {
+    AttnTileSpan s = {NULL, t_begin, 0, 1, t_end > t_begin ? t_end - t_begin : 0};
+    if (!offsets || s.count == 0) return s;
+    const int per = ATTN_SPARSE_BLOCK / tile;
+    const int e0 = attn_lower_bound(idx, offsets[row], offsets[row + 1], t_begin / per);
+    const int e1 = attn_lower_bound(idx, e0, offsets[row + 1], (t_end + per - 1) / per);
+    s.idx = idx;
+    s.first = e0;
+    s.per_block = per;
+    if (e1 == e0) {
+        s.count = 0;
+        return s;
+    }
+    const int head = t_begin - idx[e0] * per, tail = (idx[e1 - 1] + 1) * per - t_end;
+    s.skip = head > 0 ? head : 0;
+    s.count = (e1 - e0) * per - s.skip - (tail > 0 ? tail : 0);
+    return s;
+}
+
+ATTN_HD int attn_span_tile(const AttnTileSpan *s, int it) {
+    if (!s->idx) return s->first + it;
+    const int v = it + s->skip;
+    return s->idx[s->first + v / s->per_block] * s->per_block + v % s->per_block;
+}
+
 // ALiBi bias of key j for aligned query position pos (added to the scaled, capped score).
 ATTN_HD float attn_alibi_bias(float slope, int pos, int j) {
     int dist = pos > j ? pos - j : j - pos;

@@ -45,7 +45,8 @@ int cli_bench_main(int argc, char **argv) {
                    "phase) and prints rank 0's mean per phase.\n"
                    "--attention times the attention of one layer instead (batch x seq, the model's heads,\n"
                    "causal, attention.window / dropout / impl / deterministic; ALiBi left out): N forward\n"
-                   "calls, then N backward calls, in ms and TFLOP/s.\n"
+                   "calls, then N backward calls, in ms and TFLOP/s; with attention.sparse, the same for\n"
+                   "the block-sparse pattern after the dense one, with its density and speedup.\n"
                    "Under torchrun, mpirun or srun every rank trains on batch_size sequences of its own\n"
                    "(data parallel, as `train`), and rank 0 prints the tokens/s of all ranks together.\n");
             free(rest);

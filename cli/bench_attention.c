@@ -3,8 +3,11 @@
 // qkv buffer and its strides, causal, the config's window, dropout, implementation and
 // deterministic mode, random inputs. TFLOP/s count 4 * B * heads * head size FLOPs per visible
 // (query, key) pair forward (FlashAttention's convention: about half the square when causal) and
-// 2.5 times that backward. With dist.context_parallel > 1, also the ring's work for the same
-// sequence split over that many ranks (bench_ring).
+// 2.5 times that backward. With attention.sparse, the block-sparse call and the dense one on
+// the same inputs, their times and TFLOP/s over each one's own visible pairs, the sparse call's
+// dense-equivalent TFLOP/s (the dense pairs over its time) and the blocks' density. With
+// dist.context_parallel > 1, also the ring's work for the same sequence split over that many
+// ranks (bench_ring).
 #include "cli/cli.h"
 
 #include <stdio.h>
@@ -15,12 +18,28 @@
 #include "common/rng.h"
 #include "common/timer.h"
 #include "model/ring_attention.h"
+#include "model/sparse_lists.h"
 
 // Visible (query, key) pairs of one causal head of T tokens whose keys reach at most `window`
 // back (-1: unbounded).
 static double visible_pairs(int T, int window) {
     double n = 0;
     for (int i = 0; i < T; i++) n += (window < 0 || window > i ? i : window) + 1;
+    return n;
+}
+
+// Visible (query, key) pairs of one causal head of T tokens under block mask m and `window`:
+// per present block, its rows' causal, windowed key runs clipped to the block.
+static double sparse_pairs(const AttnBlockMask *m, int T, int window) {
+    double n = 0;
+    for (int qb = 0; qb < m->n_qb; qb++)
+        for (int e = m->q_offsets[qb]; e < m->q_offsets[qb + 1]; e++) {
+            const int k0 = m->q_blocks[e] * ATTN_SPARSE_BLOCK, k1 = k0 + ATTN_SPARSE_BLOCK - 1;
+            for (int i = qb * ATTN_SPARSE_BLOCK; i < (qb + 1) * ATTN_SPARSE_BLOCK && i < T; i++) {
+                const int lo = window >= 0 && i - window > k0 ? i - window : k0, hi = i < k1 ? i : k1;
+                if (hi >= lo) n += hi - lo + 1;
+            }
+        }
     return n;
 }
 
@@ -129,6 +148,31 @@ static void bench_ring(const Config *c, Backend *be, Rng *r, long steps, double 
     }
 }
 
+// Sparse layers: the pattern's lists on p, the same call timed again, and one more line.
+static void bench_sparse(const Config *c, Backend *be, AttnParams *p, long steps, double dense_fwd,
+                         double dense_bwd, double dense_flops, int print) {
+    const int B = c->train.batch_size, T = c->train.seq_len, HS = c->model.n_embd / c->model.n_head;
+    SparseLists *s = sparse_lists_create(be, c);
+    sparse_lists_apply(s, p, 0);
+    backend_attention(be, p, 0);  // warm-up
+    backend_attention(be, p, 1);
+    const double fwd = time_calls(be, p, 0, steps), bwd = time_calls(be, p, 1, steps);
+    const AttnSparseSpec spec = sparse_lists_spec(c);
+    AttnBlockMask m;
+    char err[256];
+    if (attn_block_mask_build(&m, &spec, T, T, 1, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    const double flops = 4.0 * B * c->model.n_head * HS * sparse_pairs(&m, T, c->attention.window);
+    if (print)
+        printf("bench attention: sparse %s (%.4f of the blocks, %d present): forward %.3f ms (%.3g TFLOP/s, "
+               "%.3g dense-equivalent, %.2fx dense), backward %.3f ms (%.3g TFLOP/s, %.3g dense-equivalent, "
+               "%.2fx dense)\n", config_choice_name("attention.sparse", c->attention.sparse),
+               attn_block_mask_density(&m), m.nnz, fwd * 1e3, flops / fwd / 1e12, dense_flops / fwd / 1e12,
+               dense_fwd / fwd, bwd * 1e3, 2.5 * flops / bwd / 1e12, 2.5 * dense_flops / bwd / 1e12,
+               dense_bwd / bwd);
+    attn_block_mask_free(&m);
+    sparse_lists_free(s);
+}
+
 void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
     const int B = c->train.batch_size, T = c->train.seq_len, NH = c->model.n_head;
     const int NKV = c->model.n_kv_head ? c->model.n_kv_head : NH, HS = c->model.n_embd / NH;
@@ -146,9 +190,11 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
                config_choice_name("attention.impl", c->attention.impl), B, T, NH, NKV, HS);
         if (c->attention.window >= 0) printf(", window %d", c->attention.window);
         if (c->attention.dropout > 0) printf(", dropout %g", c->attention.dropout);
-        printf(": forward %.3f ms (%.3g TFLOP/s), backward %.3f ms (%.3g TFLOP/s)\n", fwd * 1e3,
-               flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
+        printf(": %sforward %.3f ms (%.3g TFLOP/s), backward %.3f ms (%.3g TFLOP/s)\n",
+               c->attention.sparse ? "dense " : "", fwd * 1e3, flops / fwd / 1e12, bwd * 1e3,
+               2.5 * flops / bwd / 1e12);
     }
+    if (c->attention.sparse) bench_sparse(c, be, p, steps, fwd, bwd, flops, print);
     bench_problem_free(be, &b);
     if (c->dist.context_parallel > 1) bench_ring(c, be, &r, steps, fwd + bwd, print);
 }

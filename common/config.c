@@ -29,8 +29,9 @@ typedef struct {
 
 // The names of the enum-valued keys, in the order of their enums (common/config.h, DType,
 // AttnImpl).
-// (AttnImpl and AttnKernel, attention/attention.h, which common may not include, have the
-// values of IMPL_NAMES and KERNEL_NAMES; model/backend.c checks that at compile time.)
+// (AttnImpl, AttnKernel and AttnSparsePattern, attention/attention.h, which common may not
+// include, have the values of IMPL_NAMES, KERNEL_NAMES and SPARSE_NAMES; model/backend.c checks
+// that at compile time.)
 static const char *const POS_NAMES[] = {"learned", "rope", "alibi", NULL};
 static const char *const SYNTH_NAMES[] = {"none", "copy", "markov", "retrieval", "retrieval_spread", NULL};
 static const char *const RECOMPUTE_NAMES[] = {"none", "attn_gelu", "block", NULL};
@@ -39,6 +40,7 @@ static const char *const SCHEDULE_NAMES[] = {"cosine", "linear", "constant", NUL
 static const char *const DTYPE_NAMES[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const IMPL_NAMES[] = {"flash", "naive", NULL};
 static const char *const KERNEL_NAMES[] = {"auto", "sm90", "sm80", NULL};
+static const char *const SPARSE_NAMES[] = {"none", "local_global", "strided", "bigbird", NULL};
 _Static_assert(DTYPE_F32 == 0 && DTYPE_BF16 == 1 && DTYPE_F16 == 2, "DTYPE_NAMES follows DType");
 _Static_assert(sizeof(PosEmbedding) == sizeof(int) && sizeof(DType) == sizeof(int),
                "enum-valued fields are stored as int");
@@ -132,6 +134,26 @@ static const CfgKey KEYS[] = {
     {"attention.window_every", CFG_INT, OFF(attention.window_every), "1", 1, 1024, NULL,
      "layer l uses attention.window iff l % window_every == 0 (1 = every layer, 2 = local/global "
      "alternating from layer 0); the other layers attend globally"},
+    {"attention.sparse", CFG_ENUM, OFF(attention.sparse), "none", 0, 0, SPARSE_NAMES,
+     "block-sparse attention over 128 x 128 blocks: none, local_global (a local band and global "
+     "tokens), strided (a local band and every sparse_stride-th block), bigbird (local_global and "
+     "random blocks)"},
+    {"attention.sparse_band", CFG_INT, OFF(attention.sparse_band), "1024", 128, BIG, NULL,
+     "sparse: the local band, tokens (a multiple of 128): a query's block reads the key blocks "
+     "less than sparse_band / 128 blocks from its own (128 = its own block alone)"},
+    {"attention.sparse_global", CFG_INT, OFF(attention.sparse_global), "128", 0, BIG, NULL,
+     "sparse local_global / bigbird: the first sparse_global tokens (a multiple of 128) read every "
+     "key and every query reads them"},
+    {"attention.sparse_stride", CFG_INT, OFF(attention.sparse_stride), "1024", 128, BIG, NULL,
+     "sparse strided: every query also reads the last block of each sparse_stride tokens (a "
+     "multiple of 128)"},
+    {"attention.sparse_random", CFG_INT, OFF(attention.sparse_random), "2", 0, 4096, NULL,
+     "sparse bigbird: random key blocks per query block"},
+    {"attention.sparse_seed", CFG_INT, OFF(attention.sparse_seed), "0", 0, BIG, NULL,
+     "sparse bigbird: the seed of the random blocks (the same in every layer and step)"},
+    {"attention.sparse_every", CFG_INT, OFF(attention.sparse_every), "1", 1, 1024, NULL,
+     "layer l uses attention.sparse iff l % sparse_every == 0 (1 = every layer, 2 = sparse and "
+     "dense alternating from layer 0)"},
     {"attention.doc_mask", CFG_BOOL, OFF(attention.doc_mask), "false", 0, 0, NULL,
      "packed documents: a document starts after each data.eot_token and at each row start; "
      "tokens attend only within their document and positions restart at 0 in each"},
@@ -431,6 +453,45 @@ int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
     return rc;
 }
 
+// attention.sparse's parameters against the sequence and the implementation.
+static int validate_sparse(const Config *c, char *err, size_t errlen) {
+    const int pattern = c->attention.sparse, T = c->train.seq_len;
+    if (pattern == 0)
+        return c->attention.sparse_every > 1
+                   ? set_error(err, errlen, "attention.sparse_every = %d needs a pattern: set "
+                                            "attention.sparse", c->attention.sparse_every)
+                   : 0;
+    const char *name = SPARSE_NAMES[pattern];
+    if (c->attention.impl == choice_index(find_key("attention.impl"), "naive"))
+        return set_error(err, errlen, "attention.sparse = %s needs attention.impl = flash (naive "
+                                      "materialises every score)", name);
+    if (c->dist.context_parallel > 1)
+        return set_error(err, errlen, "attention.sparse = %s does not support dist.context_parallel "
+                                      "= %d yet: set attention.sparse = none or dist.context_parallel = 1",
+                         name, c->dist.context_parallel);
+    const struct {
+        const char *key;
+        int value, used;
+    } lengths[] = {
+        {"attention.sparse_band", c->attention.sparse_band, 1},
+        {"attention.sparse_global", c->attention.sparse_global, pattern != 2},
+        {"attention.sparse_stride", c->attention.sparse_stride, pattern == 2},
+    };
+    for (int i = 0; i < 3; i++) {
+        if (!lengths[i].used) continue;
+        if (lengths[i].value % 128 != 0)
+            return set_error(err, errlen, "%s (%d) must be a multiple of the 128-token block of "
+                                          "attention.sparse = %s", lengths[i].key, lengths[i].value, name);
+        if (lengths[i].value > T)
+            return set_error(err, errlen, "%s (%d tokens) does not fit train.seq_len (%d): use at most "
+                                          "%d", lengths[i].key, lengths[i].value, T, T / 128 * 128);
+    }
+    if (pattern == 3 && c->attention.sparse_random > (T + 127) / 128)
+        return set_error(err, errlen, "attention.sparse_random (%d blocks) is more than the %d blocks "
+                                      "of train.seq_len (%d)", c->attention.sparse_random, (T + 127) / 128, T);
+    return 0;
+}
+
 // dist.context_parallel against the keys it cannot serve (the world size is checked at launch).
 static int validate_context_parallel(const Config *c, char *err, size_t errlen) {
     const int cp = c->dist.context_parallel;
@@ -495,6 +556,7 @@ int config_validate(Config *c, char *err, size_t errlen) {
     if (c->attention.window_every > 1 && c->attention.window < 0)
         return set_error(err, errlen, "attention.window_every = %d needs a sliding window: set "
                                    "attention.window >= 0", c->attention.window_every);
+    if (validate_sparse(c, err, errlen) != 0) return -1;
     if (validate_context_parallel(c, err, errlen) != 0) return -1;
     if (c->data.eot_token >= c->model.vocab_size)
         return set_error(err, errlen, "data.eot_token (%d) must be below model.vocab_size (%d)",

@@ -59,6 +59,10 @@ typedef struct {
         int kernel;                          // an AttnKernel: 0 auto, 1 sm90, 2 sm80
         int window;                          // -1 = unbounded
         int window_every;                    // layer l uses the window iff l % window_every == 0
+        int sparse;                          // an AttnSparsePattern: 0 none (dense)
+        int sparse_band, sparse_global, sparse_stride;  // tokens, multiples of 128
+        int sparse_random, sparse_seed;      // bigbird's random blocks per query block, their seed
+        int sparse_every;                    // layer l is sparse iff l % sparse_every == 0
         int doc_mask;                        // packed documents split at data.eot_token
         float dropout;
         int deterministic;

@@ -106,6 +106,10 @@ static int choose_arch(const Config *c, const char *dir, const HfArch **arch, ch
                                       "needs n_kv_head = n_head and attention.window = -1, or "
                                       "pos_embedding = rope (Starcoder2)", dir, what);
     }
+    if (c->attention.sparse != 0)
+        return set_error(err, errlen, "%s: attention.sparse = %s (block-sparse attention): no Hugging Face "
+                                      "architecture computes these blocks; export needs attention.sparse = none",
+                         dir, config_choice_name("attention.sparse", c->attention.sparse));
     if (window && c->attention.window_every > 1)
         return set_error(err, errlen, "%s: attention.window_every = %d (windowed and global layers "
                                       "alternate): Starcoder2's sliding_window applies to every layer; "

@@ -14,7 +14,8 @@
 // Positions: learned (wpe table added to the token embedding), rope (q and k rotated in place in
 // the fused qkv buffer right after its matmul, from a cos/sin table computed once in
 // gpt_create; half-split convention, see Backend.rope_forward) or alibi (the attention kernel's
-// slopes). attention.window applies to the layers l with l % attention.window_every == 0.
+// slopes). attention.window applies to the layers l with l % attention.window_every == 0, and
+// attention.sparse's block pattern (model/sparse_lists.h) to those with l % sparse_every == 0.
 // With attention.doc_mask, gpt_forward splits each row into documents after every
 // data.eot_token: attention stays inside a document (the kernels' cu_seqlens path) and the
 // positions given to wpe or RoPE restart at 0 in each document. The eot token itself ends its
@@ -45,6 +46,7 @@
 #include "common/check.h"
 #include "common/rng.h"
 #include "model/ring_attention.h"
+#include "model/sparse_lists.h"
 
 // Logits per head chunk: 2 GiB, so a bf16 batch of 16 x 1024 tokens over GPT-2's vocabulary
 // (1.5 GiB of logits) is one chunk and recomputes nothing; 524,288 tokens run in 26 chunks.
@@ -98,6 +100,7 @@ struct GPT {
     float *alibi;                 // (NH) backend fp32, or NULL
     float *rope;                  // (maxT, HS/2, 2) backend fp32 [cos, sin] per position, or NULL
     RingAttention *ring;          // context parallelism (gpt_set_ring), or NULL
+    SparseLists *sparse;          // attention.sparse's block lists per shape, or NULL (dense)
     int *ring_pos;                // (B, T) backend int32: global positions of the local tokens
 
     // every backend allocation, released by gpt_free
@@ -373,6 +376,7 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         m->dropout_seed = (uint64_t)run->train.seed;
         m->recompute = run->train.recompute;
     }
+    m->sparse = sparse_lists_create(be, run);
     build_tensors(m, run ? run->optim.decay_embeddings : 0);
     m->params = balloc(m, m->n_params * m->ds);
     m->grads = balloc(m, m->n_params * m->ds);
@@ -395,6 +399,7 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
 void gpt_free(GPT *m) {
     if (!m) return;
     ring_attention_free(m->ring);
+    sparse_lists_free(m->sparse);
     for (int i = 0; i < m->n_allocs; i++) m->be->release(m->be, m->allocs[i]);
     free(m->allocs);
     free(m->acts);
@@ -476,9 +481,11 @@ static AttnParams attn_params(const GPT *m, BlockActs *a, int B, int T, int l) {
 }
 
 // The attention of layer l over a (B, T) training batch, with the last forward's dropout mask.
-// With packed documents, the last forward's document boundaries.
-static AttnParams layer_attn(const GPT *m, BlockActs *a, int B, int T, int l) {
+// With packed documents, the last forward's document boundaries; on sparse layers, the block
+// lists of (T, T).
+static AttnParams layer_attn(GPT *m, BlockActs *a, int B, int T, int l) {
     AttnParams p = attn_params(m, a, B, T, l);
+    sparse_lists_apply(m->sparse, &p, l);
     if (m->n_docs > 0) {
         p.cu_seqlens = m->cu_seqlens;
         p.n_docs = m->n_docs;
@@ -949,6 +956,7 @@ void gpt_decode_batch(GPT *m, const int *tokens, int B, int pos, float *logits_o
         p.k = keys;
         p.v = at(keys, (size_t)B * g->NKV * head, m->ds);
         p.k_st = p.v_st = (AttnStrides){g->NKV * head, g->HS, head};
+        sparse_lists_apply(m->sparse, &p, l);  // the blocks of position pos's query block
         block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, B, 1, m->dec_pos, &p, pos, 0);
     }
     be->layernorm_forward(be, m->dec_lnf, m->dec_lnf_mean, m->dec_lnf_rstd, m->dec_x,

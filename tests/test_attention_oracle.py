@@ -1,7 +1,8 @@
 """The CPU attention reference (attention/attention.h, both impls) against PyTorch autograd in
 float64: out, lse and dq/dk/dv over causal, sliding-window, GQA/MQA, ALiBi (slopes (NH) and per
 batch row (B, NH)), soft-capping, document and dropout problems, T_q < T_k and causal T_q > T_k
-(whose first T_q - T_k queries see no key: output 0, lse +inf, dq 0) included. The masks are rebuilt here from the rules written in attention.h, and
+(whose first T_q - T_k queries see no key: output 0, lse +inf, dq 0) included; and block-sparse
+problems whose 128 x 128 block lists (and their transpose) are drawn here at random. The masks are rebuilt here from the rules written in attention.h, and
 the dropout keep-mask from a numpy Philox-4x32-10 written from its paper, so neither shares code
 with the C side.
 
@@ -216,11 +217,20 @@ def test_against_torch(lib, case, impl):
     lib.attn_backward_cpu(ctypes.byref(p))
 
     mask = explicit_mask(B, T_q, T_k, causal, wl, wr, cu)
+    check_against_torch(q, k, v, dout, out, lse, dq, dk, dv, p, mask, slopes, softcap, seed, offset, dropout,
+                        empty_rows_at_start=causal and T_q > T_k and wr < 0 and not docs)
+
+
+def check_against_torch(q, k, v, dout, out, lse, dq, dk, dv, p, mask, slopes, softcap, seed, offset, dropout,
+                        empty_rows_at_start):
+    """The C results against torch_reference on the explicit mask, within fwd_tol and GRAD_TOL;
+    rows with no visible key must give out 0, dq 0 and lse +inf."""
+    B, T_q, T_k, NH = p.B, p.T_q, p.T_k, p.NH
     keep = philox_keep_mask(seed, offset, B, NH, T_q, T_k, dropout) if dropout > 0 else None
     r_out, r_lse, r_dq, r_dk, r_dv = torch_reference(q, k, v, dout, np.float32(p.scale), float(np.float32(softcap)),
                                                      slopes, mask, keep, dropout)
     empty = ~mask.any(axis=2)  # (B, T_q): rows with no visible key
-    if causal and T_q > T_k and wr < 0 and not docs:
+    if empty_rows_at_start:
         assert empty[:, :T_q - T_k].all() and not empty[:, T_q - T_k:].any()
     assert np.array_equal(np.isinf(lse), np.broadcast_to(empty[:, None], lse.shape)), "lse +inf rows"
     assert (out[empty] == 0).all() and (dq[empty] == 0).all(), "rows with no visible key: out and dq 0"
@@ -230,6 +240,63 @@ def test_against_torch(lib, case, impl):
     assert rel_err(lse[seen], r_lse[seen]) <= tol, f"lse error {rel_err(lse[seen], r_lse[seen]):.3g} > {tol:.3g}"
     for name, a, ref in (("dq", dq, r_dq), ("dk", dk, r_dk), ("dv", dv, r_dv)):
         assert rel_err(a, ref) <= GRAD_TOL, f"{name} error {rel_err(a, ref):.3g} > {GRAD_TOL:.3g}"
+
+
+BLOCK = 128  # ATTN_SPARSE_BLOCK
+
+# (B, T_q, T_k, NH, NKV, HS, causal, window_left, docs, density)
+SPARSE_CASES = [
+    (1, 601, 601, 2, 1, 16, 1, -1, 0, 0.5),
+    (2, 300, 700, 4, 2, 8, 0, -1, 0, 0.4),
+    (1, 520, 520, 2, 2, 16, 1, 100, 0, 0.6),
+    (2, 390, 390, 2, 1, 8, 1, -1, 1, 0.5),
+]
+
+
+@pytest.mark.parametrize("impl", [IMPL_FLASH, IMPL_NAIVE], ids=["flash", "naive"])
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=lambda c: "B%d_Tq%d_Tk%d_NH%d_NKV%d_HS%d_c%d_w%d_d%d_p%g" % c)
+def test_block_sparse_against_torch(lib, case, impl):
+    """Random block lists (each block present with probability `density`, some query blocks
+    empty) handed in through the four sparse fields; the explicit mask is the rules' mask and
+    the block mask together."""
+    B, T_q, T_k, NH, NKV, HS, causal, wl, docs, density = case
+    rng = np.random.default_rng(sum(case[:6]) + 7)
+    n_qb, n_kb = -(-T_q // BLOCK), -(-T_k // BLOCK)
+    present = rng.random((n_qb, n_kb)) < density
+    present[rng.integers(n_qb)] = False  # a query block with no key block: masked rows
+    q_offsets = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
+    q_blocks = np.nonzero(present)[1].astype(np.int32)
+    k_offsets = np.concatenate([[0], np.cumsum(present.sum(axis=0))]).astype(np.int32)
+    k_blocks = np.nonzero(present.T)[1].astype(np.int32)
+    q = rng.standard_normal((B, T_q, NH, HS)).astype(np.float32)
+    k = rng.standard_normal((B, T_k, NKV, HS)).astype(np.float32)
+    v = rng.standard_normal((B, T_k, NKV, HS)).astype(np.float32)
+    dout = rng.standard_normal((B, T_q, NH, HS)).astype(np.float32)
+    cu = random_docs(rng, B, T_q) if docs else None
+    out = np.full((B, T_q, NH, HS), np.nan, np.float32)
+    lse = np.full((B, NH, T_q), np.nan, np.float32)
+    dq, dk, dv = np.full_like(q, np.nan), np.full_like(k, np.nan), np.full_like(v, np.nan)
+    p = AttnParams()
+    p.q, p.k, p.v, p.out, p.lse = (x.ctypes.data for x in (q, k, v, out, lse))
+    p.dout, p.dq, p.dk, p.dv = (x.ctypes.data for x in (dout, dq, dk, dv))
+    qs, ks = Strides(T_q * NH * HS, NH * HS, HS), Strides(T_k * NKV * HS, NKV * HS, HS)
+    p.q_st = p.o_st = p.do_st = p.dq_st = qs
+    p.k_st = p.v_st = p.dk_st = p.dv_st = ks
+    p.B, p.T_q, p.T_k, p.NH, p.NKV, p.HS = B, T_q, T_k, NH, NKV, HS
+    p.scale = 1.0 / np.sqrt(HS)
+    p.causal, p.window_left, p.window_right = causal, wl, -1
+    p.cu_seqlens = cu.ctypes.data if docs else None
+    p.n_docs = len(cu) - 1 if docs else 0
+    p.sparse_q_offsets, p.sparse_q_blocks = q_offsets.ctypes.data, q_blocks.ctypes.data
+    p.sparse_k_offsets, p.sparse_k_blocks = k_offsets.ctypes.data, k_blocks.ctypes.data
+    p.impl = impl
+    err = ctypes.create_string_buffer(256)
+    assert lib.attn_check(ctypes.byref(p), 0, 1, err, 256) == 0, err.value.decode()
+    lib.attn_forward_cpu(ctypes.byref(p))
+    lib.attn_backward_cpu(ctypes.byref(p))
+    blocks = present[np.arange(T_q)[:, None] // BLOCK, np.arange(T_k)[None, :] // BLOCK]
+    mask = explicit_mask(B, T_q, T_k, causal, wl, -1, cu) & blocks[None]
+    check_against_torch(q, k, v, dout, out, lse, dq, dk, dv, p, mask, None, 0.0, 0, 0, 0.0, False)
 
 
 def test_params_layout_matches_header(lib):

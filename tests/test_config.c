@@ -49,6 +49,52 @@ static void test_context_parallel(void) {
     }
 }
 
+// attention.sparse's rules (each message names the key) and the million-token sparse config.
+static void test_sparse(void) {
+    char err[512];
+    Config c;
+    config_defaults(&c);
+    config_set(&c, "data.synthetic=copy", err, sizeof err);
+    EXPECT(c.attention.sparse == 0 && c.attention.sparse_every == 1, "default dense");
+    EXPECT(config_set(&c, "attention.sparse=diagonal", err, sizeof err) != 0 && strstr(err, "attention.sparse"),
+           "unknown pattern: %s", err);
+    config_set(&c, "attention.sparse=local_global", err, sizeof err);
+    EXPECT(config_validate(&c, err, sizeof err) == 0, "1024-token band at seq_len 1024: %s", err);
+    const char *bad[][2] = {
+        {"attention.sparse_band=2048", "attention.sparse_band (2048 tokens) does not fit train.seq_len (1024)"},
+        {"attention.sparse_band=200", "attention.sparse_band (200) must be a multiple of the 128-token block"},
+        {"attention.sparse_global=1152", "attention.sparse_global (1152 tokens) does not fit train.seq_len"},
+        {"attention.sparse_global=100", "attention.sparse_global (100) must be a multiple"},
+        {"attention.impl=naive", "needs attention.impl = flash"},
+        {"dist.context_parallel=2", "dist.context_parallel"},
+    };
+    for (int i = 0; i < 6; i++) {
+        Config d = c;
+        config_set(&d, bad[i][0], err, sizeof err);
+        EXPECT(config_validate(&d, err, sizeof err) != 0 && strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    Config d = c;
+    config_set(&d, "attention.sparse=strided", err, sizeof err);
+    config_set(&d, "attention.sparse_stride=4096", err, sizeof err);
+    EXPECT(config_validate(&d, err, sizeof err) != 0 && strstr(err, "attention.sparse_stride (4096 tokens)"),
+           "stride: %s", err);
+    d = c;
+    config_set(&d, "attention.sparse=bigbird", err, sizeof err);
+    config_set(&d, "attention.sparse_random=9", err, sizeof err);
+    EXPECT(config_validate(&d, err, sizeof err) != 0 && strstr(err, "attention.sparse_random (9 blocks)"),
+           "random: %s", err);
+    d = c;
+    config_set(&d, "attention.sparse=none", err, sizeof err);
+    config_set(&d, "attention.sparse_every=2", err, sizeof err);
+    EXPECT(config_validate(&d, err, sizeof err) != 0 && strstr(err, "attention.sparse_every"), "every: %s", err);
+    config_defaults(&c);
+    EXPECT(config_load_file(&c, "configs/long_1m_sparse.json", err, sizeof err) == 0 &&
+               config_validate(&c, err, sizeof err) == 0, "long_1m_sparse.json: %s", err);
+    EXPECT(c.train.seq_len == 1048576 && c.model.pos_embedding == POS_ROPE && c.model.n_layer == 12 &&
+               c.model.n_embd == 768 && c.attention.sparse != 0 && c.train.recompute == RECOMPUTE_BLOCK,
+           "long_1m_sparse.json: not GPT-2 124M with RoPE, sparse and recompute block at 1M");
+}
+
 int main(void) {
     char err[512];
     Config c;
@@ -150,6 +196,7 @@ int main(void) {
     });
 
     TEST_CASE("dist.context_parallel", test_context_parallel());
+    TEST_CASE("attention.sparse", test_sparse());
 
     TEST_CASE("to_json round trip", {
         config_defaults(&c);

@@ -42,6 +42,8 @@ class AttnParams(C.Structure):
         ("dtype", C.c_int), ("impl", C.c_int), ("deterministic", C.c_int),
         ("stream", C.c_void_p), ("workspace", C.c_void_p), ("workspace_bytes", C.c_size_t),
         ("alibi_batch_stride", C.c_int64), ("softcap", C.c_float),
+        ("sparse_q_offsets", C.c_void_p), ("sparse_q_blocks", C.c_void_p),
+        ("sparse_k_offsets", C.c_void_p), ("sparse_k_blocks", C.c_void_p),
     ]
 
 
