@@ -56,6 +56,7 @@ int cli_sample_main(int argc, char **argv) {
     }
     char *head = cli_decode_text(tok, ids, n_prompt);
     const int B = (int)batch;
+    char err[ERR_LEN];
     if (gpt_decode_reserve(m, B, err, sizeof err) != 0) fatal(EXIT_USAGE, "sample: --batch %d: %s", B, err);
     gpt_set_decode_split(m, split);
     if (context >= gpt_cfg(m)->maxT)

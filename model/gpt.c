@@ -702,7 +702,6 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
 }
 
 int gpt_forward_async(GPT *m, const int *host, const int *dev, int B, int T, double *loss_acc) {
-    const GPTConfig *g = &m->cfg;
     const int N = B * T;
     const int *targets = host + N;
     gpt_check_batch(m, host, targets, B, T);
