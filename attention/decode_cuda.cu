@@ -287,7 +287,7 @@ void launch_decode(const AttnParams &p, int splits, cudaStream_t s) {
 // problem, but no split under DEC_MIN_SPLIT keys (a short cache needs few splits, and every
 // part adds a row to the merge).
 int decode_splits(const AttnParams &p, int sms) {
-    if (p.T_q > ATTN_DECODE_MAX_TQ || p.impl != ATTN_IMPL_FLASH || p.cu_seqlens || p.dropout_p > 0.f ||
+    if (p.T_q > ATTN_DECODE_MAX_TQ || p.impl != ATTN_IMPL_FLASH || p.cu_seqlens || attn_sparse(&p) || p.dropout_p > 0.f ||
         p.softcap > 0.f || (p.dtype != DTYPE_BF16 && p.dtype != DTYPE_F16) || (p.HS != 64 && p.HS != 128) ||
         !aligned16(p.k, p.k_st) || !aligned16(p.v, p.v_st))
         return 0;
