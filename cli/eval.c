@@ -51,8 +51,8 @@ void eval_write_json(cJSON *o, const char *path) {
     printf("wrote %s\n", path);
 }
 
-// A comma-separated list of opt's values into out (at most PASSKEY_MAX_LIST), each an integer in
-// [1, hi] when ints is not NULL, else a number in [0, 1] (depths). Returns their number.
+// A comma-separated list of opt's values (at most PASSKEY_MAX_LIST) into ints, each an integer in
+// [1, hi], or when ints is NULL into reals, each a number in [0, 1] (depths). Returns their number.
 static int parse_list(const char *opt, const char *v, int *ints, double *reals, long hi) {
     char buf[1024];
     if (strlen(v) >= sizeof buf) fatal(EXIT_USAGE, "%s: the list is too long", opt);
