@@ -324,6 +324,6 @@ extern "C" int attn_gpu_decode(AttnGpu *g, AttnParams *p, char *err, size_t errl
     AttnParams run = *p;
     run.stream = g->stream;
     run.workspace = NULL;   // the caller's was sized for attn_workspace_bytes
-    if (attach_workspace(g, &run, decode_workspace_bytes(run, splits), err, errlen) != 0) return -1;
+    if (attach_workspace(g, &run, decode_workspace_bytes(run, g->sms), err, errlen) != 0) return -1;
     return decode_run_cuda(run, splits, err, errlen);
 }

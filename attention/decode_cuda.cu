@@ -281,30 +281,37 @@ void launch_decode(const AttnParams &p, int splits, cudaStream_t s) {
         p, parts, part_o, part_lse);
 }
 
+// Splits that give the problem's blocks DEC_BLOCKS_PER_SM per multiprocessor, whatever T_k.
+int fill_splits(const AttnParams &p, int sms) {
+    const int64_t blocks = (int64_t)p.B * p.NKV * row_chunks(p);
+    const int64_t splits = ((int64_t)sms * DEC_BLOCKS_PER_SM + blocks - 1) / blocks;
+    return (int)(splits < 1 ? 1 : splits);
+}
+
 }  // namespace
 
-// The split count: enough blocks for DEC_BLOCKS_PER_SM per multiprocessor over the whole
-// problem, but no split under DEC_MIN_SPLIT keys (a short cache needs few splits, and every
-// part adds a row to the merge).
+// The split count: fill_splits, but no split under DEC_MIN_SPLIT keys (a short cache needs few
+// splits, and every part adds a row to the merge).
 int decode_splits(const AttnParams &p, int sms) {
     if (p.T_q > ATTN_DECODE_MAX_TQ || p.impl != ATTN_IMPL_FLASH || p.cu_seqlens || attn_sparse(&p) || p.dropout_p > 0.f ||
         p.softcap > 0.f || (p.dtype != DTYPE_BF16 && p.dtype != DTYPE_F16) || (p.HS != 64 && p.HS != 128) ||
         !aligned16(p.k, p.k_st) || !aligned16(p.v, p.v_st))
         return 0;
     const AttnKeyRange span = key_span(p);
-    const int64_t blocks = (int64_t)p.B * p.NKV * row_chunks(p);
-    int64_t splits = ((int64_t)sms * DEC_BLOCKS_PER_SM + blocks - 1) / blocks;
-    const int64_t most = (span.hi - span.lo + DEC_MIN_SPLIT - 1) / DEC_MIN_SPLIT;
-    if (splits > most) splits = most;
-    if (splits < 1) splits = 1;
-    // Round the split size to whole warp steps, then drop the splits that would start past the end.
-    const int per = split_keys(p, (int)splits);
+    int splits = fill_splits(p, sms);
+    const int most = (span.hi - span.lo + DEC_MIN_SPLIT - 1) / DEC_MIN_SPLIT;
+    if (splits > most) splits = most < 1 ? 1 : most;
+    // Round the split size to whole warp steps, then drop the splits that would start past the
+    // end (never more splits than before).
+    const int per = split_keys(p, splits);
     if (per > 0) splits = (span.hi - span.lo + per - 1) / per;
-    return splits < 1 ? 1 : (int)splits;
+    return splits < 1 ? 1 : splits;
 }
 
-size_t decode_workspace_bytes(const AttnParams &p, int splits) {
-    return (size_t)p.B * p.NH * p.T_q * splits * DEC_WARPS * (p.HS + 1) * sizeof(float);
+// Sized for fill_splits, the most decode_splits returns for this shape, so that a decode whose
+// cache grows step by step sizes the workspace once.
+size_t decode_workspace_bytes(const AttnParams &p, int sms) {
+    return (size_t)p.B * p.NH * p.T_q * fill_splits(p, sms) * DEC_WARPS * (p.HS + 1) * sizeof(float);
 }
 
 int decode_run_cuda(const AttnParams &p, int splits, char *err, size_t errlen) {
