@@ -229,7 +229,7 @@ static void curve_optimizer(AdamW *opt, const GPT *m, const Config *c) {
 
 // One step's update from the summed gradients in grads (n), on the host.
 static void curve_update(Curve *cv, int s, const float *grads) {
-    adamw_step_cpu(&cv->opt, cv->w, grads, lr_at(cv->c, s, STEPS), 1.0f);
+    adamw_step_cpu(&cv->opt, cv->w, grads, s + 1, lr_at(cv->c, s, STEPS), 1.0f);
 }
 
 static void *curve_rank_main(void *arg) {
