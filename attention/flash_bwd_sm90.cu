@@ -180,7 +180,6 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         // instructions).
         wgmma_wait<1>();
         wgmma_fence_regs(st);
-        uint32_t pa[BM / 16][4], sa[BM / 16][4];
         auto p_step = [&](auto masked) {
 #pragma unroll
             for (int j = 0; j < NQ; j++) {
@@ -200,15 +199,27 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 }
             }
         };
-        // The feature instance: capped and biased scores (flash_mask.cuh's ScoreRule), P after
-        // dropout packed into pa for dV here, st left holding P times the cap's derivative for
-        // dS, and the keep bits (element 4j + e at bit 4j + e) for dP. Dropout: the 4 lanes of
-        // one t and g / 4 hold 4 adjacent keys (g % 4 = 0..3) for the same 4 elements e; lane
-        // g % 4 = e draws the quad of its element e (query 8j + 2t + (e & 1), keys from
-        // krow - g % 4 + 8 (e >> 1)) and each lane takes its key's bit of every quad, one Philox
-        // block per 4 elements.
-        uint64_t keep_bits = ~0ull;
-        auto p_step_extras = [&](auto masked) {
+        if constexpr (!EXTRAS) step_by_class(partial, p_step);
+        wgmma_wait<0>();
+        wgmma_fence_regs(dpt);
+        // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ), and
+        // P^T after dropout in registers (for dV): emit stores row pair r of column tile j.
+        uint32_t pa[BM / 16][4], sa[BM / 16][4];
+        auto emit = [&](int j, int r, uint32_t pk, uint32_t ds) {
+            const uint32_t addr = ds_row[r] + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds) : "memory");
+            sa[j >> 1][(j & 1) * 2 + r] = ds;
+            pa[j >> 1][(j & 1) * 2 + r] = pk;
+        };
+        // The feature instance, once dP^T has landed: per column tile j the capped and biased
+        // scores (flash_mask.cuh's ScoreRule), P^T, the dropout keep bits and dS^T = P^T *
+        // cap' * (dP^T dropped - D), so that no score, probability or bit outlives its j (P^T
+        // computed under dP^T's product, as above, kept 32 more registers live at HS 64 and
+        // serialised the wgmma). Dropout: the 4 lanes of one t and g / 4 hold 4 adjacent keys
+        // (g % 4 = 0..3) for the same 4 elements e; lane g % 4 = e draws the quad of its element
+        // e (query 8j + 2t + (e & 1), keys from krow - g % 4 + 8 (e >> 1)) and each lane takes
+        // its key's bit of every quad, one Philox block per 4 elements.
+        auto ds_step_extras = [&](auto masked) {
             const int h = pairs.head(it), m0 = pairs.m0(it, BM);
             const ScoreRule rule = score_rule(p, b, h);
             const int shift = (int)attn_query_shift(&p);
@@ -216,18 +227,19 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             for (int j = 0; j < NQ; j++) {
                 const int q = 8 * j + 2 * t;
                 const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
+                const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
                 const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
                 unsigned keep4 = 15;  // bit e: element e survives dropout
                 if (p.dropout_p > 0.f) {
-                    const int gq = g & 3, e_mine = gq;
-                    const unsigned mine = dropout_keep_quad(p, keep_thresh, b, h, m0 + q + (e_mine & 1),
-                                                            n0 + krow - gq + 8 * (e_mine >> 1));
+                    const int gq = g & 3;  // this lane draws the quad of element gq
+                    const unsigned mine =
+                        dropout_keep_quad(p, keep_thresh, b, h, m0 + q + (gq & 1), n0 + krow - gq + 8 * (gq >> 1));
                     keep4 = 0;
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         keep4 |= ((__shfl_sync(0xffffffffu, mine, (lane & ~12) | (e << 2)) >> gq) & 1) << e;
                 }
-                float pd[4];
+                float pk[4], ds[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = n0 + krow + 8 * (e >> 1), i = m0 + q + (e & 1);
@@ -237,38 +249,27 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                         const int2 rg = cRng[q + (e & 1)];
                         if (key < rg.x || key >= rg.y) x = 0.f;
                     }
-                    pd[e] = x;
-                    if (p.dropout_p > 0.f) {  // rows past T_q and keys past T_k contribute 0 either way
-                        const bool keep = keep4 >> e & 1;
-                        pd[e] = keep ? x * keep_scale : 0.f;
-                        if (!keep) keep_bits &= ~(1ull << (4 * j + e));
-                    }
-                    st[4 * j + e] = x * dcap;
+                    // rows past T_q and keys past T_k contribute 0 whatever their bit
+                    const bool keep = keep4 >> e & 1;
+                    pk[e] = keep ? x * keep_scale : 0.f;
+                    ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - (e & 1 ? dd.y : dd.x));
                 }
 #pragma unroll
-                for (int r = 0; r < 2; r++) pa[j >> 1][(j & 1) * 2 + r] = ElemTraits<T>::pack(pd[2 * r], pd[2 * r + 1]);
+                for (int r = 0; r < 2; r++)
+                    emit(j, r, ElemTraits<T>::pack(pk[2 * r], pk[2 * r + 1]), ElemTraits<T>::pack(ds[2 * r], ds[2 * r + 1]));
             }
         };
-        if constexpr (EXTRAS) step_by_class(partial, p_step_extras);
-        else step_by_class(partial, p_step);
-        // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ).
-        wgmma_wait<0>();
-        wgmma_fence_regs(dpt);
+        if constexpr (EXTRAS) {
+            step_by_class(partial, ds_step_extras);
+        } else {
 #pragma unroll
-        for (int j = 0; j < NQ; j++) {
-            const float2 dd = *reinterpret_cast<const float2 *>(cD + 8 * j + 2 * t);
+            for (int j = 0; j < NQ; j++) {
+                const float2 dd = *reinterpret_cast<const float2 *>(cD + 8 * j + 2 * t);
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float dp0 = dpt[4 * j + 2 * r], dp1 = dpt[4 * j + 2 * r + 1];
-                if (EXTRAS && p.dropout_p > 0.f) {
-                    dp0 = keep_bits >> (4 * j + 2 * r) & 1 ? dp0 * keep_scale : 0.f;
-                    dp1 = keep_bits >> (4 * j + 2 * r + 1) & 1 ? dp1 * keep_scale : 0.f;
-                }
-                const uint32_t ds = ElemTraits<T>::pack(st[4 * j + 2 * r] * (dp0 - dd.x), st[4 * j + 2 * r + 1] * (dp1 - dd.y));
-                const uint32_t addr = ds_row[r] + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds) : "memory");
-                sa[j >> 1][(j & 1) * 2 + r] = ds;
-                if (!EXTRAS) pa[j >> 1][(j & 1) * 2 + r] = ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
+                for (int r = 0; r < 2; r++)
+                    emit(j, r, ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]),
+                         ElemTraits<T>::pack(st[4 * j + 2 * r] * (dpt[4 * j + 2 * r] - dd.x),
+                                             st[4 * j + 2 * r + 1] * (dpt[4 * j + 2 * r + 1] - dd.y)));
             }
         }
         fence_proxy_async();
