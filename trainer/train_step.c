@@ -493,6 +493,7 @@ void trainer_launch(Trainer *t, long long step, NextBatchFn next, void *ctx) {
 }
 
 int trainer_pending(const Trainer *t) { return t->n_pending; }
+int trainer_stop_asked(const Trainer *t) { return t->n_pending && t->pending[t->n_pending - 1].stop; }
 long long trainer_graph_replays(const Trainer *t) { return t->replays; }
 
 int trainer_collect(Trainer *t, StepStats *out) {
