@@ -315,9 +315,10 @@ static int cmd_train(int argc, char **argv) {
     long long window_steps = 0, run_steps = 0;
     // Steps are launched without waiting for them (trainer_launch) and their numbers collected
     // when something must be said or decided: a progress line, an evaluation, a sample, a
-    // checkpoint, a stop request, the guard (every step while it is on), a full queue. The
-    // collected steps are then reported one by one exactly as if each had been waited for; their
-    // time is the collected span's mean.
+    // checkpoint, a stop request (any rank's: the step's all-reduce carries it), the guard (every
+    // step while it is on), a full queue. The collected steps are then reported one by one
+    // exactly as if each had been waited for; their time is the collected span's mean. Every
+    // rank collects at the same steps.
     StepStats done[TRAINER_MAX_PENDING];
     uint64_t data_before[TRAINER_MAX_PENDING];   // data position before each pending step
     double span0 = now_seconds();
@@ -328,7 +329,7 @@ static int cmd_train(int argc, char **argv) {
         data_before[pending] = data_position(&r);
         trainer_launch(r.trainer, launch - 1, next_batch, r.train);
         if (!(every(c->log.every, launch, total) || launch == 1 || c->train.divergence_steps > 0 ||
-              stop_requested() || every(c->log.eval_every, launch, total) ||
+              trainer_stop_asked(r.trainer) || every(c->log.eval_every, launch, total) ||
               every(c->log.sample_every, launch, total) ||
               every(c->log.checkpoint_every, launch, total) ||
               trainer_pending(r.trainer) == TRAINER_MAX_PENDING))

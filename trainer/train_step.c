@@ -56,6 +56,7 @@ struct Trainer {
     void *graph;            // the captured step, or NULL
     float graph_scale;      // the loss scale its backward was captured with
     int *graph_valid;       // (accum) the counted targets it was captured with
+    long long replays;      // steps that ran as a replay
 };
 
 const char *const STEP_PHASE_NAMES[N_STEP_PHASES] = {"forward+backward", "reduction after backward",
@@ -471,13 +472,14 @@ static void device_step(Trainer *t, long long step, NextBatchFn next, void *ctx,
     }
     o->dev_begin(o, st->lr, (int)(t->launched % TRAINER_MAX_PENDING));
     const float scale = st->loss_scale;
-    if (!graph_ready(t, st, step, host, scale)) device_body(t, st, step, host, scale);
-    else if (be->graph_launch(be, t->graph) != 0) {   // stale: an op between steps grew a workspace
+    int replayed = graph_ready(t, st, step, host, scale) && be->graph_launch(be, t->graph) == 0;
+    if (!replayed && t->graph) {   // stale: an op between steps grew a workspace it recorded
         be->graph_free(be, t->graph);
         t->graph = NULL;
-        if (graph_ready(t, st, step, host, scale)) CHECK(be->graph_launch(be, t->graph) == 0);
-        else device_body(t, st, step, host, scale);
+        replayed = graph_ready(t, st, step, host, scale) && be->graph_launch(be, t->graph) == 0;
     }
+    if (replayed) t->replays++;
+    else device_body(t, st, step, host, scale);
     st->stop = t->stop_poll && t->stop_poll();
 }
 
@@ -491,6 +493,8 @@ void trainer_launch(Trainer *t, long long step, NextBatchFn next, void *ctx) {
 }
 
 int trainer_pending(const Trainer *t) { return t->n_pending; }
+int trainer_stop_asked(const Trainer *t) { return t->n_pending && t->pending[t->n_pending - 1].stop; }
+long long trainer_graph_replays(const Trainer *t) { return t->replays; }
 
 int trainer_collect(Trainer *t, StepStats *out) {
     const int n = t->n_pending;

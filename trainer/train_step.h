@@ -113,6 +113,10 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
 void trainer_launch(Trainer *t, long long step, NextBatchFn next, void *ctx);
 // Steps launched and not yet collected.
 int trainer_pending(const Trainer *t);
+// StepStats.stop of the last launched step, known at once (on every rank alike).
+int trainer_stop_asked(const Trainer *t);
+// Steps that ran as a replay of the captured graph (train.cuda_graph).
+long long trainer_graph_replays(const Trainer *t);
 // The numbers of every uncollected step, in launch order, into out (TRAINER_MAX_PENDING);
 // returns how many. Waits for them (and refreshes trainer_scaler).
 int trainer_collect(Trainer *t, StepStats *out);
