@@ -54,10 +54,16 @@ struct AttnGpu {
 // (attn_runs_naive; attn_check has refused the features the flash kernels lack). Only the sm90
 // forward's tile depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents
 // why). Returns -1 with a message when nothing fits.
+// The kernels' feature instances (EXTRAS): soft-capping, ALiBi, dropout and a block mask. The
+// plain instances walk every key tile of the span and evaluate none of them.
+static bool needs_extras(const AttnParams &p) {
+    return p.alibi_slopes != NULL || p.dropout_p > 0.f || p.softcap > 0.f || attn_sparse(&p);
+}
+
 static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backward, AttnKernelChoice *c,
                               char *err, size_t errlen) {
     c->hs = p.HS;
-    c->extras = p.alibi_slopes != NULL || p.dropout_p > 0.f || p.softcap > 0.f;
+    c->extras = needs_extras(p);
     if (attn_runs_naive(&p, DEVICE_CUDA)) {
         c->family = FAMILY_NAIVE;
         return 0;
@@ -79,9 +85,9 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
         return -1;
     }
     // HS 64: three warpgroups (BM 192) from 4K queries on, two below (short causal rows are
-    // imbalanced over 192-row tiles); HS 128 fits two only, and so do the feature instances. A
-    // block mask needs query tiles that divide its blocks: two (BM 128).
-    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras && !attn_sparse(&p) ? 3 : 2;
+    // imbalanced over 192-row tiles); HS 128 fits two only, and so do the feature instances (a
+    // block mask among them needs query tiles that divide its blocks: BM 128).
+    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
     return 0;
 }
 
@@ -234,7 +240,7 @@ static int plan_for(AttnGpu *g, const AttnParams &p, int backward, AttnKernelCho
     memset(&k, 0, sizeof k);   // padding too: keys are compared bytewise
     k.backward = backward;
     k.hs = p.HS;
-    k.extras = p.alibi_slopes != NULL || p.dropout_p > 0.f || p.softcap > 0.f;
+    k.extras = needs_extras(p);
     k.softcap = p.softcap > 0.f;
     k.deterministic = p.deterministic;
     k.naive = attn_runs_naive(&p, DEVICE_CUDA);

@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
     auto &sm = smem_storage<DqSmem<T, HS>>(smem_raw);
     T *sQ = sm.q, *sdO = sm.dout, *sK = sm.k, *sV = sm.v;  // (BM, HS), (BM, HS), (BN, HS), (BN, HS)
 
-    const QueryBlock qb = query_block(p, BM, BN);
+    const QueryBlock qb = query_block<EXTRAS>(p, BM, BN);
     const int h = qb.h, b = qb.b, m0 = qb.m0, m_valid = qb.m_valid;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int n0 = n_block * BN, n_valid = min(BN, p.T_k - n0);
 
-    const BwdPairs pairs = bwd_pairs(p, b, kvh, n0, n_valid, BM);
+    const BwdPairs pairs = bwd_pairs<EXTRAS>(p, b, kvh, n0, n_valid, BM);
     const T *k = tensor_at(static_cast<const T *>(p.k), p.k_st, b, n0, kvh);
     const T *v = tensor_at(static_cast<const T *>(p.v), p.v_st, b, n0, kvh);
     if (pairs.total > 0) {  // a key tile no query reads (masked, or absent from every block list) writes zeros

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     }
     __syncthreads();
 
-    const BwdPairs pairs = bwd_pairs(p, b, kvh, n0, n_valid, BM);
+    const BwdPairs pairs = bwd_pairs<EXTRAS>(p, b, kvh, n0, n_valid, BM);
 
     // Named barriers: 1 the MMA warpgroups; per MMA warpgroup w, DQ_FULL + w (its dQ block is
     // staged) and DQ_EMPTY + w (the writer has read it: the next may be staged), each the

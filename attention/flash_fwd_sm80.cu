@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     auto &sm = smem_storage<FwdSmem<T, HS>>(smem_raw);
     T *sQ = sm.q, *sK = sm.k[0], *sV = sm.v[0];  // (BM, HS), 2 x (BN, HS), 2 x (BN, HS)
 
-    const QueryBlock qb = query_block(p, BM, BN);
+    const QueryBlock qb = query_block<EXTRAS>(p, BM, BN);
     const int h = qb.h, b = qb.b, m0 = qb.m0, m_valid = qb.m_valid;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 

@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     T *sQ = sm.q, *sK = sm.k[0], *sV = sm.v[0];  // (BM, HS), STAGES x (BN, HS), STAGES x (BN, HS)
     const uint32_t full0 = smem_u32(sm.full), empty0 = smem_u32(sm.empty);  // STAGES mbarriers each
 
-    const QueryBlock qb = query_block(p, BM, BN);
+    const QueryBlock qb = query_block<EXTRAS>(p, BM, BN);
     const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0;
     const RowRange first = qb.first, last = qb.last;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;

@@ -100,7 +100,8 @@ __device__ __forceinline__ int64_t dq_acc_offset(const AttnParams &p, int b, int
 // visible keys of its first and last row (tile_class classifies every key tile with them) and
 // the key tiles of BN keys it visits: key_tile(it) for it < n_tiles, ascending, the tiles of
 // [nb_begin, nb_end) that its block mask row holds (all of them when dense). With a block mask
-// BM divides ATTN_SPARSE_BLOCK, so the tile lies in one query block.
+// BM divides ATTN_SPARSE_BLOCK, so the tile lies in one query block. SPARSE (the kernels'
+// feature instances) reads the mask; without it the span is every tile, known at compile time.
 struct QueryBlock {
     int h, b, kvh, m0, m_valid;
     RowRange first, last;
@@ -109,6 +110,7 @@ struct QueryBlock {
     __device__ __forceinline__ int n_tiles() const { return keys.count; }
     __device__ __forceinline__ int key_tile(int it) const { return attn_span_tile(&keys, it); }
 };
+template <bool SPARSE>
 __device__ __forceinline__ QueryBlock query_block(const AttnParams &p, int BM, int BN) {
     QueryBlock q;
     const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -121,7 +123,7 @@ __device__ __forceinline__ QueryBlock query_block(const AttnParams &p, int BM, i
     q.last = row_range(p, q.b, q.m0 + q.m_valid - 1);
     q.nb_begin = max(q.first.lo, 0) / BN;
     q.nb_end = max((min(q.last.hi, p.T_k) + BN - 1) / BN, q.nb_begin);
-    q.keys = attn_tile_span(p.sparse_q_offsets, p.sparse_q_blocks, q.m0 / ATTN_SPARSE_BLOCK, q.nb_begin,
+    q.keys = attn_tile_span(SPARSE ? p.sparse_q_offsets : nullptr, p.sparse_q_blocks, q.m0 / ATTN_SPARSE_BLOCK, q.nb_begin,
                             q.nb_end, BN);
     return q;
 }
@@ -140,8 +142,8 @@ template <typename T> __device__ __forceinline__ QueryBases<T> query_bases(const
 // kvh visits, head-major: pair `it` is query head head(it), query rows from m0(it). GQA: the G
 // query heads sharing the KV head follow each other, so dK and dV sum them in registers. The
 // n_mb query tiles of a head are tile_m0(0 .. n_mb - 1): those that see a key of the tile and,
-// with a block mask, whose query block reads its key block (n0 is then a multiple of
-// ATTN_SPARSE_BLOCK: the key tile is one block, BN == ATTN_SPARSE_BLOCK).
+// with a block mask (read by SPARSE instances only), whose query block reads its key block (n0 is
+// then a multiple of ATTN_SPARSE_BLOCK: the key tile is one block, BN == ATTN_SPARSE_BLOCK).
 struct BwdPairs {
     int G, kvh, n_mb, total;
     AttnTileSpan queries;
@@ -149,6 +151,7 @@ struct BwdPairs {
     __device__ __forceinline__ int tile_m0(int mb, int BM) const { return attn_span_tile(&queries, mb) * BM; }
     __device__ __forceinline__ int m0(int it, int BM) const { return tile_m0(it % n_mb, BM); }
 };
+template <bool SPARSE>
 __device__ __forceinline__ BwdPairs bwd_pairs(const AttnParams &p, int b, int kvh, int n0, int n_valid, int BM) {
     int q_begin, q_end;
     query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
@@ -156,7 +159,7 @@ __device__ __forceinline__ BwdPairs bwd_pairs(const AttnParams &p, int b, int kv
     BwdPairs w;
     w.G = p.NH / p.NKV;
     w.kvh = kvh;
-    w.queries = attn_tile_span(p.sparse_k_offsets, p.sparse_k_blocks, n0 / ATTN_SPARSE_BLOCK, mb_begin, mb_end, BM);
+    w.queries = attn_tile_span(SPARSE ? p.sparse_k_offsets : nullptr, p.sparse_k_blocks, n0 / ATTN_SPARSE_BLOCK, mb_begin, mb_end, BM);
     w.n_mb = w.queries.count;
     w.total = w.G * w.n_mb;
     return w;
