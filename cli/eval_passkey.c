@@ -136,7 +136,9 @@ void eval_passkey(const char *ckpt, const char *device, const PasskeyArgs *a, co
     GPT *m = cli_load_checkpoint_model(ckpt, &c, be, 1, 1);
 
     double acc[PASSKEY_MAX_LIST][PASSKEY_MAX_LIST], sum = 0;
-    int *seq = xmalloc((size_t)lengths[n_len - 1] * sizeof(int) + sizeof(int));
+    int longest = 0;   // the lengths come in the order asked for
+    for (int l = 0; l < n_len; l++) longest = lengths[l] > longest ? lengths[l] : longest;
+    int *seq = xmalloc((size_t)longest * sizeof(int));
     print_header(a);
     for (int l = 0; l < n_len; l++) {
         printf("%8d", lengths[l]);

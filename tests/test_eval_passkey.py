@@ -71,11 +71,11 @@ def check_json(path, lengths, depths, trials, rows):
 def test_passkey_grid_byte_vocabulary(tmp_path):
     ckpt = train(tmp_path, "byte", [bytes([i]) for i in range(256)], 256)
     out = str(tmp_path / "pk.json")
-    text = ti.ok(["eval", "--checkpoint", ckpt, "--device", "cpu", "--passkey", "--passkey-lengths", "180,256",
+    text = ti.ok(["eval", "--checkpoint", ckpt, "--device", "cpu", "--passkey", "--passkey-lengths", "256,180",
                   "--passkey-trials", "2", "--seed", "5", "--json", out])
     depths, rows = grid(text)
-    assert depths == [0, 0.25, 0.5, 0.75, 1] and sorted(rows) == [180, 256]
-    check_json(out, [180, 256], [0, 0.25, 0.5, 0.75, 1], 2, rows)
+    assert depths == [0, 0.25, 0.5, 0.75, 1] and list(rows) == [256, 180]   # in the order asked for
+    check_json(out, [256, 180], [0, 0.25, 0.5, 0.75, 1], 2, rows)
     assert "2 trials" in text and "passkey_accuracy:" in text
 
     # Defaults: seq_len 256 / 4 and / 2 cannot hold the byte prompt (about 160 tokens): 256 alone.

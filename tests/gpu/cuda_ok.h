@@ -1,5 +1,6 @@
-// CUDA_OK: the GPU tests' check of a CUDA runtime call (prints the call, the error and the
-// place, then exits 1: a failing call leaves nothing worth testing).
+// cuda_ok: what the GPU tests share: CUDA_OK, the check of a CUDA runtime call (prints the call,
+// the error and the place, then exits 1: a failing call leaves nothing worth testing), and
+// cuda_device_present.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -14,3 +15,12 @@
             exit(1);                                                                              \
         }                                                                                         \
     } while (0)
+
+// Whether this machine has a CUDA device; without one, prints the summary line of a suite that
+// had nothing to run.
+static inline int cuda_device_present(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return 1;
+    printf("no CUDA device: skipped\n0 passed, 0 failed\n");
+    return 0;
+}
