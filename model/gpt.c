@@ -817,7 +817,7 @@ void gpt_backward(GPT *m, float grad_scale) {
             block_forward(m, l, a, x_in, m->dfch, m->scratch, N, T, m->pos, &p, -1,
                           m->drop_resid);
         } else if (m->recompute == RECOMPUTE_ATTN_GELU) {
-            attention_forward(m, &p, 1);
+            attention_forward(m, &p, 0);
             be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                                layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
         }
@@ -889,13 +889,14 @@ int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen) {
     }
     const GPTConfig *g = &m->cfg;
     const size_t need = decode_bytes(m, B);
-    size_t free_bytes = 0, used = 0;
-    if (!m->be->memory(m->be, &free_bytes, &used))   // host memory: the machine's
-        free_bytes = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
-    if (B < 1 || need / (size_t)B != decode_bytes(m, 1) || need > free_bytes)
+    size_t avail = 0, used = 0;
+    const int device = m->be->memory(m->be, &avail, &used);   // else host memory: all of it
+    if (!device) avail = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    if (B < 1 || need / (size_t)B != decode_bytes(m, 1) || need > avail)
         return set_error(err, errlen, "decode: %d sequences of up to %d positions need %.2f GiB for "
-                                      "the KV cache and activations, the %s has %.2f GiB free: use fewer",
-                         B, g->maxT, need / 1073741824.0, m->be->name, free_bytes / 1073741824.0);
+                                      "the KV cache and activations, more than the %.2f GiB %s: use fewer",
+                         B, g->maxT, need / 1073741824.0, avail / 1073741824.0,
+                         device ? "free on the GPU" : "of host memory");
     size_t C = g->C, ds = m->ds;
     m->dec_B = B;
     alloc_block(m, &m->dec, B, 1);
