@@ -125,35 +125,37 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
 
 // The deterministic backward runs the sm90 main kernel without dQ and the sm80 family's dQ
 // kernel after it (sm80_run's order); the three-warpgroup forward has no feature instance.
+// Returns the tensor-map encoder's refusal, if any (then the main kernel was not launched).
 template <typename T, int HS, bool EXTRAS>
-static void sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
-                     cudaStream_t s) {
+static CUresult sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
+                         cudaStream_t s) {
     if (!backward) {
-        if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
-        else flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
-        return;
+        if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) return flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
+        return flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
     }
     float *dq_accum = p.deterministic ? NULL : flash_ws_dq_accum(p);
     float *dsum = flash_ws_dsum(p);
     flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
-    flash_bwd_sm90_launch<T, HS, EXTRAS>(p, dsum, dq_accum, enc, s);
+    const CUresult r = flash_bwd_sm90_launch<T, HS, EXTRAS>(p, dsum, dq_accum, enc, s);
+    if (r != CUDA_SUCCESS) return r;
     if (dq_accum) flash_bwd_convert_dq<T>(p, dq_accum, s);
     else flash_bwd_dq_launch<T, HS, EXTRAS>(p, dsum, s);
+    return CUDA_SUCCESS;
 }
 
 template <typename T>
-static void sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
-                             cudaStream_t s) {
-    if (c.hs == 64 && c.extras) sm90_run<T, 64, true>(p, c, backward, enc, s);
-    else if (c.hs == 64) sm90_run<T, 64, false>(p, c, backward, enc, s);
-    else if (c.extras) sm90_run<T, 128, true>(p, c, backward, enc, s);
-    else sm90_run<T, 128, false>(p, c, backward, enc, s);
+static CUresult sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
+                                 cudaStream_t s) {
+    if (c.hs == 64 && c.extras) return sm90_run<T, 64, true>(p, c, backward, enc, s);
+    if (c.hs == 64) return sm90_run<T, 64, false>(p, c, backward, enc, s);
+    if (c.extras) return sm90_run<T, 128, true>(p, c, backward, enc, s);
+    return sm90_run<T, 128, false>(p, c, backward, enc, s);
 }
 
-static void sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc) {
+static CUresult sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == DTYPE_BF16) sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, enc, s);
-    else sm90_dispatch_hs<__half>(p, c, backward, enc, s);
+    if (p.dtype == DTYPE_BF16) return sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, enc, s);
+    return sm90_dispatch_hs<__half>(p, c, backward, enc, s);
 }
 
 static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
@@ -313,8 +315,16 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
     }
     // The launchers queue their kernels (and set their shared-memory attributes) and return; the
     // first launch or attribute error is still CUDA's last error here.
-    if (c.family == FAMILY_SM90) sm90_dispatch(run, c, backward, g->encode);
-    else sm80_dispatch(run, c, backward);
+    if (c.family == FAMILY_SM90) {
+        const CUresult r = sm90_dispatch(run, c, backward, g->encode);
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "attention: cuTensorMapEncodeTiled refused the sm90 kernels' tensor "
+                     "maps (CUresult %d)", (int)r);
+            return -1;
+        }
+    } else {
+        sm80_dispatch(run, c, backward);
+    }
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return cuda_failed(e, c.family == FAMILY_SM90 ? "the sm90 flash kernels' launch"

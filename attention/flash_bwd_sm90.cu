@@ -344,21 +344,24 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 }
 
 template <typename T, int HS, bool EXTRAS>
-void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
-                           cudaStream_t s) {
+CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
+                               cudaStream_t s) {
     using Tile = Sm90BwdTile<HS>;
-    const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
-    const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM);
+    CUresult status = CUDA_SUCCESS;
+    const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN, &status);
+    const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM, &status);
+    if (status != CUDA_SUCCESS) return status;
     const auto kernel = dq_accum ? flash_bwd_sm90_kernel<T, HS, EXTRAS, true> : flash_bwd_sm90_kernel<T, HS, true, false>;
     flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(kernel, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B), Tile::NTHREADS, s,
                                                       p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
+    return CUDA_SUCCESS;
 }
 
 #define INSTANTIATE_BWD_SM90(T, HS)                                                                            \
-    template void flash_bwd_sm90_launch<T, HS, false>(const AttnParams &, const float *, float *, TensorMapEncoder, \
-                                                      cudaStream_t);                                              \
-    template void flash_bwd_sm90_launch<T, HS, true>(const AttnParams &, const float *, float *, TensorMapEncoder,  \
-                                                     cudaStream_t);
+    template CUresult flash_bwd_sm90_launch<T, HS, false>(const AttnParams &, const float *, float *,          \
+                                                          TensorMapEncoder, cudaStream_t);                     \
+    template CUresult flash_bwd_sm90_launch<T, HS, true>(const AttnParams &, const float *, float *,           \
+                                                         TensorMapEncoder, cudaStream_t);
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 64)
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 128)
 INSTANTIATE_BWD_SM90(__half, 64)

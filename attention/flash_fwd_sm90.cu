@@ -241,12 +241,15 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 }
 
 template <typename T, int HS, int NWG, bool EXTRAS>
-void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
+CUresult flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
     using Tile = Sm90FwdTile<HS, NWG>;
-    const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN);
+    CUresult status = CUDA_SUCCESS;
+    const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN, &status);
+    if (status != CUDA_SUCCESS) return status;
     flash_launch<Sm90FwdSmem<T, HS, NWG>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HS, NWG, EXTRAS>,
                                                            dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B), Tile::NTHREADS,
                                                            s, p, m.q, m.k, m.v);
+    return CUDA_SUCCESS;
 }
 
 // Whether this binary holds the sm_90a code of the sm90 kernels for the current device (a build
@@ -259,10 +262,10 @@ bool flash_sm90_ok() {
 
 // The feature instances (EXTRAS) run two warpgroups only (attn_select_kernel).
 #define INSTANTIATE_FWD_SM90(T)                                                                   \
-    template void flash_fwd_sm90_launch<T, 64, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
-    template void flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
-    template void flash_fwd_sm90_launch<T, 128, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
-    template void flash_fwd_sm90_launch<T, 64, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);   \
-    template void flash_fwd_sm90_launch<T, 128, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+    template CUresult flash_fwd_sm90_launch<T, 64, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
+    template CUresult flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
+    template CUresult flash_fwd_sm90_launch<T, 128, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template CUresult flash_fwd_sm90_launch<T, 64, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);   \
+    template CUresult flash_fwd_sm90_launch<T, 128, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
 INSTANTIATE_FWD_SM90(__nv_bfloat16)
 INSTANTIATE_FWD_SM90(__half)

@@ -199,11 +199,13 @@ void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s)
 // dq_accum, or with dq_accum NULL (the deterministic mode) leaves dQ to flash_bwd_dq_launch.
 // The driver's cuTensorMapEncodeTiled (looked up once per context, attention_cuda.cu).
 typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
+// The sm90 launchers return the tensor-map encoder's refusal (then nothing was launched), else
+// CUDA_SUCCESS; launch errors stay CUDA's last error, as for every launcher.
 template <typename T, int HS, int NWG, bool EXTRAS>
-void flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s);
+CUresult flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s);
 template <typename T, int HS, bool EXTRAS>
-void flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
-                           cudaStream_t s);
+CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
+                               cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
 // Backward helpers (flash_bwd_sm80.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not

@@ -16,9 +16,10 @@
 // Map of a (B, rows, heads, HS) tensor of 16-bit elements with element strides `st`, read in
 // boxes of box_rows rows x 64 columns with the 128-byte swizzle (one SW128 column block of a
 // tile); rows at or past `rows` read as zeros. attn_check guarantees the 16-byte alignment of
-// the base and strides that the engine needs.
+// the base and strides that the engine needs. A refusal of the encoder is kept in *status (the
+// first one of several maps), and the launcher then launches nothing and returns it.
 inline CUtensorMap sw128_tensor_map(TensorMapEncoder enc, const void *base, const AttnStrides &st, int B, int rows,
-                                    int heads, int HS, int box_rows) {
+                                    int heads, int HS, int box_rows, CUresult *status) {
     const cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)B};
     const cuuint64_t strides[3] = {(cuuint64_t)st.row * 2, (cuuint64_t)st.head * 2, (cuuint64_t)st.batch * 2};
     const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, unit[4] = {1, 1, 1, 1};
@@ -26,7 +27,7 @@ inline CUtensorMap sw128_tensor_map(TensorMapEncoder enc, const void *base, cons
     const CUresult r = enc(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void *>(base), dims, strides, box, unit,
                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) fatal(EXIT_RUNTIME, "attention: cuTensorMapEncodeTiled failed (CUresult %d)", (int)r);
+    if (r != CUDA_SUCCESS && *status == CUDA_SUCCESS) *status = r;
     return map;
 }
 
@@ -34,10 +35,10 @@ inline CUtensorMap sw128_tensor_map(TensorMapEncoder enc, const void *base, cons
 struct QkvMaps {
     CUtensorMap q, k, v;
 };
-inline QkvMaps qkv_tensor_maps(TensorMapEncoder enc, const AttnParams &p, int q_rows, int kv_rows) {
-    return {sw128_tensor_map(enc, p.q, p.q_st, p.B, p.T_q, p.NH, p.HS, q_rows),
-            sw128_tensor_map(enc, p.k, p.k_st, p.B, p.T_k, p.NKV, p.HS, kv_rows),
-            sw128_tensor_map(enc, p.v, p.v_st, p.B, p.T_k, p.NKV, p.HS, kv_rows)};
+inline QkvMaps qkv_tensor_maps(TensorMapEncoder enc, const AttnParams &p, int q_rows, int kv_rows, CUresult *status) {
+    return {sw128_tensor_map(enc, p.q, p.q_st, p.B, p.T_q, p.NH, p.HS, q_rows, status),
+            sw128_tensor_map(enc, p.k, p.k_st, p.B, p.T_k, p.NKV, p.HS, kv_rows, status),
+            sw128_tensor_map(enc, p.v, p.v_st, p.B, p.T_k, p.NKV, p.HS, kv_rows, status)};
 }
 
 // ---- tile copies --------------------------------------------------------------------------
