@@ -72,15 +72,12 @@ struct Backend {
     // receives the values before GELU (needed by backward); otherwise pre is NULL.
     void (*matmul_forward)(Backend *be, void *out, void *pre, const void *inp, const void *w,
                            const void *bias, int N, int C, int OC, Epilogue epi);
-    // dout (N,OC) is the gradient of the linear layer's output (with EPI_GELU: of pre, the
-    // gradient the layer above computed with inp_pre). dinp (N,C) overwritten (NULL = not
-    // needed); dw, dbias (OC or NULL) accumulate. With inp_pre (N,C), this layer's input was
-    // GELU(inp_pre) (fcproj after fc) and dinp receives the gradient of inp_pre instead:
-    // (dout @ w) * gelu'(inp_pre); dpre_bias (C, or NULL) += its column sums, the bias gradient
-    // of the layer that produced inp_pre. dout is only read.
-    void (*matmul_backward)(Backend *be, void *dinp, void *dw, void *dbias, const void *dout,
-                            const void *inp, const void *w, int N, int C, int OC,
-                            const void *inp_pre, void *dpre_bias);
+    // dout (N,OC) is the gradient of matmul_forward's out; with EPI_GELU the GELU backward is
+    // applied first using pre. dinp (N,C) overwritten (NULL = not needed); dw, dbias accumulate.
+    // dout may be used as scratch (it is dead after this call).
+    void (*matmul_backward)(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                            const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                            Epilogue epi);
     // out = a + b over n elements (out may alias a or b).
     void (*add)(Backend *be, void *out, const void *a, const void *b, size_t n);
     // fp32 accumulators (context parallelism's ring): acc += x over n fp32 elements, and the

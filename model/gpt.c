@@ -126,7 +126,7 @@ struct GPT {
     float *losses_host;           // (N)
     void *scratch;                // (N, C) branch output before the residual add
     void *dres;                   // (N, C) gradient of the residual stream
-    void *dtmp;                   // (N, C) a branch's copy of dres (its dropout mask applies in place)
+    void *dtmp;                   // (N, C) copy of dres handed to matmul_backward as scratch
     void *dln;                    // (N, C) gradient of a LayerNorm output
     void *datty;                  // (N, C)
     void *dqkv;                   // (N, OCq)
@@ -595,9 +595,9 @@ static void head_backward(GPT *m, int N, float dscale) {
         be->softmax_xent(be, m->logits, m->losses + r0, m->logit_lse + r0, m->targets + r0, n,
                          g->V, g->Vp, dscale);
         be->matmul_backward(be, at(m->dln, (size_t)r0 * g->C, m->ds),
-                            tensor_ptr(m, m->grads, m->wte_i), NULL, m->logits,
+                            tensor_ptr(m, m->grads, m->wte_i), NULL, m->logits, NULL,
                             at(m->lnf, (size_t)r0 * g->C, m->ds),
-                            tensor_ptr(m, m->params, m->wte_i), n, g->C, g->Vp, NULL, NULL);
+                            tensor_ptr(m, m->params, m->wte_i), n, g->C, g->Vp, EPI_NONE);
     }
     m->head_chunk = -1;   // the buffer holds dlogits now
 }
@@ -801,8 +801,8 @@ void gpt_backward(GPT *m, float grad_scale) {
     be->fill_zero(be, m->dres, NC);
     const void *x_last = m->acts[g->L - 1].res_mlp;
     // Each LayerNorm backward also leaves a copy of the residual gradient in dtmp: the branch
-    // below it consumes that copy (through its dropout mask, in place) while dres carries the
-    // residual path.
+    // below it consumes that copy (through its dropout mask; matmul_backward may use it as
+    // scratch) while dres carries the residual path.
     be->layernorm_backward(be, m->dres, m->dtmp, tensor_ptr(m, dw, m->lnf_i),
                            tensor_ptr(m, dw, m->lnf_i + 1), m->dln, x_last,
                            tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
@@ -823,24 +823,22 @@ void gpt_backward(GPT *m, float grad_scale) {
         }
         // MLP branch, from dtmp.
         if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_MLP);
-        // fcproj's dinp gemm applies fc's GELU backward and reduces fc's bias gradient.
         be->matmul_backward(be, m->dfch, layer_ptr(m, dw, l, FCPROJ_W), layer_ptr(m, dw, l, FCPROJ_B),
-                            m->dtmp, a->fch, layer_ptr(m, w, l, FCPROJ_W), N, 4 * C, C, a->fch_pre,
-                            layer_ptr(m, dw, l, FC_B));
-        be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, FC_W), NULL, m->dfch, a->ln2,
-                            layer_ptr(m, w, l, FC_W), N, C, 4 * C, NULL, NULL);
+                            m->dtmp, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W), N, 4 * C, C, EPI_NONE);
+        be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, FC_W), layer_ptr(m, dw, l, FC_B), m->dfch,
+                            a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W), N, C, 4 * C, EPI_GELU);
         be->layernorm_backward(be, m->dres, m->dtmp, layer_ptr(m, dw, l, LN2_W),
                                layer_ptr(m, dw, l, LN2_B), m->dln, a->res_attn,
                                layer_ptr(m, w, l, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
         // Attention branch, from dtmp.
         if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_PROJ);
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
-                            m->dtmp, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, NULL, NULL);
+                            m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
         attn_fused_qkv_grads(&p, m->dqkv, m->datty, m->ds);
         attention_backward(m, &p);
         if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
-                            a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, NULL, NULL);
+                            NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);
         be->layernorm_backward(be, m->dres, l > 0 ? m->dtmp : NULL, layer_ptr(m, dw, l, LN1_W),
                                layer_ptr(m, dw, l, LN1_B), m->dln, x_in, layer_ptr(m, w, l, LN1_W),
                                a->ln1_mean, a->ln1_rstd, N, C);

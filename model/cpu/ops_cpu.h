@@ -28,9 +28,9 @@ void cpu_softmax_xent(Backend *be, void *logits, float *losses, float *lse, cons
                       int N, int V, int Vp, float dscale);
 void cpu_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
                         const void *bias, int N, int C, int OC, Epilogue epi);
-void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, const void *dout,
-                         const void *inp, const void *w, int N, int C, int OC,
-                         const void *inp_pre, void *dpre_bias);
+void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                         const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                         Epilogue epi);
 // ops_cpu_dropout.c
 void cpu_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);
 // ops_cpu_rope.c

@@ -76,34 +76,29 @@ void cpu_matmul_forward(Backend *be, void *out_, void *pre_, const void *inp, co
     }
 }
 
-// sums (OC) += the column sums of x (N, OC), split by column so each thread owns its entries.
-static void col_sums(float *sums, const float *x, int N, int OC) {
+void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias_, void *dout_,
+                         const void *pre_, const void *inp, const void *w, int N, int C, int OC,
+                         Epilogue epi) {
+    float *dout = dout_;        // (N, OC); becomes d(pre) in place with EPI_GELU
+    const float *pre = pre_;    // (N, OC) with EPI_GELU
+    float *dbias = dbias_;      // (OC) or NULL, accumulates
+    if (epi == EPI_GELU) {
+        #pragma omp parallel for schedule(static) if ((size_t)N * OC >= CPU_PAR_MIN)
+        for (size_t i = 0; i < (size_t)N * OC; i++) dout[i] *= gelu_grad(pre[i]);
+    }
+    // dinp (N, C) = dout (N, OC) @ w (OC, C)
+    if (dinp)
+        sgemm_split(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, w, C, 0.0f, dinp, C);
+    // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
+    sgemm_split(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dw, C);
+    if (!dbias) return;
+    // Column sums, split by output channel so each thread owns its dbias entries.
     #pragma omp parallel for schedule(static) if ((size_t)N * OC >= CPU_PAR_MIN)
     for (int j0 = 0; j0 < OC; j0 += COL_CHUNK) {
         int j1 = j0 + COL_CHUNK < OC ? j0 + COL_CHUNK : OC;
         for (int i = 0; i < N; i++) {
-            const float *d = x + (size_t)i * OC;
-            for (int j = j0; j < j1; j++) sums[j] += d[j];
+            const float *d = dout + (size_t)i * OC;
+            for (int j = j0; j < j1; j++) dbias[j] += d[j];
         }
     }
-}
-
-void cpu_matmul_backward(Backend *be, void *dinp_, void *dw, void *dbias, const void *dout_,
-                         const void *inp, const void *w, int N, int C, int OC,
-                         const void *inp_pre_, void *dpre_bias) {
-    float *dinp = dinp_;               // (N, C) or NULL
-    const float *dout = dout_;         // (N, OC)
-    const float *inp_pre = inp_pre_;   // (N, C) or NULL
-    // dinp (N, C) = dout (N, OC) @ w (OC, C), then times GELU' of the input's pre-activation.
-    if (dinp) {
-        sgemm_split(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, w, C, 0.0f, dinp, C);
-        if (inp_pre) {
-            #pragma omp parallel for schedule(static) if ((size_t)N * C >= CPU_PAR_MIN)
-            for (size_t i = 0; i < (size_t)N * C; i++) dinp[i] *= gelu_grad(inp_pre[i]);
-            if (dpre_bias) col_sums(dpre_bias, dinp, N, C);
-        }
-    }
-    // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
-    sgemm_split(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dw, C);
-    if (dbias) col_sums(dbias, dout, N, OC);
 }

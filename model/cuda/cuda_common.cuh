@@ -167,9 +167,9 @@ void cuda_softmax_xent(Backend *be, void *logits, float *losses, float *lse, con
 // ops_cuda_matmul.cu
 void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
                          const void *bias, int N, int C, int OC, Epilogue epi);
-void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, const void *dout,
-                          const void *inp, const void *w, int N, int C, int OC,
-                          const void *inp_pre, void *dpre_bias);
+void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                          const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                          Epilogue epi);
 
 // ops_cuda_dropout.cu
 void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);

@@ -7,13 +7,10 @@
 //   dinp     (N, C)       = col-major D (C, N)  = w (C, OC) . dout (OC, N)
 //   dw       (OC, C)     += col-major D (C, OC) = inp (C, N) . dout^T (op T of (OC, N)), beta 1
 // The forward fuses bias and, in bf16/fp16, GELU in the epilogue (GELU_AUX_BIAS writes the
-// pre-activation to `pre` for backward). The backward fuses what cuBLASLt offers for the layout:
-// the GELU derivative of the input's pre-activation into the dinp gemm (DGELU, in bf16/fp16 as
-// the forward's GELU; DGELU_BGRAD also reduces the lower layer's bias gradient) and this
-// layer's bias gradient into the dw gemm (BGRADB: the column sums of dout, the gemm's B). The
-// epilogues overwrite their bias vector, so it lands in op scratch and is added (+=) to the
-// gradient. Where cuBLASLt refuses (rows not 16-byte aligned, fp32), the deterministic kernel
-// of ops_cuda_layers.cu (cuda_bias_gelu_backward) does the same after a plain gemm.
+// pre-activation to `pre` for backward). The backward's GELU derivative and bias gradient are
+// one deterministic kernel of ops_cuda_layers.cu (cuda_bias_gelu_backward): the interface
+// applies the GELU backward to this layer's dout (DGELU would belong to the next layer's dinp
+// matmul), and the bias gradient accumulates (+=) where BGRADB would overwrite.
 
 #include "model/cuda/cuda_common.cuh"
 
@@ -166,54 +163,24 @@ void cuda_matmul_forward(Backend *be, void *out, void *pre, const void *inp, con
     lt_gemm_or_die(be, &g);
 }
 
-// g with a bias-gradient epilogue (g->epi) into op scratch, then acc (n) += that vector;
-// returns 0, or -1 when cuBLASLt offers no algorithm (nothing was written).
-static int lt_gemm_bgrad(Backend *be, LtGemm *g, void *acc, int n) {
-    void *grad = cuda_scratch(cuda_ctx(be), (size_t)n * dtype_size(be->dtype));   // (n)
-    g->bias = grad;
-    cublasStatus_t why;
-    if (lt_gemm(be, g, &why) != 0) return -1;
-    cuda_add(be, acc, acc, grad, (size_t)n);
-    return 0;
-}
-
-void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, const void *dout,
-                          const void *inp, const void *w, int N, int C, int OC,
-                          const void *inp_pre, void *dpre_bias) {
+void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
+                          const void *pre, const void *inp, const void *w, int N, int C, int OC,
+                          Epilogue epi) {
+    // dout (N, OC) becomes d(pre) in place with EPI_GELU; dbias (OC) += its column sums.
+    const void *gelu_pre = epi == EPI_GELU ? pre : NULL;
+    if (gelu_pre || dbias) cuda_bias_gelu_backward(be, dbias, dout, gelu_pre, N, OC);
     if (dinp) {
         // d: dinp (N, C) = col-major (C, N); a: w (OC, C) row-major = col-major (C, OC);
-        // b: dout (N, OC) row-major = col-major (OC, N). The aux (inp_pre) has dinp's layout.
-        LtGemm gi = {.d = dinp, .a = w, .b = dout, .op_a = CUBLAS_OP_N, .op_b = CUBLAS_OP_N,
-                     .m = C, .n = N, .k = OC, .lda = C, .ldb = OC, .beta = 0.0f,
-                     .epi = CUBLASLT_EPILOGUE_DEFAULT};
-        int fused = 0;
-        if (inp_pre && be->dtype != DTYPE_F32) {   // fp32: tanhf's accuracy, as the forward
-            gi.aux = (void *)inp_pre;
-            cublasStatus_t why;
-            if (dpre_bias) {
-                gi.epi = CUBLASLT_EPILOGUE_DGELU_BGRAD;
-                fused = lt_gemm_bgrad(be, &gi, dpre_bias, C) == 0;
-            } else {
-                gi.epi = CUBLASLT_EPILOGUE_DGELU;
-                fused = lt_gemm(be, &gi, &why) == 0;
-            }
-        }
-        if (!fused) {
-            gi.aux = NULL;
-            gi.bias = NULL;
-            gi.epi = CUBLASLT_EPILOGUE_DEFAULT;
-            lt_gemm_or_die(be, &gi);
-            if (inp_pre) cuda_bias_gelu_backward(be, dpre_bias, dinp, inp_pre, N, C);
-        }
+        // b: dout (N, OC) row-major = col-major (OC, N).
+        const LtGemm gi = {.d = dinp, .a = w, .b = dout, .op_a = CUBLAS_OP_N, .op_b = CUBLAS_OP_N,
+                           .m = C, .n = N, .k = OC, .lda = C, .ldb = OC, .beta = 0.0f,
+                           .epi = CUBLASLT_EPILOGUE_DEFAULT};
+        lt_gemm_or_die(be, &gi);
     }
     // d: dw (OC, C) = col-major (C, OC), accumulated; a: inp (N, C) row-major = col-major (C, N);
-    // b: dout col-major (OC, N), used transposed: BGRADB's column sums of op(B) are dbias.
-    LtGemm gw = {.d = dw, .a = inp, .b = dout, .op_a = CUBLAS_OP_N, .op_b = CUBLAS_OP_T,
-                 .m = C, .n = OC, .k = N, .lda = C, .ldb = OC, .beta = 1.0f,
-                 .epi = CUBLASLT_EPILOGUE_BGRADB};
-    if (dbias && lt_gemm_bgrad(be, &gw, dbias, OC) == 0) return;
-    gw.bias = NULL;
-    gw.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    // b: dout col-major (OC, N), used transposed.
+    const LtGemm gw = {.d = dw, .a = inp, .b = dout, .op_a = CUBLAS_OP_N, .op_b = CUBLAS_OP_T,
+                       .m = C, .n = OC, .k = N, .lda = C, .ldb = OC, .beta = 1.0f,
+                       .epi = CUBLASLT_EPILOGUE_DEFAULT};
     lt_gemm_or_die(be, &gw);
-    if (dbias) cuda_bias_gelu_backward(be, dbias, (void *)dout, NULL, N, OC);
 }
