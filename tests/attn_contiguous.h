@@ -1,5 +1,5 @@
-// attn_contiguous: AttnParams over contiguous (B, T, heads, HS) tensors, the layout the
-// block-sparse tests (CPU and GPU) start from.
+// attn_contiguous: AttnParams over contiguous (B, T, heads, HS) tensors, the layout the CPU
+// reference tests and the block-sparse tests (CPU and GPU) start from.
 #pragma once
 #include <math.h>
 #include <string.h>

@@ -18,6 +18,7 @@
 
 #include "attention/attention.h"
 #include "common/rng.h"
+#include "tests/attn_contiguous.h"
 #include "tests/testlib.h"
 
 #define FP32_U 5.9604644775390625e-8  // 2^-24, fp32 unit roundoff
@@ -61,11 +62,6 @@ typedef struct {
 static size_t n_q(const Shape *s) { return (size_t)s->B * s->T_q * s->NH * s->HS; }
 static size_t n_kv(const Shape *s) { return (size_t)s->B * s->T_k * s->NKV * s->HS; }
 static size_t n_lse(const Shape *s) { return (size_t)s->B * s->NH * s->T_q; }
-
-static AttnStrides contiguous(int T, int H, int HS) {
-    AttnStrides st = {(int64_t)T * H * HS, (int64_t)H * HS, HS};
-    return st;
-}
 
 static void fill_normal(Rng *r, float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = rng_normal(r);
@@ -119,15 +115,9 @@ static void poison(float *x, size_t n) {
 // Params over contiguous inputs and outputs.
 static AttnParams params_make(const Inputs *in, const Outputs *o, AttnImpl impl) {
     const Shape *s = &in->s;
-    AttnParams p;
-    memset(&p, 0, sizeof p);
-    p.q = in->q; p.k = in->k; p.v = in->v; p.dout = in->dout;
-    p.out = o->out; p.lse = o->lse; p.dq = o->dq; p.dk = o->dk; p.dv = o->dv;
-    p.q_st = p.o_st = p.do_st = p.dq_st = contiguous(s->T_q, s->NH, s->HS);
-    p.k_st = p.v_st = p.dk_st = p.dv_st = contiguous(s->T_k, s->NKV, s->HS);
-    p.B = s->B; p.T_q = s->T_q; p.T_k = s->T_k; p.NH = s->NH; p.NKV = s->NKV; p.HS = s->HS;
-    p.scale = 1.0f / sqrtf((float)s->HS);
-    p.causal = s->causal;
+    const AttnTensors t = {in->q, in->k, in->v, in->dout, o->out, o->dq, o->dk, o->dv, o->lse};
+    const AttnShape sh = {s->B, s->T_q, s->T_k, s->NH, s->NKV, s->HS, s->causal, -1};
+    AttnParams p = attn_contiguous(&t, &sh);
     p.window_left = s->window_left;
     p.window_right = s->window_right;
     p.alibi_slopes = s->alibi ? in->slopes : NULL;
