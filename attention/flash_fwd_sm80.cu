@@ -79,8 +79,10 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.f;
 
-    // Key tiles from last to first: the partial (diagonal, ragged) tiles come first, then the bulk.
-    for (int it = qb.n_tiles() - 1; it >= 0; it--) {
+    // Key tiles from last to first: the partial (diagonal, ragged) tiles come first, then the
+    // bulk, each class in its own loop (for_tile_runs; `masked` is a compile-time flag).
+    for_tile_runs(qb, BN, 0, [&](int w, auto masked) {
+        const int it = qb.n_tiles() - 1 - w;
         const int n0 = qb.key_tile(it) * BN;
         const T *cK = sK + (it & 1) * BN * HS, *cV = sV + (it & 1) * BN * HS;
         cp_async_wait<0>();
@@ -114,64 +116,57 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             mma_pairs<T, false>(s, qa, [&](int np) { return kaddr + np * 16 * HS * 2; });
         }
 
-        // Scores to probabilities, masked per element only where `masked` (partial tiles).
-        auto softmax = [&](auto masked) {
+        // Scores to probabilities, masked per element only in the partial tiles' instance.
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                if (prescale) {  // ALiBi (or a non-positive scale): move to the log2 domain first
+        for (int mt = 0; mt < MT; mt++) {
+            if (prescale) {  // ALiBi (or a non-positive scale): move to the log2 domain first
 #pragma unroll
-                    for (int nt = 0; nt < NS; nt++)
+                for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
-                            float x = s[mt][nt][e] * scale_log2;
-                            if (EXTRAS && p.alibi_slopes)
-                                x += alibi_bias_log2(slope_log2, pos0 + mt * 16 + 8 * r + g, j);
-                            s[mt][nt][e] = x;
-                        }
-                }
-                if (bool(masked)) mask_scores<NS>(&s[mt][0][0], rr[mt], n0, t);
-
-                // Online softmax: rescale what was accumulated under the old max. A row that has seen
-                // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    mx = fmaxf(row_max[mt][r], mx * sl);  // to the log2 domain (sl > 0 keeps the order)
-                    const float m_use = mx == -INFINITY ? 0.f : mx;
-                    const float corr = exp2f(row_max[mt][r] - m_use);
-                    row_max[mt][r] = mx;
-                    row_sum[mt][r] *= corr;
-#pragma unroll
-                    for (int i = 0; i < NO; i++) {
-                        o[mt][i][2 * r] *= corr;
-                        o[mt][i][2 * r + 1] *= corr;
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1, j = n0 + nt * 8 + 2 * t + (e & 1);
+                        float x = s[mt][nt][e] * scale_log2;
+                        if (EXTRAS && p.alibi_slopes)
+                            x += alibi_bias_log2(slope_log2, pos0 + mt * 16 + 8 * r + g, j);
+                        s[mt][nt][e] = x;
                     }
+            }
+            if constexpr (decltype(masked)::value) mask_scores<NS>(&s[mt][0][0], rr[mt], n0, t);
+
+            // Online softmax: rescale what was accumulated under the old max. A row that has seen
+            // only masked keys keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN.
 #pragma unroll
-                    for (int nt = 0; nt < NS; nt++) {
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
 #pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            float pr = exp2f(fmaf(s[mt][nt][2 * r + c], sl, -m_use));
-                            row_sum[mt][r] += pr;
-                            if (EXTRAS && p.dropout_p > 0.f) {
-                                const int j = n0 + nt * 8 + 2 * t + c;
-                                pr = dropout_keep(p, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
-                            }
-                            s[mt][nt][2 * r + c] = pr;
+                for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = fmaxf(row_max[mt][r], mx * sl);  // to the log2 domain (sl > 0 keeps the order)
+                const float m_use = mx == -INFINITY ? 0.f : mx;
+                const float corr = exp2f(row_max[mt][r] - m_use);
+                row_max[mt][r] = mx;
+                row_sum[mt][r] *= corr;
+#pragma unroll
+                for (int i = 0; i < NO; i++) {
+                    o[mt][i][2 * r] *= corr;
+                    o[mt][i][2 * r + 1] *= corr;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        float pr = exp2f(fmaf(s[mt][nt][2 * r + c], sl, -m_use));
+                        row_sum[mt][r] += pr;
+                        if (EXTRAS && p.dropout_p > 0.f) {
+                            const int j = n0 + nt * 8 + 2 * t + c;
+                            pr = dropout_keep(p, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
                         }
+                        s[mt][nt][2 * r + c] = pr;
                     }
                 }
             }
-        };
-        // The masked and unmasked steps as two instances at head size 64; at 128 a branch per tile
-        // around the masking alone (two instances measured 0.94x there, docs/PERFORMANCE.md).
-        const bool partial = tile_class(qb.first, qb.last, n0, n0 + BN) == TILE_PARTIAL;
-        if constexpr (HS == 64) step_by_class(partial, softmax);
-        else softmax(partial);
+        }
 
         const uint32_t vbase = smem_u32(cV);
 #pragma unroll
@@ -181,7 +176,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             for (int mt = 0; mt < MT; mt++) c_to_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
             mma_pairs<T, true>(o, pa, [&](int dp) { return vbase + kk * 16 * HS * 2 + voff[dp]; });
         }
-    }
+    });
 
     // Finish: O /= rowsum; a fully masked row (sum 0) writes 0 and LSE +inf.
     __syncthreads();  // with Q re-read from shared memory, every warp must be done with it

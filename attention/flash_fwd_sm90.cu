@@ -30,7 +30,6 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 
     const QueryBlock qb = query_block<EXTRAS>(p, BM, BN);
     const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0;
-    const RowRange first = qb.first, last = qb.last;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
@@ -110,8 +109,8 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // Online softmax of tile i's scores in s (flash_fwd_sm80.cu): s becomes P, the running max and
     // sum move on, corr is the factor O still has to take. A row that has seen only masked keys
     // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN. Only partial tiles
-    // are masked (softmax_tile).
-    auto softmax = [&](int i, bool masked) {
+    // are masked: `masked` is a compile-time flag (for_tile_runs below).
+    auto softmax = [&](int i, auto masked) {
         const int n0 = key_n0(i);
         if (EXTRAS && prescale) {
 #pragma unroll
@@ -123,7 +122,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 #pragma unroll
             for (int e = 0; e < NS * 4; e++) s[e] *= scale_log2;
         }
-        if (masked) mask_scores<NS>(s, rr, n0, t);
+        if constexpr (decltype(masked)::value) mask_scores<NS>(s, rr, n0, t);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
@@ -164,15 +163,6 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
             }
         }
     };
-    // The masked and unmasked steps as two instances at head size 128; at 64 a branch per tile
-    // around the masking alone (two instances put two softmax copies into the pipelined loop,
-    // 174 -> 202 registers, and measured 0.93x there: docs/PERFORMANCE.md).
-    auto softmax_tile = [&](int i) {
-        const int n0 = key_n0(i);
-        const bool partial = tile_class(first, last, n0, n0 + BN) == TILE_PARTIAL;
-        if constexpr (HS == 128) step_by_class(partial, [&](auto m) { softmax(i, decltype(m)::value); });
-        else softmax(i, partial);
-    };
     // O *= corr, then P (fp32 in s) packed into pa, the A operand of the next O += P V.
     auto rescale_and_pack = [&]() {
 #pragma unroll
@@ -189,27 +179,29 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // i - 1 runs on the tensor cores, the softmax of tile i (whose S = Q K^T was issued just
     // before) runs on the other units. Tile i is key_n0(i) (last to first: the partial
     // diagonal and ragged tiles first, then the bulk), in stage i % STAGES; a stage is released
-    // once its O += P V has completed, and refilled with tile i + STAGES.
+    // once its O += P V has completed, and refilled with tile i + STAGES. The masked and
+    // unmasked steps run in loops of their own (for_tile_runs), so the pipelined loop holds one
+    // softmax; the first tile, outside the loop, is masked whatever its class.
     if (n_tiles > 0) {
         issue_scores(0);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
-        softmax_tile(0);
+        softmax(0, Masked<true>());
         rescale_and_pack();
     }
-    for (int i = 1; i < n_tiles; i++) {
+    for_tile_runs(qb, BN, 1, [&](int i, auto masked) {
         issue_scores(i);
         issue_pv(i - 1);
         wgmma_wait<1>();  // S of tile i
         wgmma_fence_regs(s);
-        softmax_tile(i);
+        softmax(i, masked);
         wgmma_wait<0>();  // O += P V of tile i - 1
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
         mbar_arrive(empty0 + ((i - 1) % STAGES) * 8);
         if (tid == 0 && i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
         rescale_and_pack();
-    }
+    });
     if (n_tiles > 0) {
         issue_pv(n_tiles - 1);
         wgmma_wait<0>();

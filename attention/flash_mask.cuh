@@ -138,6 +138,41 @@ template <typename T> __device__ __forceinline__ QueryBases<T> query_bases(const
             tensor_at(static_cast<const T *>(p.v), p.v_st, qb.b, 0, qb.kvh)};
 }
 
+// The forward kernels walk a block's key tiles from last to first, walk position w visiting
+// key_tile(n_tiles - 1 - w). The row ranges being monotone, a tile is full (tile_class) iff its
+// keys lie in [last.lo, first.hi): the full tiles are one run of walk positions [lo, hi), with
+// partial tiles before it (the diagonal, the ragged end of T_k) and after it (window and document
+// edges). for_tile_runs runs step(w, Masked<M>()) for w in [begin, n_tiles) in order, M false on
+// that run alone: the masked and unmasked steps are two instances, each in its own loop, so no
+// loop carries both (nor a branch per tile). With a block mask the run is found by binary search.
+__device__ __forceinline__ int span_first_from(const AttnTileSpan &s, int BN, int key) {
+    key = max(key, 0);  // the first span index whose tile starts at key or later
+    if (!s.idx) return min(max((key + BN - 1) / BN - s.first, 0), s.count);
+    int lo = 0, hi = s.count;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (attn_span_tile(&s, mid) * BN >= key) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+template <typename Step>
+__device__ __forceinline__ void for_tile_runs(const QueryBlock &q, int BN, int begin, Step &&step) {
+    const int n = q.n_tiles();
+    const int full_begin = span_first_from(q.keys, BN, q.last.lo);  // span indices of the full run
+    const int full_end = max(span_first_from(q.keys, BN, q.first.hi - BN + 1), full_begin);
+    const int lo = n - full_end, hi = n - full_begin;  // the run in walk positions
+    int w = begin;
+#pragma unroll 1
+    for (int run = 0; run < 3; run++) {  // partial, full, partial: one copy of each instance
+        const int end = run == 0 ? lo : run == 1 ? hi : n;
+        if (run == 1)
+            for (; w < end; w++) step(w, Masked<false>());
+        else
+            for (; w < end; w++) step(w, Masked<true>());
+    }
+}
+
 // Backward: the (query head, query tile) pairs a block of key tile [n0, n0 + n_valid) and KV head
 // kvh visits, head-major: pair `it` is query head head(it), query rows from m0(it). GQA: the G
 // query heads sharing the KV head follow each other, so dK and dV sum them in registers. The

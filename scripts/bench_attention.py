@@ -36,7 +36,7 @@ call (ALiBi: the usual 2^(-8 (h + 1) / H) slopes), so B/A < 1 is what they cost:
 
 usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--seqs N,N,...]
            [--no-memory] [--json OUT.json] [--reps 10] [--ab OTHER.so [--rounds 5]]
-           [--softcap CAP] [--dropout P] [--alibi]
+           [--softcap CAP] [--dropout P] [--alibi] [--kernel auto|sm90|sm80]
 """
 import argparse
 import json
@@ -55,11 +55,12 @@ class Ours:
     """One build of our library on (B, T, H, D) CUDA tensors; workspace allocated through
     PyTorch (counted in its peak)."""
 
-    def __init__(self, lib_path):
+    def __init__(self, lib_path, kernel="auto"):
         self.path = lib_path
         self.lib = _lib.Library(lib_path)
+        family = {"auto": _lib.KERNEL_AUTO, "sm90": _lib.KERNEL_SM90, "sm80": _lib.KERNEL_SM80}[kernel]
         self.ctx = self.lib.context(_lib.DEVICE_CUDA, torch.cuda.current_device(),
-                                    torch.cuda.current_stream().cuda_stream)
+                                    torch.cuda.current_stream().cuda_stream, family)
 
     def params(self, q, k, v, out, lse, causal, impl=None):
         """The problem's AttnParams; impl None: the flash kernels."""
@@ -378,6 +379,8 @@ def main():
     ap.add_argument("--softcap", type=positive_float, default=0.0, help="feature-cost mode: soft-capping at CAP")
     ap.add_argument("--dropout", type=unit_fraction, default=0.0, help="feature-cost mode: dropout probability P")
     ap.add_argument("--alibi", action="store_true", help="feature-cost mode: ALiBi slopes")
+    ap.add_argument("--kernel", choices=("auto", "sm90", "sm80"), default="auto",
+                    help="kernel family of every library's context (attention.kernel)")
     args = ap.parse_args()
     features = args.softcap > 0 or args.dropout > 0 or args.alibi
     if features and args.ab:
@@ -396,7 +399,7 @@ def main():
         if path is None:
             continue
         try:
-            libs.append(Ours(path))
+            libs.append(Ours(path, args.kernel))
         except (OSError, RuntimeError) as e:
             ap.error(f"{opt}: cannot load '{path}' as flashgpt's attention library: {e}")
     if args.ab and os.path.samefile(args.lib, args.ab):

@@ -73,14 +73,15 @@ class Library:
         self._contexts = {}
         self._lock = threading.Lock()
 
-    def context(self, device, index=0, stream=None):
-        """The context of (device, index, stream); for CUDA, call it with that device current."""
-        key = (device, index, stream)
+    def context(self, device, index=0, stream=None, kernel=KERNEL_AUTO):
+        """The context of (device, index, stream) with kernel family `kernel` (KERNEL_AUTO,
+        KERNEL_SM90, KERNEL_SM80); for CUDA, call it with that device current."""
+        key = (device, index, stream, kernel)
         with self._lock:
             ctx = self._contexts.get(key)
             if ctx is None:
                 err = C.create_string_buffer(ERRLEN)
-                ctx = self.lib.attn_context_create(device, stream, KERNEL_AUTO, err, ERRLEN)
+                ctx = self.lib.attn_context_create(device, stream, kernel, err, ERRLEN)
                 if not ctx:
                     raise RuntimeError(f"flashgpt: {err.value.decode()}")
                 self._contexts[key] = ctx
