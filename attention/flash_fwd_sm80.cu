@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
 
     // Key tiles from last to first: the partial (diagonal, ragged) tiles come first, then the
     // bulk, each class in its own loop (for_tile_runs; `masked` is a compile-time flag).
-    for_tile_runs(qb, BN, 0, [&](int w, auto masked) {
+    for_tile_runs(tile_runs(qb, BN), 0, [&](int w, auto masked) {
         const int it = qb.n_tiles() - 1 - w;
         const int n0 = qb.key_tile(it) * BN;
         const T *cK = sK + (it & 1) * BN * HS, *cV = sV + (it & 1) * BN * HS;

@@ -181,15 +181,16 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // diagonal and ragged tiles first, then the bulk), in stage i % STAGES; a stage is released
     // once its O += P V has completed, and refilled with tile i + STAGES. The masked and
     // unmasked steps run in loops of their own (for_tile_runs), so the pipelined loop holds one
-    // softmax; the first tile, outside the loop, is masked whatever its class.
+    // softmax; the first tile, outside the loop, takes the instance of its class.
+    const TileRuns runs = tile_runs(qb, BN);
     if (n_tiles > 0) {
         issue_scores(0);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
-        softmax(0, Masked<true>());
+        step_by_class(runs.partial(0), [&](auto masked) { softmax(0, masked); });
         rescale_and_pack();
     }
-    for_tile_runs(qb, BN, 1, [&](int i, auto masked) {
+    for_tile_runs(runs, 1, [&](int i, auto masked) {
         issue_scores(i);
         issue_pv(i - 1);
         wgmma_wait<1>();  // S of tile i

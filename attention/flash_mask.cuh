@@ -142,9 +142,7 @@ template <typename T> __device__ __forceinline__ QueryBases<T> query_bases(const
 // key_tile(n_tiles - 1 - w). The row ranges being monotone, a tile is full (tile_class) iff its
 // keys lie in [last.lo, first.hi): the full tiles are one run of walk positions [lo, hi), with
 // partial tiles before it (the diagonal, the ragged end of T_k) and after it (window and document
-// edges). for_tile_runs runs step(w, Masked<M>()) for w in [begin, n_tiles) in order, M false on
-// that run alone: the masked and unmasked steps are two instances, each in its own loop, so no
-// loop carries both (nor a branch per tile). With a block mask the run is found by binary search.
+// edges). With a block mask the run is found by binary search over the present tiles.
 __device__ __forceinline__ int span_first_from(const AttnTileSpan &s, int BN, int key) {
     key = max(key, 0);  // the first span index whose tile starts at key or later
     if (!s.idx) return min(max((key + BN - 1) / BN - s.first, 0), s.count);
@@ -156,16 +154,24 @@ __device__ __forceinline__ int span_first_from(const AttnTileSpan &s, int BN, in
     }
     return lo;
 }
-template <typename Step>
-__device__ __forceinline__ void for_tile_runs(const QueryBlock &q, int BN, int begin, Step &&step) {
+struct TileRuns {
+    int lo, hi, n;  // walk positions [lo, hi) of n are full
+    __device__ __forceinline__ bool partial(int w) const { return w < lo || w >= hi; }
+};
+__device__ __forceinline__ TileRuns tile_runs(const QueryBlock &q, int BN) {
     const int n = q.n_tiles();
     const int full_begin = span_first_from(q.keys, BN, q.last.lo);  // span indices of the full run
     const int full_end = max(span_first_from(q.keys, BN, q.first.hi - BN + 1), full_begin);
-    const int lo = n - full_end, hi = n - full_begin;  // the run in walk positions
+    return TileRuns{n - full_end, n - full_begin, n};
+}
+// Runs step(w, Masked<M>()) for w in [begin, n) in order, M false on the full run alone: the
+// masked and unmasked steps are two instances, each in a loop of its own, so no loop carries
+// both (nor a branch per tile).
+template <typename Step> __device__ __forceinline__ void for_tile_runs(const TileRuns &r, int begin, Step &&step) {
     int w = begin;
 #pragma unroll 1
     for (int run = 0; run < 3; run++) {  // partial, full, partial: one copy of each instance
-        const int end = run == 0 ? lo : run == 1 ? hi : n;
+        const int end = run == 0 ? r.lo : run == 1 ? r.hi : r.n;
         if (run == 1)
             for (; w < end; w++) step(w, Masked<false>());
         else
