@@ -181,13 +181,15 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // diagonal and ragged tiles first, then the bulk), in stage i % STAGES; a stage is released
     // once its O += P V has completed, and refilled with tile i + STAGES. The masked and
     // unmasked steps run in loops of their own (for_tile_runs), so the pipelined loop holds one
-    // softmax; the first tile, outside the loop, takes the instance of its class.
+    // softmax; the first tile, outside the loop, takes the instance of its class (the feature
+    // instances mask it whatever its class: a second softmax there spills at HS 128).
     const TileRuns runs = tile_runs(qb, BN);
     if (n_tiles > 0) {
         issue_scores(0);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
-        step_by_class(runs.partial(0), [&](auto masked) { softmax(0, masked); });
+        if constexpr (EXTRAS) softmax(0, Masked<true>());
+        else step_by_class(runs.partial(0), [&](auto masked) { softmax(0, masked); });
         rescale_and_pack();
     }
     for_tile_runs(runs, 1, [&](int i, auto masked) {
