@@ -196,11 +196,16 @@ template <bool SPARSE>
 __device__ __forceinline__ BwdPairs bwd_pairs(const AttnParams &p, int b, int kvh, int n0, int n_valid, int BM) {
     int q_begin, q_end;
     query_span(p, b, n0, n0 + n_valid, &q_begin, &q_end);
-    const int mb_begin = q_begin / BM, mb_end = q_end > q_begin ? (q_end + BM - 1) / BM : mb_begin;
     BwdPairs w;
     w.G = p.NH / p.NKV;
     w.kvh = kvh;
-    w.queries = attn_tile_span(SPARSE ? p.sparse_k_offsets : nullptr, p.sparse_k_blocks, n0 / ATTN_SPARSE_BLOCK, mb_begin, mb_end, BM);
+    const int mb_begin = q_begin / BM;
+    if constexpr (SPARSE) {
+        const int mb_end = q_end > q_begin ? (q_end + BM - 1) / BM : mb_begin;
+        w.queries = attn_tile_span(p.sparse_k_offsets, p.sparse_k_blocks, n0 / ATTN_SPARSE_BLOCK, mb_begin, mb_end, BM);
+    } else {
+        w.queries = AttnTileSpan{nullptr, mb_begin, 0, 1, q_end > q_begin ? (q_end + BM - 1) / BM - mb_begin : 0};
+    }
     w.n_mb = w.queries.count;
     w.total = w.G * w.n_mb;
     return w;
