@@ -179,32 +179,46 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // i - 1 runs on the tensor cores, the softmax of tile i (whose S = Q K^T was issued just
     // before) runs on the other units. Tile i is key_n0(i) (last to first: the partial
     // diagonal and ragged tiles first, then the bulk), in stage i % STAGES; a stage is released
-    // once its O += P V has completed, and refilled with tile i + STAGES. The masked and
-    // unmasked steps run in loops of their own (for_tile_runs), so the pipelined loop holds one
-    // softmax; the first tile, outside the loop, takes the instance of its class (the feature
-    // instances mask it whatever its class: a second softmax there spills at HS 128).
-    const TileRuns runs = tile_runs(qb, BN);
+    // once its O += P V has completed, and refilled with tile i + STAGES. Each tile's softmax
+    // is the instance of its class: at HS 64 the masked and unmasked steps run in loops of their
+    // own (for_tile_runs), so the pipelined loop holds one softmax (two in one loop took 174 ->
+    // 202 registers and measured 0.93x); at HS 128 one loop picks the instance per tile
+    // (TileByClass), which measured 1-5% faster there than the split loops (docs/PERFORMANCE.md).
+    // The feature instances at HS 64 mask their first tile whatever its class.
+    auto tile_softmax = [&](int i, auto masked) {
+        if constexpr (std::is_same<decltype(masked), TileByClass>::value) {
+            const int n0 = key_n0(i);
+            step_by_class(tile_class(qb.first, qb.last, n0, n0 + BN) == TILE_PARTIAL, [&](auto m) { softmax(i, m); });
+        } else {
+            softmax(i, masked);
+        }
+    };
     if (n_tiles > 0) {
         issue_scores(0);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
-        if constexpr (EXTRAS) softmax(0, Masked<true>());
-        else step_by_class(runs.partial(0), [&](auto masked) { softmax(0, masked); });
+        if constexpr (EXTRAS && HS == 64) softmax(0, Masked<true>());
+        else tile_softmax(0, TileByClass());
         rescale_and_pack();
     }
-    for_tile_runs(runs, 1, [&](int i, auto masked) {
+    auto step = [&](int i, auto masked) {
         issue_scores(i);
         issue_pv(i - 1);
         wgmma_wait<1>();  // S of tile i
         wgmma_fence_regs(s);
-        softmax(i, masked);
+        tile_softmax(i, masked);
         wgmma_wait<0>();  // O += P V of tile i - 1
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
         mbar_arrive(empty0 + ((i - 1) % STAGES) * 8);
         if (tid == 0 && i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
         rescale_and_pack();
-    });
+    };
+    if constexpr (HS == 64) {
+        for_tile_runs(tile_runs(qb, BN), 1, step);
+    } else {
+        for (int i = 1; i < n_tiles; i++) step(i, TileByClass());
+    }
     if (n_tiles > 0) {
         issue_pv(n_tiles - 1);
         wgmma_wait<0>();

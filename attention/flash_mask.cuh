@@ -37,6 +37,8 @@ template <typename Step> __device__ __forceinline__ void step_by_class(bool part
     if (partial) step(Masked<true>());
     else step(Masked<false>());
 }
+// A step's flag when the instance is chosen per tile, inside the step (step_by_class there).
+struct TileByClass {};
 
 // Scores of one m16 tile's C fragments (NS n8 tiles, s[4 nt + e]: row 8 (e >> 1) + g, key
 // n0 + 8 nt + 2t + (e & 1)) set to -inf outside the visible keys rr[0] (row g) and rr[1] (row
