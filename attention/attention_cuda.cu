@@ -37,6 +37,7 @@ struct AttnGpu {
     AttnKernel kernel;        // the family asked for
     int arch;                 // 10 * major + minor of the current device
     int sms;                  // its multiprocessors (the split-KV decode's split count)
+    size_t smem_optin;        // the shared memory one block may opt in to (bytes)
     bool sm90_ok;             // this binary holds sm_90a code for it
     TensorMapEncoder encode;  // the driver's cuTensorMapEncodeTiled (sm90 family only)
     cublasHandle_t blas;      // the naive path's, made on its first use
@@ -47,9 +48,23 @@ struct AttnGpu {
     int n_plans, next_slot;
 };
 
+// Shared memory of the sm80 backward's main kernel at head size HS (one of the instances').
+static size_t sm80_bwd_smem_bytes(int HS) {
+    switch (HS) {
+    case 32: return smem_bytes<BwdSmem<__half, 32>>();
+    case 64: return smem_bytes<BwdSmem<__half, 64>>();
+    case 96: return smem_bytes<BwdSmem<__half, 96>>();
+    case 128: return smem_bytes<BwdSmem<__half, 128>>();
+    default: return smem_bytes<BwdSmem<__half, 256>>();
+    }
+}
+
 // Picks the kernel family and tile from (arch, dtype, head size, features, direction, T).
 // Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family, every
-// feature included, unless the context asked for sm80; softcap runs on that family only.
+// feature included, unless the context asked for sm80; softcap runs on that family only. The
+// wgmma family's forward takes head sizes 64, 96, 128 and 256, its backward 64 and 128; the other
+// head sizes of the sm80 family (32, and the backward at 96 and 256) run that family on Hopper
+// too, whatever the context asked for.
 // fp32 (no tensor-core flash kernel) and impl naive run the materialised version
 // (attn_runs_naive; attn_check has refused the features the flash kernels lack). Only the sm90
 // forward's tile depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents
@@ -73,26 +88,39 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
                  "(this GPU is %d.%d): use impl naive", g.arch / 10, g.arch % 10);
         return -1;
     }
-    if (p.HS != 64 && p.HS != 128) {
-        snprintf(err, errlen, "attention: head size HS = %d has no CUDA flash kernel: use 64 or 128, "
-                 "or impl naive", p.HS);
+    if (p.HS != 32 && p.HS != 64 && p.HS != 96 && p.HS != 128 && p.HS != 256) {
+        snprintf(err, errlen, "attention: head size HS = %d has no CUDA flash kernel: use 32, 64, 96, 128 or "
+                 "256, or impl naive", p.HS);
         return -1;
     }
-    c->family = g.kernel != ATTN_KERNEL_SM80 && g.arch == 90 && g.sm90_ok ? FAMILY_SM90 : FAMILY_SM80;
+    const bool hopper = g.kernel != ATTN_KERNEL_SM80 && g.arch == 90 && g.sm90_ok;
+    const bool sm90_hs = backward ? p.HS == 64 || p.HS == 128 : p.HS != 32;
+    c->family = hopper && sm90_hs ? FAMILY_SM90 : FAMILY_SM80;
     if (p.softcap > 0.f && c->family == FAMILY_SM80) {
-        snprintf(err, errlen, "attention: softcap runs on the sm90 flash kernels (a Hopper GPU, kernel auto or "
-                 "sm90), the cpu and the naive cuda path: use impl naive (attention.impl = naive)");
+        if (hopper)
+            snprintf(err, errlen, "attention: softcap at head size HS = %d runs on the cpu and the naive cuda path "
+                     "only (the sm90 flash kernels' %s takes it at HS %s): use impl naive (attention.impl = naive)",
+                     p.HS, backward ? "backward" : "forward", backward ? "64 and 128" : "64, 96, 128 and 256");
+        else
+            snprintf(err, errlen, "attention: softcap runs on the sm90 flash kernels (a Hopper GPU, kernel auto or "
+                     "sm90), the cpu and the naive cuda path: use impl naive (attention.impl = naive)");
+        return -1;
+    }
+    if (backward && c->family == FAMILY_SM80 && sm80_bwd_smem_bytes(p.HS) > g.smem_optin) {
+        snprintf(err, errlen, "attention: the sm80 flash backward at head size HS = %d needs %zu KB of shared "
+                 "memory per block and this GPU offers %zu KB: use impl naive",
+                 p.HS, sm80_bwd_smem_bytes(p.HS) / 1024, g.smem_optin / 1024);
         return -1;
     }
     // HS 64: three warpgroups (BM 192) from 4K queries on, two below (short causal rows are
-    // imbalanced over 192-row tiles); HS 128 fits two only, and so do the feature instances (a
-    // block mask among them needs query tiles that divide its blocks: BM 128).
+    // imbalanced over 192-row tiles); the other head sizes fit two only, and so do the feature
+    // instances (a block mask among them needs query tiles that divide its blocks: BM 128).
     c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
     return 0;
 }
 
-// Flash workspace (floats, see attn_workspace_bytes): the dQ accumulator (B, NH, T_q rounded up
-// to 64, HS; its tiled layout: flash_mask.cuh), which only the non-deterministic backward uses,
+// Flash workspace (floats, see attn_workspace_bytes): the dQ accumulator (B, NH, T_q and HS rounded
+// up to 64; its tiled layout: flash_mask.cuh), which only the non-deterministic backward uses,
 // then D (B, NH, T_q). The accumulator comes first so that it keeps the workspace's 16-byte
 // alignment, which the bulk reductions and vector atomics into it need.
 static float *flash_ws_dq_accum(const AttnParams &p) { return static_cast<float *>(p.workspace); }
@@ -114,25 +142,28 @@ static void sm80_run(const AttnParams &p, int backward, cudaStream_t s) {
     else flash_bwd_dq_launch<T, HS, EXTRAS>(p, dsum, s);
 }
 
-// attn_select_kernel only returns head sizes 64 and 128 for the flash families.
-template <typename T>
+// attn_select_kernel only returns head sizes 32, 64, 96, 128 and 256 for the flash families.
+template <typename T, bool EXTRAS>
 static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, cudaStream_t s) {
-    if (c.hs == 64 && c.extras) sm80_run<T, 64, true>(p, backward, s);
-    else if (c.hs == 64) sm80_run<T, 64, false>(p, backward, s);
-    else if (c.extras) sm80_run<T, 128, true>(p, backward, s);
-    else sm80_run<T, 128, false>(p, backward, s);
+    switch (c.hs) {
+    case 32: sm80_run<T, 32, EXTRAS>(p, backward, s); break;
+    case 64: sm80_run<T, 64, EXTRAS>(p, backward, s); break;
+    case 96: sm80_run<T, 96, EXTRAS>(p, backward, s); break;
+    case 128: sm80_run<T, 128, EXTRAS>(p, backward, s); break;
+    default: sm80_run<T, 256, EXTRAS>(p, backward, s); break;
+    }
 }
 
-// The deterministic backward runs the sm90 main kernel without dQ and the sm80 family's dQ
-// kernel after it (sm80_run's order); the three-warpgroup forward has no feature instance.
-// Returns the tensor-map encoder's refusal, if any (then the main kernel was not launched).
+// The three-warpgroup forward has no feature instance. The deterministic backward runs the sm90
+// main kernel without dQ and the sm80 family's dQ kernel after it (sm80_run's order). Both return
+// the tensor-map encoder's refusal, if any (then the main kernel was not launched).
 template <typename T, int HS, bool EXTRAS>
-static CUresult sm90_run(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
-                         cudaStream_t s) {
-    if (!backward) {
-        if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) return flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
-        return flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
-    }
+static CUresult sm90_forward(const AttnParams &p, const AttnKernelChoice &c, TensorMapEncoder enc, cudaStream_t s) {
+    if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) return flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
+    return flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
+}
+template <typename T, int HS, bool EXTRAS>
+static CUresult sm90_backward(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
     float *dq_accum = p.deterministic ? NULL : flash_ws_dq_accum(p);
     float *dsum = flash_ws_dsum(p);
     flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
@@ -143,25 +174,39 @@ static CUresult sm90_run(const AttnParams &p, const AttnKernelChoice &c, int bac
     return CUDA_SUCCESS;
 }
 
-template <typename T>
+// attn_select_kernel returns the sm90 family for the forward at head sizes 64, 96, 128 and 256
+// and for the backward at 64 and 128 only.
+template <typename T, bool EXTRAS>
 static CUresult sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
                                  cudaStream_t s) {
-    if (c.hs == 64 && c.extras) return sm90_run<T, 64, true>(p, c, backward, enc, s);
-    if (c.hs == 64) return sm90_run<T, 64, false>(p, c, backward, enc, s);
-    if (c.extras) return sm90_run<T, 128, true>(p, c, backward, enc, s);
-    return sm90_run<T, 128, false>(p, c, backward, enc, s);
+    if (backward)
+        return c.hs == 64 ? sm90_backward<T, 64, EXTRAS>(p, enc, s) : sm90_backward<T, 128, EXTRAS>(p, enc, s);
+    switch (c.hs) {
+    case 64: return sm90_forward<T, 64, EXTRAS>(p, c, enc, s);
+    case 96: return sm90_forward<T, 96, EXTRAS>(p, c, enc, s);
+    case 128: return sm90_forward<T, 128, EXTRAS>(p, c, enc, s);
+    default: return sm90_forward<T, 256, EXTRAS>(p, c, enc, s);
+    }
 }
 
 static CUresult sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == DTYPE_BF16) return sm90_dispatch_hs<__nv_bfloat16>(p, c, backward, enc, s);
-    return sm90_dispatch_hs<__half>(p, c, backward, enc, s);
+    if (p.dtype == DTYPE_BF16)
+        return c.extras ? sm90_dispatch_hs<__nv_bfloat16, true>(p, c, backward, enc, s)
+                        : sm90_dispatch_hs<__nv_bfloat16, false>(p, c, backward, enc, s);
+    return c.extras ? sm90_dispatch_hs<__half, true>(p, c, backward, enc, s)
+                    : sm90_dispatch_hs<__half, false>(p, c, backward, enc, s);
 }
 
 static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == DTYPE_BF16) sm80_dispatch_hs<__nv_bfloat16>(p, c, backward, s);
-    else sm80_dispatch_hs<__half>(p, c, backward, s);
+    if (p.dtype == DTYPE_BF16) {
+        if (c.extras) sm80_dispatch_hs<__nv_bfloat16, true>(p, c, backward, s);
+        else sm80_dispatch_hs<__nv_bfloat16, false>(p, c, backward, s);
+    } else {
+        if (c.extras) sm80_dispatch_hs<__half, true>(p, c, backward, s);
+        else sm80_dispatch_hs<__half, false>(p, c, backward, s);
+    }
 }
 
 // The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda).
@@ -183,11 +228,12 @@ static int find_tensor_map_encoder(TensorMapEncoder *out, char *err, size_t errl
 extern "C" void *attn_gpu_stream(const AttnGpu *g) { return (void *)g->stream; }
 
 extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, size_t errlen) {
-    int dev, major, minor, sms;
+    int dev, major, minor, sms, smem_optin;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
         snprintf(err, errlen, "attention: no usable CUDA device (%s)", cudaGetErrorString(cudaGetLastError()));
         return NULL;
     }
@@ -200,6 +246,7 @@ extern "C" AttnGpu *attn_gpu_create(void *stream, AttnKernel kernel, char *err, 
     g->kernel = kernel;
     g->arch = major * 10 + minor;
     g->sms = sms;
+    g->smem_optin = (size_t)smem_optin;
     g->sm90_ok = g->arch == 90 && flash_sm90_ok();
     if (kernel == ATTN_KERNEL_SM90 && !g->sm90_ok) {
         snprintf(err, errlen, "attention: kernel sm90 needs a Hopper GPU (compute capability 9.0) and a "

@@ -65,8 +65,8 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
         for (int i = 0; i < NS; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
+        // S = Q K^T and dP = dO V^T, k-step ks (16 columns of the head dimension).
+        auto sd_kstep = [&](int ks) {
             uint32_t qa[4], oa[4];
             ldmatrix_x4(qa, frag_addr_a<HS>(sQ, warp * 16, ks * 16, lane));
             ldmatrix_x4(oa, frag_addr_a<HS>(sdO, warp * 16, ks * 16, lane));
@@ -80,6 +80,13 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
                 mma_16816<T>(dp[2 * np], oa, vb[0], vb[1]);
                 mma_16816<T>(dp[2 * np + 1], oa, vb[2], vb[3]);
             }
+        };
+        if constexpr (Tile::KSTEPS_UNROLLED) {
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) sd_kstep(ks);
+        } else {
+#pragma unroll 1
+            for (int ks = 0; ks < KSTEPS; ks++) sd_kstep(ks);
         }
 
         // dS = P * (dP - D) in place of S, masked per element only in the Masked<true> instance.
@@ -154,7 +161,5 @@ void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s)
 #define INSTANTIATE_DQ(T, HS)                                                                     \
     template void flash_bwd_dq_launch<T, HS, false>(const AttnParams &, const float *, cudaStream_t); \
     template void flash_bwd_dq_launch<T, HS, true>(const AttnParams &, const float *, cudaStream_t);
-INSTANTIATE_DQ(__nv_bfloat16, 64)
-INSTANTIATE_DQ(__nv_bfloat16, 128)
-INSTANTIATE_DQ(__half, 64)
-INSTANTIATE_DQ(__half, 128)
+FLASH_SM80_FOR_EACH_HS(INSTANTIATE_DQ, __nv_bfloat16)
+FLASH_SM80_FOR_EACH_HS(INSTANTIATE_DQ, __half)

@@ -26,10 +26,14 @@ __device__ __forceinline__ void split_row(const AttnParams &p, int64_t row, int 
     *b = (int)(row / ((int64_t)p.T_q * p.NH));
 }
 
-// D = sum_d dO * O: HS / 8 lanes per (b, h, i) row, each with one 16-byte load of O and of dO.
+// D = sum_d dO * O: LANES lanes per (b, h, i) row (the largest power of two up to 32 dividing the
+// row's HS / 8 16-byte chunks, so rows never straddle warps), each with CHUNKS / LANES 16-byte
+// loads of O and of dO.
+template <int HS> struct DsumShape {
+    static constexpr int CHUNKS = HS / 8, LANES = (CHUNKS & -CHUNKS) < 32 ? (CHUNKS & -CHUNKS) : 32;
+};
 template <typename T, int HS> __global__ void bwd_dsum_kernel(const AttnParams p, float *dsum) {
-    constexpr int LANES = HS / 8;  // lanes per row
-    static_assert(32 % LANES == 0, "rows must not straddle warps");
+    constexpr int CHUNKS = DsumShape<HS>::CHUNKS, LANES = DsumShape<HS>::LANES;  // lanes per row
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
     const int c = (threadIdx.x % LANES) * 8;
     const bool ok = row < (int64_t)p.B * p.NH * p.T_q;
@@ -37,24 +41,39 @@ template <typename T, int HS> __global__ void bwd_dsum_kernel(const AttnParams p
     if (ok) {
         int b, h, i;
         split_row(p, row, &b, &h, &i);
-        float o[8], d[8];
-        load8(o, tensor_at(static_cast<const T *>(p.out), p.o_st, b, i, h) + c);
-        load8(d, tensor_at(static_cast<const T *>(p.dout), p.do_st, b, i, h) + c);
+        const T *orow = tensor_at(static_cast<const T *>(p.out), p.o_st, b, i, h) + c;
+        const T *drow = tensor_at(static_cast<const T *>(p.dout), p.do_st, b, i, h) + c;
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc += o[j] * d[j];
+        for (int k = 0; k < CHUNKS / LANES; k++) {
+            float o[8], d[8];
+            load8(o, orow + k * LANES * 8);
+            load8(d, drow + k * LANES * 8);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc += o[j] * d[j];
+        }
     }
 #pragma unroll
     for (int off = LANES / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (ok && c == 0) dsum[row] = acc;  // row = (b * NH + h) * T_q + i
 }
 
-template <typename T>
-void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s) {
+template <typename T, int HS> void launch_dsum(const AttnParams &p, float *dsum, cudaStream_t s) {
     constexpr int THREADS = 256;
     const int64_t rows = (int64_t)p.B * p.NH * p.T_q;
-    const unsigned blocks = (unsigned)((rows * (p.HS / 8) + THREADS - 1) / THREADS);
-    if (p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, THREADS, 0, s>>>(p, dsum);
-    else bwd_dsum_kernel<T, 128><<<blocks, THREADS, 0, s>>>(p, dsum);
+    const unsigned blocks = (unsigned)((rows * DsumShape<HS>::LANES + THREADS - 1) / THREADS);
+    bwd_dsum_kernel<T, HS><<<blocks, THREADS, 0, s>>>(p, dsum);
+}
+
+// attn_select_kernel only returns the head sizes of FLASH_SM80_FOR_EACH_HS for the flash families.
+template <typename T>
+void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s) {
+    switch (p.HS) {
+    case 32: launch_dsum<T, 32>(p, dsum, s); break;
+    case 64: launch_dsum<T, 64>(p, dsum, s); break;
+    case 96: launch_dsum<T, 96>(p, dsum, s); break;
+    case 128: launch_dsum<T, 128>(p, dsum, s); break;
+    default: launch_dsum<T, 256>(p, dsum, s); break;
+    }
     if (dq_accum) cudaMemsetAsync(dq_accum, 0, attn_dq_acc_floats(&p) * sizeof(float), s);
 }
 
@@ -365,10 +384,8 @@ void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStr
 #define INSTANTIATE_BWD(T, HS)                                                                        \
     template void flash_bwd_launch<T, HS, false>(const AttnParams &, float *, float *, cudaStream_t); \
     template void flash_bwd_launch<T, HS, true>(const AttnParams &, float *, float *, cudaStream_t);
-INSTANTIATE_BWD(__nv_bfloat16, 64)
-INSTANTIATE_BWD(__nv_bfloat16, 128)
-INSTANTIATE_BWD(__half, 64)
-INSTANTIATE_BWD(__half, 128)
+FLASH_SM80_FOR_EACH_HS(INSTANTIATE_BWD, __nv_bfloat16)
+FLASH_SM80_FOR_EACH_HS(INSTANTIATE_BWD, __half)
 template void flash_bwd_preprocess<__nv_bfloat16>(const AttnParams &, float *, float *, cudaStream_t);
 template void flash_bwd_preprocess<__half>(const AttnParams &, float *, float *, cudaStream_t);
 template void flash_bwd_convert_dq<__nv_bfloat16>(const AttnParams &, const float *, cudaStream_t);

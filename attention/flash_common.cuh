@@ -120,11 +120,16 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // A tile of ROWS x COLS 16-bit elements in shared memory, rows contiguous, 16-byte chunks
 // XOR-swizzled so that the 8 row addresses of one ldmatrix hit 8 different bank groups
 // (an unswizzled row of 128 or 256 bytes puts all 8 in the same banks: an 8-way conflict).
+// The XOR flips the low bits of the chunk index within aligned groups of PERIOD chunks (the
+// largest power of two up to 8 dividing CHUNKS, so a chunk never leaves its row), by
+// row / ROWS_PER_PERIOD: over 8 consecutive rows the row starts (CHUNKS * row mod 8 bank
+// groups) and the XOR together give 8 different bank groups. A row of 12 chunks (COLS 96)
+// starts at bank group 0 or 4 and swizzles like a row of 4 (COLS 32).
 template <int COLS> struct SwizzledTile {
     static constexpr int CHUNKS = COLS / 8;                       // 16-byte chunks per row
-    static constexpr int ROWS_PER_PERIOD = CHUNKS >= 8 ? 1 : 8 / CHUNKS;
-    static constexpr int PERIOD = CHUNKS >= 8 ? 8 : CHUNKS;
-    static_assert(COLS % 8 == 0 && CHUNKS >= 2, "tile rows must hold at least two 16-byte chunks");
+    static constexpr int PERIOD = CHUNKS % 8 == 0 ? 8 : CHUNKS % 4 == 0 ? 4 : CHUNKS % 2 == 0 ? 2 : 1;
+    static constexpr int ROWS_PER_PERIOD = 8 / PERIOD;
+    static_assert(COLS % 8 == 0 && PERIOD >= 2, "tile rows must hold an even number of 16-byte chunks");
     // element offset of (row, col), col a multiple of 8 for 16-byte accesses
     static_assert((PERIOD & (PERIOD - 1)) == 0 && (ROWS_PER_PERIOD & (ROWS_PER_PERIOD - 1)) == 0,
                   "swizzle period must be a power of two");
@@ -141,19 +146,32 @@ template <int COLS> struct SwizzledTile {
 // garbage (possibly NaN) into the MMAs. Each thread copies the same 16-byte column of rows
 // r0, r0 + RPI, ...: RPI is a multiple of the swizzle's 8-row period, so one swizzled address
 // and one global pointer serve every pass (address math here once cost the backward spills).
+// Where the threads do not cover whole swizzle periods per pass (COLS 96: 12 chunks a row, which
+// do not divide the threads; COLS 256 over 128 threads: 4 rows a pass), the tile is copied chunk
+// by chunk instead, each thread's position recomputed per pass.
 template <int ROWS, int COLS, int NTHREADS, typename T>
 __device__ __forceinline__ void tile_load_async(T *smem, const T *src, int64_t row_stride,
                                                 int n_valid, int tid) {
     constexpr int CH = COLS / 8, RPI = NTHREADS / CH;  // 16-byte chunks per row, rows per pass
-    static_assert(NTHREADS % CH == 0 && RPI % 8 == 0 && ROWS % RPI == 0,
-                  "tile copy must divide evenly over the threads in whole swizzle periods");
-    const int r0 = tid / CH, col = (tid % CH) * 8;
-    const uint32_t dst = smem_u32(smem + SwizzledTile<COLS>::offset(r0, col));
-    const T *g = src + (int64_t)r0 * row_stride + col;
+    if constexpr (NTHREADS % CH != 0 || RPI % 8 != 0) {
+        static_assert(ROWS * CH % NTHREADS == 0, "tile copy must divide evenly over the threads");
 #pragma unroll
-    for (int it = 0; it < ROWS / RPI; it++) {
-        const bool ok = r0 + it * RPI < n_valid;
-        cp_async_16(dst + it * RPI * COLS * 2, ok ? g + it * RPI * row_stride : src, ok ? 16 : 0);
+        for (int it = 0; it < ROWS * CH / NTHREADS; it++) {
+            const int c = it * NTHREADS + tid, r = c / CH, col = (c % CH) * 8;
+            const bool ok = r < n_valid;
+            cp_async_16(smem_u32(smem + SwizzledTile<COLS>::offset(r, col)), ok ? src + r * row_stride + col : src,
+                        ok ? 16 : 0);
+        }
+    } else {
+        static_assert(ROWS % RPI == 0, "tile copy must divide evenly over the threads");
+        const int r0 = tid / CH, col = (tid % CH) * 8;
+        const uint32_t dst = smem_u32(smem + SwizzledTile<COLS>::offset(r0, col));
+        const T *g = src + (int64_t)r0 * row_stride + col;
+#pragma unroll
+        for (int it = 0; it < ROWS / RPI; it++) {
+            const bool ok = r0 + it * RPI < n_valid;
+            cp_async_16(dst + it * RPI * COLS * 2, ok ? g + it * RPI * row_stride : src, ok ? 16 : 0);
+        }
     }
 }
 

@@ -213,7 +213,5 @@ template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParam
 #define INSTANTIATE_FWD(T, HS)                                                  \
     template void flash_fwd_launch<T, HS, false>(const AttnParams &, cudaStream_t); \
     template void flash_fwd_launch<T, HS, true>(const AttnParams &, cudaStream_t);
-INSTANTIATE_FWD(__nv_bfloat16, 64)
-INSTANTIATE_FWD(__nv_bfloat16, 128)
-INSTANTIATE_FWD(__half, 64)
-INSTANTIATE_FWD(__half, 128)
+FLASH_SM80_FOR_EACH_HS(INSTANTIATE_FWD, __nv_bfloat16)
+FLASH_SM80_FOR_EACH_HS(INSTANTIATE_FWD, __half)

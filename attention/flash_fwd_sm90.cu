@@ -14,7 +14,9 @@
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
-template <typename T, int HS, int NWG, bool EXTRAS>
+// HS is the tiles' head width (a multiple of 64), HS_OUT <= HS the tensors' head size: the
+// columns past it read as zeros (sm90_tile_hs) and are not stored.
+template <typename T, int HS, int NWG, bool EXTRAS, int HS_OUT = HS>
 __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     flash_fwd_sm90_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -245,19 +247,20 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     named_barrier(1 + wg, 128);
     const int wrow = m0 + wg * 64;
     T *out = tensor_at(static_cast<T *>(p.out), p.o_st, b, wrow, h);
-    tile_store_sw128<BM, 64, HS, 128>(out, p.o_st.row, sQ, wg * 64, p.T_q - wrow, tid & 127);
+    tile_store_sw128<BM, 64, HS_OUT, 128>(out, p.o_st.row, sQ, wg * 64, p.T_q - wrow, tid & 127);
 #endif
 }
 
 template <typename T, int HS, int NWG, bool EXTRAS>
 CUresult flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
-    using Tile = Sm90FwdTile<HS, NWG>;
+    constexpr int HST = sm90_tile_hs(HS);
+    using Tile = Sm90FwdTile<HST, NWG>;
     CUresult status = CUDA_SUCCESS;
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN, &status);
     if (status != CUDA_SUCCESS) return status;
-    flash_launch<Sm90FwdSmem<T, HS, NWG>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HS, NWG, EXTRAS>,
-                                                           dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B), Tile::NTHREADS,
-                                                           s, p, m.q, m.k, m.v);
+    flash_launch<Sm90FwdSmem<T, HST, NWG>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HST, NWG, EXTRAS, HS>,
+                                                            dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B), Tile::NTHREADS,
+                                                            s, p, m.q, m.k, m.v);
     return CUDA_SUCCESS;
 }
 
@@ -269,12 +272,16 @@ bool flash_sm90_ok() {
     return a.binaryVersion == 90;
 }
 
-// The feature instances (EXTRAS) run two warpgroups only (attn_select_kernel).
-#define INSTANTIATE_FWD_SM90(T)                                                                   \
-    template CUresult flash_fwd_sm90_launch<T, 64, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
-    template CUresult flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);  \
-    template CUresult flash_fwd_sm90_launch<T, 128, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
-    template CUresult flash_fwd_sm90_launch<T, 64, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);   \
-    template CUresult flash_fwd_sm90_launch<T, 128, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+// Every head size with two warpgroups, plain and with the features; HS 64 also with three, plain
+// only (the feature instances run two warpgroups: attn_select_kernel).
+#define INSTANTIATE_FWD_SM90_HS(T, HS)                                                                          \
+    template CUresult flash_fwd_sm90_launch<T, HS, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template CUresult flash_fwd_sm90_launch<T, HS, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+#define INSTANTIATE_FWD_SM90(T)                                                                                  \
+    INSTANTIATE_FWD_SM90_HS(T, 64)                                                                               \
+    INSTANTIATE_FWD_SM90_HS(T, 96)                                                                               \
+    INSTANTIATE_FWD_SM90_HS(T, 128)                                                                              \
+    INSTANTIATE_FWD_SM90_HS(T, 256)                                                                              \
+    template CUresult flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);
 INSTANTIATE_FWD_SM90(__nv_bfloat16)
 INSTANTIATE_FWD_SM90(__half)

@@ -79,15 +79,15 @@ __device__ __forceinline__ P *tensor_at(P *base, const AttnStrides &st, int b, i
 }
 
 // The fp32 dQ accumulator of the non-deterministic backward (workspace layout: attention_cuda.cu).
-// Per (b, h) it holds the (T_q rounded up to 64, HS) matrix (attn_dq_acc_floats in mask.h) as
-// 64 x 64 blocks, row blocks outer; inside a block, 8 x 8 row-major sub-tiles in the order
+// Per (b, h) it holds the (T_q rounded up to 64, HS rounded up to 64) matrix (attn_dq_acc_floats
+// in mask.h) as 64 x 64 blocks, row blocks outer; inside a block, 8 x 8 row-major sub-tiles in the order
 // (row / 16, column / 8, row / 8 % 2).
 // A warp's m16n8 MMA fragment of a block (rows 16w + 8r + g, columns 8j + 2t + {0, 1}) is then
 // one run of 64 floats with lane (g, t)'s pair at 2 * lane: the sm90 backward stages a warpgroup's
 // 64 x 64 block in shared memory without bank conflicts and adds it with one bulk reduction.
 // Float offset of block (row block rb, column block cb) of head (b, h).
 __device__ __forceinline__ int64_t dq_acc_block(const AttnParams &p, int b, int h, int rb, int cb) {
-    return ((((int64_t)b * p.NH + h) * attn_dq_acc_row_blocks(p.T_q) + rb) * (p.HS / 64) + cb) * 4096;
+    return ((((int64_t)b * p.NH + h) * attn_dq_acc_row_blocks(p.T_q) + rb) * attn_dq_acc_col_blocks(p.HS) + cb) * 4096;
 }
 // Float offset of element (i, c) of head (b, h); c and c + 1 are adjacent when c is even, and
 // c .. c + 7 when c is a multiple of 8.

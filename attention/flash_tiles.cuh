@@ -29,13 +29,19 @@
 // Tried again after the backward rewrite, same run as PyTorch: FlashAttention-2's own shapes,
 // HS 64 with BN 128 (scores at 128 registers) and HS 128 with MT 2 x 4 warps and BN 64 (Q
 // re-read), both spill and ran 4-6% slower; HS 64 at 3 blocks per SM (168 registers) 2% slower.
+// The other head sizes follow the nearest measured one:
+//   HS 32:  HS 64's shape (MT 2, 4 warps, BM 128, BN 64).
+//   HS 96:  HS 128's (MT 1, 8 warps, BM 128, BN 64, Q in registers: 24 beside O's 48).
+//   HS 256: MT 1, 8 warps, BM 128, BN 32, Q re-read: O takes 128 registers, so Q (64 more)
+//           stays in shared memory, and Q plus two stages of K and V at BN 64 (192 KB) would
+//           not fit sm80's budget; at BN 32 they take 128 KB.
 template <int HS> struct FwdTile {
     static constexpr int MT = HS <= 64 ? 2 : 1;
     static constexpr int NWARPS = MT == 2 ? 4 : 8;
     static constexpr int BM = 16 * MT * NWARPS;
-    static constexpr int BN = 64;
+    static constexpr int BN = HS <= 128 ? 64 : 32;
     static constexpr int NTHREADS = 32 * NWARPS;
-    static constexpr bool Q_IN_REGS = MT == 1;
+    static constexpr bool Q_IN_REGS = MT == 1 && HS <= 128;
     static constexpr int MIN_BLOCKS = 1;
     static_assert(HS % 16 == 0 && BN % 16 == 0, "MMA k-steps of 16");
 };
@@ -66,14 +72,26 @@ template <typename T, int HS> struct FwdSmem {
 // of 8 warps fits an SM (registers and shared memory): ncu shows 2 warps per scheduler stalled
 // on MMA/ldmatrix latency with the tensor pipe ~36% busy, which is the remaining gap to
 // PyTorch's FlashAttention-2 (0.68-0.96x); the sm90 family below replaced it on Hopper.
+// The other head sizes:
+//   HS 32:  HS 64's tiles; S/dP 4 x 2 warps, dK/dV 4 x 2 (32 k x 16 d), dQ 4 x 2 (32 q x 16 d).
+//   HS 96:  HS 128's tiles; S/dP 2 x 4, dK/dV 4 x 2 (32 k x 48 d), and dQ 4 x 2 warps of 16
+//           queries x 48 columns (a 2 x 4 grid would give each warp 24 columns, an odd number
+//           of n8 tiles).
+//   HS 256: BM 32, BN 64; S/dP 2 x 4 warps of 16 queries x 16 keys, dK/dV 2 x 4 (32 k x 64 d:
+//           128 registers for both), dQ 1 x 8 (32 q x 32 d). BN 128 would hold dK and dV in 256
+//           registers; BM 64 spilled (dQ at 64 registers beside dK and dV) and with two stages of
+//           Q and dO took 209 KB, past sm80's budget (these tiles: 137 KB). The dQ atomics and
+//           the Q/dO traffic per key tile do not depend on BM.
+// The S/dP and dQ grids use 16-row warp blocks where 32-row ones would leave a warp an odd
+// number of n8 tiles.
 template <int HS> struct BwdTile {
     static constexpr int NWARPS = 8;
     static constexpr int NTHREADS = 32 * NWARPS;
-    static constexpr int BN = 128;
-    static constexpr int BM = HS <= 64 ? 128 : 64;
-    static constexpr int SD_WM = BM / 32, SD_WN = NWARPS / SD_WM;
+    static constexpr int BN = HS <= 128 ? 128 : 64;
+    static constexpr int BM = HS <= 64 ? 128 : HS <= 128 ? 64 : 32;
+    static constexpr int SD_WM = BN / (NWARPS / (BM / 32)) / 8 % 2 == 0 ? BM / 32 : BM / 16, SD_WN = NWARPS / SD_WM;
     static constexpr int KV_WN = BN / 32, KV_WD = NWARPS / KV_WN;
-    static constexpr int DQ_WM = BM / 32, DQ_WD = NWARPS / DQ_WM;
+    static constexpr int DQ_WM = HS / (NWARPS / (BM / 32)) / 8 % 2 == 0 ? BM / 32 : BM / 16, DQ_WD = NWARPS / DQ_WM;
     static constexpr int SD_MT = BM / SD_WM / 16, SD_NT = BN / SD_WN / 8;
     static constexpr int KV_MT = BN / KV_WN / 16, KV_ND = HS / KV_WD / 8;
     static constexpr int DQ_MT = BM / DQ_WM / 16, DQ_ND = HS / DQ_WD / 8;
@@ -98,12 +116,17 @@ template <typename T, int HS> struct BwdSmem {
 };
 
 // Deterministic dQ kernel: like the forward (warps own 16 query rows), accumulating dQ over the
-// key tiles in registers instead of atomics. Q, dO, K and V tiles in shared memory.
+// key tiles in registers instead of atomics. Q, dO, K and V tiles in shared memory. HS 256 takes
+// key tiles of 32 (dQ alone holds 128 registers, S and dP at BN 64 would add 64) and keeps the
+// k-steps of S and dP rolled: fully unrolled, ptxas hoists their fragment loads and spills 252
+// bytes; rolled, the plain instance still spills 16 (4 registers, sm_80), the price of a warp
+// holding all HS columns of its 16 rows' dQ in this deterministic-mode kernel.
 template <int HS> struct DqTile {
     static constexpr int NWARPS = 4;
     static constexpr int BM = 16 * NWARPS;
-    static constexpr int BN = 64;
+    static constexpr int BN = HS <= 128 ? 64 : 32;
     static constexpr int NTHREADS = 32 * NWARPS;
+    static constexpr bool KSTEPS_UNROLLED = HS <= 128;
 };
 // Q (later the staging area for dQ), dO, K and V.
 template <typename T, int HS> struct DqSmem {
@@ -125,8 +148,11 @@ template <typename T, int HS> struct DqSmem {
 // The softmax overlapped with O += P V (S of the next tile issued first): 384 -> 444
 // causal at 32K with 3 warpgroups (415 with 2; 3 spill 32 bytes and still win), 381 -> 441 full
 // at 8K, HS 128 472 -> 522 causal at 16K.
+//   HS 256: BN 64, two stages (Q and three stages at BN 128 would take 320 KB; these 192 KB), O
+//           at 128 registers per thread.
+// Tiles are whole 64-column blocks: HS 96 runs in HS 128's tiles (sm90_tile_hs).
 template <int HS, int NWG> struct Sm90FwdTile {
-    static constexpr int BM = 64 * NWG, BN = 128, STAGES = 3;
+    static constexpr int BM = 64 * NWG, BN = HS <= 128 ? 128 : 64, STAGES = HS <= 128 ? 3 : 2;
     static constexpr int NTHREADS = 128 * NWG;
     static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
     static_assert(NWG == 2 || (NWG == 3 && HS == 64), "warpgroups that fit the registers");
@@ -172,31 +198,49 @@ template <typename T, int HS> struct Sm90BwdSmem {
     uint64_t qbar[2];
 };
 
-// Block-sparse attention (attention.h) visits whole tiles of its ATTN_SPARSE_BLOCK blocks: every
-// query tile and forward key tile divides a block, and a backward key tile is exactly one
-// (bwd_pairs in flash_mask.cuh looks its block up by n0). The sm90 forward's 192-row tile
-// (three warpgroups) does not divide one: attn_select_kernel keeps two with a block mask.
-template <int HS> constexpr bool sparse_tiles_fit() {
-    return ATTN_SPARSE_BLOCK % FwdTile<HS>::BM == 0 && ATTN_SPARSE_BLOCK % FwdTile<HS>::BN == 0 &&
-           ATTN_SPARSE_BLOCK % BwdTile<HS>::BM == 0 && BwdTile<HS>::BN == ATTN_SPARSE_BLOCK &&
-           ATTN_SPARSE_BLOCK % DqTile<HS>::BM == 0 && ATTN_SPARSE_BLOCK % DqTile<HS>::BN == 0 &&
-           ATTN_SPARSE_BLOCK % Sm90FwdTile<HS, 2>::BM == 0 && ATTN_SPARSE_BLOCK % Sm90FwdTile<HS, 2>::BN == 0 &&
-           ATTN_SPARSE_BLOCK % Sm90BwdTile<HS>::BM == 0 && Sm90BwdTile<HS>::BN == ATTN_SPARSE_BLOCK;
-}
-static_assert(sparse_tiles_fit<64>() && sparse_tiles_fit<128>(), "tiles must divide the sparse block");
+// The head width of the sm90 tiles for head size HS: SW128 tiles are whole 64-column blocks, so
+// HS 96 runs in HS 128's tiles. The copy engine reads the columns past HS as zeros (the tensor
+// maps end at HS): they add nothing to S = Q K^T, O's come out 0 and are not stored.
+constexpr int sm90_tile_hs(int HS) { return (HS + 63) / 64 * 64; }
 
-// Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {64, 128},
-// EXTRAS = ALiBi or dropout present). dsum and dq_accum point into the caller's fp32 workspace
-// (its layout: flash_ws_dq_accum / flash_ws_dsum in attention_cuda.cu).
+// Block-sparse attention (attention.h) visits whole tiles of its ATTN_SPARSE_BLOCK blocks: every
+// query tile and key tile divides a block (bwd_pairs in flash_mask.cuh looks a backward key
+// tile's block up by n0), and the sm90 backward's key tile is exactly one. The sm90 forward's
+// 192-row tile (three warpgroups) does not divide one: attn_select_kernel keeps two with a
+// block mask.
+template <int HS> constexpr bool sm80_sparse_tiles_fit() {
+    return ATTN_SPARSE_BLOCK % FwdTile<HS>::BM == 0 && ATTN_SPARSE_BLOCK % FwdTile<HS>::BN == 0 &&
+           ATTN_SPARSE_BLOCK % BwdTile<HS>::BM == 0 && ATTN_SPARSE_BLOCK % BwdTile<HS>::BN == 0 &&
+           ATTN_SPARSE_BLOCK % DqTile<HS>::BM == 0 && ATTN_SPARSE_BLOCK % DqTile<HS>::BN == 0;
+}
+template <int HS> constexpr bool sm90_fwd_sparse_tiles_fit() {
+    return ATTN_SPARSE_BLOCK % Sm90FwdTile<HS, 2>::BM == 0 && ATTN_SPARSE_BLOCK % Sm90FwdTile<HS, 2>::BN == 0;
+}
+template <int HS> constexpr bool sm90_bwd_sparse_tiles_fit() {
+    return ATTN_SPARSE_BLOCK % Sm90BwdTile<HS>::BM == 0 && Sm90BwdTile<HS>::BN == ATTN_SPARSE_BLOCK;
+}
+static_assert(sm80_sparse_tiles_fit<32>() && sm80_sparse_tiles_fit<64>() && sm80_sparse_tiles_fit<96>() &&
+                  sm80_sparse_tiles_fit<128>() && sm80_sparse_tiles_fit<256>() && sm90_fwd_sparse_tiles_fit<64>() &&
+                  sm90_fwd_sparse_tiles_fit<128>() && sm90_fwd_sparse_tiles_fit<256>() &&
+                  sm90_bwd_sparse_tiles_fit<64>() && sm90_bwd_sparse_tiles_fit<128>(),
+              "tiles must divide the sparse block");
+
+// X(T, HS) for every head size of the sm80 family's instances.
+#define FLASH_SM80_FOR_EACH_HS(X, T) X(T, 32) X(T, 64) X(T, 96) X(T, 128) X(T, 256)
+// Launchers (explicitly instantiated for T in {__nv_bfloat16, __half}, HS in {32, 64, 96, 128,
+// 256}, EXTRAS = ALiBi or dropout present). dsum and dq_accum point into the caller's fp32
+// workspace (its layout: flash_ws_dq_accum / flash_ws_dsum in attention_cuda.cu).
 template <typename T, int HS, bool EXTRAS> void flash_fwd_launch(const AttnParams &p, cudaStream_t s);
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_launch(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
 template <typename T, int HS, bool EXTRAS>
 void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s);
 
-// sm90 family (T in {__nv_bfloat16, __half}, HS in {64, 128}; EXTRAS = soft-capping, ALiBi or
-// dropout present, the forward's EXTRAS instances with NWG 2 only). The backward adds dQ into
-// dq_accum, or with dq_accum NULL (the deterministic mode) leaves dQ to flash_bwd_dq_launch.
+// sm90 family (T in {__nv_bfloat16, __half}; EXTRAS = soft-capping, ALiBi or dropout present, the
+// forward's EXTRAS instances with NWG 2 only): the forward for HS in {64, 96, 128, 256}, the
+// backward for HS in {64, 128} (its dK and dV take HS registers per thread; the other head
+// sizes run the sm80 backward on Hopper). The backward adds dQ into dq_accum, or with dq_accum
+// NULL (the deterministic mode) leaves dQ to flash_bwd_dq_launch.
 // The driver's cuTensorMapEncodeTiled (looked up once per context, attention_cuda.cu).
 typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
 // The sm90 launchers return the tensor-map encoder's refusal (then nothing was launched), else

@@ -180,8 +180,8 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
             return set_error(err, errlen, "attention: head size %d is not supported on cpu: use 1..%d",
                         p->HS, ATTN_CPU_MAX_HS);
         return set_error(err, errlen,
-                    "attention: head size %d is not supported on cuda: use 1..%d, best 64 or 128 "
-                    "(n_embd / n_head), which have flash kernels",
+                    "attention: head size %d is not supported on cuda: use 1..%d, best 32, 64, 96, 128 or "
+                    "256 (n_embd / n_head), which have flash kernels",
                     p->HS, ATTN_CUDA_MAX_HS);
     }
     if (!isfinite(p->scale))
@@ -271,7 +271,7 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
 
 // CPU: 0, each thread allocates its O(T + tile * (tile + HS)) scratch itself. CUDA (layouts in
 // attention_cuda.cu, flash_mask.cuh and naive_cuda.cu): D = rowsum(dO * O) (B, NH, T_q) and the
-// fp32 dQ accumulator (B, NH, T_q rounded up to 64, HS); the naive kernels, which also run every
+// fp32 dQ accumulator (B, NH, T_q and HS rounded up to 64); the naive kernels, which also run every
 // fp32 problem, add fp32 per-query-head dK and dV (B, NH, T_k, HS) under GQA and two
 // (B, NH, T_q, T_k) fp32 matrices (scores / P, then P_drop / dP).
 int attn_runs_naive(const AttnParams *p, Device dev) {

@@ -161,9 +161,11 @@ ATTN_HD int attn_dropout_keep_elem(const AttnParams *p, uint64_t e) {
 }
 
 // The fp32 dQ accumulator of the non-deterministic CUDA backward holds, per (batch row, head), the
-// T_q rows rounded up to whole 64-row blocks (its tiled layout: flash_mask.cuh).
+// T_q rows rounded up to whole 64-row blocks and the HS columns rounded up to whole 64-column
+// blocks (its tiled layout: flash_mask.cuh; HS 32 and 96 leave the last block's right half unused).
 ATTN_HD int attn_dq_acc_row_blocks(int T_q) { return (T_q + 63) / 64; }
-// Its size in floats: (B, NH, 64 x row blocks, HS).
+ATTN_HD int attn_dq_acc_col_blocks(int HS) { return (HS + 63) / 64; }
+// Its size in floats: (B, NH, 64 x row blocks, 64 x column blocks).
 ATTN_HD size_t attn_dq_acc_floats(const AttnParams *p) {
-    return (size_t)p->B * p->NH * attn_dq_acc_row_blocks(p->T_q) * 64 * p->HS;
+    return (size_t)p->B * p->NH * attn_dq_acc_row_blocks(p->T_q) * 64 * attn_dq_acc_col_blocks(p->HS) * 64;
 }

@@ -3,9 +3,9 @@ interface (argument names, shapes, defaults, semantics) over flashgpt's attentio
 
 Tensors are (batch, seqlen, nheads, headdim); K and V may have fewer heads than Q (GQA/MQA: the
 key/value head count divides the query head count). CUDA tensors are bf16 or fp16 with head dim
-64 or 128 and run the flash kernels on the current stream; CPU tensors are fp32 (any head dim up
-to 1024) and run the CPU reference, the same code the C tests check against float64. A tensor
-whose last dimension is not contiguous (or, on CUDA, whose base or strides are not 16-byte
+32, 64, 96, 128 or 256 and run the flash kernels on the current stream; CPU tensors are fp32 (any
+head dim up to 1024) and run the CPU reference, the same code the C tests check against float64. A
+tensor whose last dimension is not contiguous (or, on CUDA, whose base or strides are not 16-byte
 aligned) is copied; every other layout is handed to the kernels by its strides, so the views of a
 packed QKV tensor are never copied. Backward runs the library's backward kernel from the saved
 output and log-sum-exp.
@@ -23,7 +23,7 @@ from flashgpt import _lib
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
 CUDA_DTYPES = (torch.bfloat16, torch.float16)
-CUDA_HEAD_DIMS = (64, 128)
+CUDA_HEAD_DIMS = (32, 64, 96, 128, 256)
 CUDA_ALIGN = 16  # bytes: the CUDA kernels' vector loads need it for every base and stride
 
 
@@ -60,7 +60,7 @@ def _check_tensors(q, k, v, ndim, layout):
         if q.dtype not in CUDA_DTYPES:
             _fail(f"CUDA tensors must be bfloat16 or float16, got {q.dtype}")
         if q.shape[-1] not in CUDA_HEAD_DIMS:
-            _fail(f"head dim {q.shape[-1]} has no CUDA kernel: use 64 or 128")
+            _fail(f"head dim {q.shape[-1]} has no CUDA kernel: use 32, 64, 96, 128 or 256")
     else:
         _fail(f"tensors on {q.device.type} are not supported: use cuda (bf16, fp16) or cpu (fp32)")
     if k.shape != v.shape:

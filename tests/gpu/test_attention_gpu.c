@@ -742,7 +742,7 @@ static void test_dropout_stats(void) {
 // Refusals come back as a status and a message naming attention's parameter; the process (and
 // the context) carry on: a head size without a kernel, then a problem that runs.
 static void test_refusals(AttnContext *ctx) {
-    const int B = 1, T = 8, NH = 1, HS = 96;
+    const int B = 1, T = 8, NH = 1, HS = 80;
     AttnParams p;
     memset(&p, 0, sizeof p);
     void *buf;
@@ -755,8 +755,8 @@ static void test_refusals(AttnContext *ctx) {
     p.window_left = p.window_right = -1;
     p.dtype = DTYPE_BF16;
     char err[ERR_LEN] = "";
-    EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "HS = 96"),
-           "head size 96: expected a refusal naming HS, got '%s'", err);
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "HS = 80"),
+           "head size 80: expected a refusal naming HS, got '%s'", err);
     attn_fused_qkv(&p, buf, (char *)buf + (size_t)3 * B * T * NH * 128 * 2, B, T, NH, NH, 128, 2);
     EXPECT(attn_forward(ctx, &p, err, sizeof err) == 0, "head size 128 after a refusal: %s", err);
     p.window_left = -5;
@@ -836,6 +836,9 @@ static void dropout_masks_case(AttnContext *const ctxs[2], int B, int NH, int T_
 static void test_dropout_masks(AttnContext *const ctxs[2]) {
     dropout_masks_case(ctxs, 2, 2, 64, 63, 64, 0.3f);
     dropout_masks_case(ctxs, 1, 3, 127, 125, 128, 0.1f);
+    dropout_masks_case(ctxs, 2, 2, 31, 29, 32, 0.3f);
+    dropout_masks_case(ctxs, 1, 2, 90, 95, 96, 0.2f);
+    dropout_masks_case(ctxs, 1, 2, 250, 253, 256, 0.15f);
 }
 
 // Soft-capping runs on the sm90 family (and the naive path) only: on Hopper the cases below run
@@ -899,6 +902,9 @@ int main(int argc, char **argv) {
         {"quick bf16 hs64 causal T=97", BF, FL, 1, 97, 97, 2, 1, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
         {"quick fp16 hs128 T=70 alibi+drop", FP, FL, 1, 70, 70, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0.1f, 1, 0},
         {"quick bf16 hs64 docs naive", BF, NV, 2, 50, 50, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0, 0},
+        {"quick bf16 hs96 causal GQA T=70 fused", BF, FL, 1, 70, 70, 4, 2, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"quick fp16 hs256 T=65 alibi det", FP, FL, 1, 65, 65, 2, 1, 256, 0, -1, -1, 1, 0, 0, 0, 1, 0},
+        {"quick bf16 hs32 causal T=97 drop", BF, FL, 2, 97, 97, 2, 2, 32, 1, -1, -1, 0, 0, 0, 0.1f, 0, 0},
     };
     const Case cases[] = {
         {"bf16 hs64 T=1", BF, FL, 2, 1, 1, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
@@ -945,6 +951,23 @@ int main(int argc, char **argv) {
          0.1f, 0, 0.7f},
         {"fp32 (naive) softcap 5 alibi per row", DTYPE_F32, FL, 2, 90, 90, 2, 2, 64, 0, 30, 30, 2, 0, 0, 0, 0, 5.0f},
         {"fp16 hs128 alibi per batch row det", FP, FL, 2, 100, 100, 2, 2, 128, 0, 20, 20, 2, 0, 0, 0, 1, 0},
+        // head sizes 32, 96 and 256 (sm80 tiles of their own; on Hopper the sm90 forward at 96 and 256)
+        {"bf16 hs32 causal T=1", BF, FL, 1, 1, 1, 2, 2, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs32 causal GQA 6/2 T=257 fused", BF, FL, 2, 257, 257, 6, 2, 32, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"fp16 hs32 Tq=37 Tk=300", FP, FL, 2, 37, 300, 2, 2, 32, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs32 T=1025 window 50/20 det", BF, FL, 1, 1025, 1025, 2, 1, 32, 0, 50, 20, 0, 0, 0, 0, 1, 0},
+        {"bf16 hs32 alibi+drop docs causal", BF, FL, 2, 190, 190, 2, 2, 32, 1, -1, -1, 1, 1, 0, 0.2f, 0, 0},
+        {"bf16 hs96 causal T=333 fused", BF, FL, 2, 333, 333, 3, 3, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"fp16 hs96 GQA 4/2 T=200", FP, FL, 1, 200, 200, 4, 2, 96, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs96 causal Tq=300 Tk=97 MQA", BF, FL, 2, 300, 97, 4, 1, 96, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs96 T=1025 masked rows win 3/0", BF, FL, 1, 1025, 1025, 2, 2, 96, 0, 3, 0, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs96 alibi drop 0.1 det T=129", FP, FL, 1, 129, 129, 2, 2, 96, 1, -1, -1, 2, 0, 0, 0.1f, 1, 0},
+        {"bf16 hs96 docs causal fused", BF, FL, 3, 190, 190, 2, 1, 96, 1, -1, -1, 0, 1, 1, 0, 0, 0},
+        {"bf16 hs256 causal T=300 fused", BF, FL, 1, 300, 300, 2, 2, 256, 1, -1, -1, 0, 0, 1, 0, 0, 0},
+        {"fp16 hs256 GQA 4/2 Tq=70 Tk=129", FP, FL, 2, 70, 129, 4, 2, 256, 0, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs256 causal T=97 win 40/0", BF, FL, 2, 97, 97, 2, 2, 256, 1, 40, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs256 alibi drop 0.2 det T=200", BF, FL, 1, 200, 200, 2, 1, 256, 1, -1, -1, 1, 0, 0, 0.2f, 1, 0},
+        {"fp16 hs256 docs T=190 fused", FP, FL, 2, 190, 190, 2, 2, 256, 0, -1, -1, 0, 1, 1, 0, 0, 0},
     };
     // name, dtype, B, T, NH, NKV, HS, causal, wl, wr, alibi, q_split, k_split, det
     const ChunkCase chunk_cases[] = {
@@ -953,6 +976,9 @@ int main(int argc, char **argv) {
         {"chunks bf16 hs64 full window 30/30", BF, 1, 200, 2, 2, 64, 0, 30, 30, 0, 64, 137, 0},
         {"chunks bf16 hs64 causal alibi per row", BF, 2, 160, 2, 2, 64, 1, -1, -1, 2, 97, 33, 0},
         {"chunks bf16 hs128 causal deterministic", BF, 1, 230, 2, 2, 128, 1, -1, -1, 1, 129, 100, 1},
+        {"chunks bf16 hs32 causal GQA", BF, 2, 200, 4, 2, 32, 1, -1, -1, 0, 70, 130, 0},
+        {"chunks fp16 hs96 causal window 60/0", FP, 1, 257, 2, 1, 96, 1, 60, 0, 0, 100, 190, 0},
+        {"chunks bf16 hs256 causal alibi deterministic", BF, 1, 190, 2, 2, 256, 1, -1, -1, 1, 97, 64, 1},
     };
     const ChunkCase quick_chunks[] = {
         {"quick chunks bf16 hs64 causal", BF, 1, 100, 2, 1, 64, 1, -1, -1, 0, 60, 30, 0},

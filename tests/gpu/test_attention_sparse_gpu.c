@@ -1,6 +1,7 @@
 // GPU block-sparse attention: attn_forward / attn_backward with a block mask on a CUDA context
 // (the family attn_select_kernel picks, and a context of kernel sm80), for every pattern, odd
-// lengths (ragged last blocks), causal and not, GQA, windows, head sizes 64 and 128, against
+// lengths (ragged last blocks), causal and not, GQA, windows, head sizes 32, 64, 96, 128 and
+// 256, against
 //   - the CPU reference with the same block mask (fp32, on the same bf16-rounded inputs), which
 //     tests/test_attention_sparse.c checks against float64 with the explicit mask;
 //   - the dense kernels: a mask holding every block gives bitwise the dense forward, and with
@@ -333,6 +334,9 @@ int main(void) {
         {"bigbird hs128 T=901 window 300", 1, 901, 901, 2, 2, 128, 0, 300, BB},
         {"bigbird hs64 causal T_q=300 T_k=1100", 2, 300, 1100, 2, 2, 64, 1, -1, BB},
         {"local_global hs64 causal T=4500 (sm90 3-wg length)", 1, 4500, 4500, 2, 2, 64, 1, -1, LG},
+        {"local_global hs32 causal T=900 GQA", 1, 900, 900, 4, 2, 32, 1, -1, LG},
+        {"strided hs96 T=650", 1, 650, 650, 2, 2, 96, 0, -1, ST},
+        {"bigbird hs256 causal T=700 (64-key backward tiles)", 1, 700, 700, 2, 1, 256, 1, -1, BB},
     };
     const Case full[] = {
         {"full mask hs64 causal T=1000", 1, 1000, 1000, 2, 1, 64, 1, -1, FULL},

@@ -256,10 +256,10 @@ CHECKS.append(("packed views, strided last dimension, side stream: bitwise", che
 
 
 def check_refusals():
-    x = torch.zeros(1, 8, 2, 96, device=DEV, dtype=torch.bfloat16)
+    x = torch.zeros(1, 8, 2, 80, device=DEV, dtype=torch.bfloat16)
     y = torch.zeros(1, 8, 2, 64, device=DEV)
     z = torch.zeros(1, 8, 2, 64, device=DEV, dtype=torch.bfloat16)
-    for call, msg in ((lambda: flash_attn_func(x, x, x), "use 64 or 128"),
+    for call, msg in ((lambda: flash_attn_func(x, x, x), "use 32, 64, 96, 128 or 256"),
                       (lambda: flash_attn_func(y, y, y), "bfloat16 or float16"),
                       (lambda: flash_attn_func(z, z, z, alibi_slopes=torch.ones(2)), "on cuda"),
                       (lambda: flash_attn_varlen_func(z[0], z[0], z[0], torch.tensor([0, 8], dtype=torch.int32),
