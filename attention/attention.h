@@ -112,6 +112,10 @@ typedef struct {
     const int *sparse_q_blocks;     // (sparse_q_offsets[n_qb]) key block indices
     const int *sparse_k_offsets;    // (ceil(T_k / ATTN_SPARSE_BLOCK) + 1)
     const int *sparse_k_blocks;     // (sparse_k_offsets[n_kb]) query block indices
+    // Dropout, continued: NULL, or one uint64 in the context's memory (device memory on CUDA)
+    // added to offset when the kernel runs, so a captured CUDA graph replays with each step's
+    // masks: the draws are those of offset + *offset_dev (mod 2^64) passed as offset alone.
+    const uint64_t *offset_dev;
 } AttnParams;
 
 // The block size of block-sparse attention: a multiple of every flash tile along both axes
@@ -268,7 +272,8 @@ void attn_merge_cpu(const AttnParams *acc, const AttnParams *part);
 int attn_visible(const AttnParams *p, int b, int i, int j);
 // The dropout keep-decision for element (b, h, i, j): 1 keep (scaled by 1/(1-p)), 0 drop.
 // Counter-based (Philox-4x32-10 keyed by seed, counter from offset and the element index), so
-// any implementation on any device regenerates the same mask.
+// any implementation on any device regenerates the same mask. offset_dev, when set, must be host
+// memory here.
 int attn_dropout_keep(const AttnParams *p, int b, int h, int i, int j);
 
 #ifdef __cplusplus

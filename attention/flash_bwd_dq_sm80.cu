@@ -39,9 +39,10 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
     const int pos0 = row0 + (int)attn_query_shift(&p);  // position of row0, in keys
     const float scale_log2 = p.scale * LOG2E_F;
     float slope_log2 = 0.f, keep_scale = 1.f;
+    uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
     if (EXTRAS) {
         if (p.alibi_slopes) slope_log2 = alibi_slope(p, b, h) * LOG2E_F;
-        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p);
+        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p), keep_offset = attn_dropout_offset(&p);
     }
 
     tile_load_async<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
                     float d = dp[nt][e];
                     if (EXTRAS && p.dropout_p > 0.f) {
                         const int i = row0 + 8 * r;
-                        d = i < p.T_q && j < p.T_k && dropout_keep(p, b, h, i, j) ? d * keep_scale : 0.f;
+                        d = i < p.T_q && j < p.T_k && dropout_keep(p, keep_offset, b, h, i, j) ? d * keep_scale : 0.f;
                     }
                     s[nt][e] = pr * (d - dd[r]);  // dS
                 }

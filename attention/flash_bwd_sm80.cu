@@ -167,6 +167,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
 
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    const uint64_t keep_offset = EXTRAS && p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;  // read once
     const int pos_shift = (int)attn_query_shift(&p);  // query i sits at key position i + pos_shift
     // exp(scale * S - LSE) in the log2 domain with one FMA; ALiBi adds its bias after scaling.
     const float sl = EXTRAS && p.alibi_slopes ? 1.f : scale_log2;
@@ -267,7 +268,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                         float d = dp[mt][nt][2 * r + c], pk = pr;
                         if (EXTRAS && p.dropout_p > 0.f) {
                             const int key = n0 + sd_k0 + 8 * nt + 2 * t + c;
-                            const bool keep = i < p.T_q && key < p.T_k && dropout_keep(p, b, h, i, key);
+                            const bool keep = i < p.T_q && key < p.T_k && dropout_keep(p, keep_offset, b, h, i, key);
                             d = keep ? d * keep_scale : 0.f;
                             pk = keep ? pr * keep_scale : 0.f;
                         }

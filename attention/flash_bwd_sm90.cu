@@ -124,6 +124,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
     const uint32_t keep_thresh = EXTRAS ? attn_philox_threshold(p.dropout_p) : 0u;
+    const uint64_t keep_offset = EXTRAS && p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;  // read once
     const int krow = wg * 64 + warp * 16 + g;  // tile-relative key of d[4j + 0..1]; +8 for 2..3
     const uint32_t k_base = smem_u32(sK), v_base = smem_u32(sV), ds_base = smem_u32(sdS);
     // dQ split between the warpgroups: HS 64 (BM 128) by query halves, HS 128 (BM 64) by column
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 if (p.dropout_p > 0.f) {
                     const int gq = g & 3;  // this lane draws the quad of element gq
                     const unsigned mine =
-                        dropout_keep_quad(p, keep_thresh, b, h, m0 + q + (gq & 1), n0 + krow - gq + 8 * (gq >> 1));
+                        dropout_keep_quad(p, keep_offset, keep_thresh, b, h, m0 + q + (gq & 1), n0 + krow - gq + 8 * (gq >> 1));
                     keep4 = 0;
 #pragma unroll
                     for (int e = 0; e < 4; e++)

@@ -39,9 +39,10 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     const float sl = prescale ? 1.f : scale_log2;
     const int pos0 = wrow0 + (int)attn_query_shift(&p);  // position of the warp's first row, in keys
     float slope_log2 = 0.f, keep_scale = 1.f;
+    uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
     if (EXTRAS) {
         if (p.alibi_slopes) slope_log2 = alibi_slope(p, b, h) * LOG2E_F;
-        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p);
+        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p), keep_offset = attn_dropout_offset(&p);
     }
 
     // Loop step `it` computes key tile qb.key_tile(it) from stage it & 1 while the loads of step
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
                         row_sum[mt][r] += pr;
                         if (EXTRAS && p.dropout_p > 0.f) {
                             const int j = n0 + nt * 8 + 2 * t + c;
-                            pr = dropout_keep(p, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
+                            pr = dropout_keep(p, keep_offset, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
                         }
                         s[mt][nt][2 * r + c] = pr;
                     }

@@ -48,10 +48,14 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     int pos0 = 0;  // aligned position of the warp's first row, in keys
     float keep_scale = 1.f;
     uint32_t keep_thresh = 0;
+    uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
     if constexpr (EXTRAS) {
         rule = score_rule(p, b, h);
         pos0 = wrow0 + (int)attn_query_shift(&p);
-        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p), keep_thresh = attn_philox_threshold(p.dropout_p);
+        if (p.dropout_p > 0.f) {
+            keep_scale = 1.f / (1.f - p.dropout_p), keep_thresh = attn_philox_threshold(p.dropout_p);
+            keep_offset = attn_dropout_offset(&p);
+        }
     }
 
     // Key tiles run from last to first (the partial diagonal and ragged tiles first, then the
@@ -154,7 +158,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 #pragma unroll
             for (int nt = 0; nt < NS; nt++) {
                 const unsigned mine =
-                    dropout_keep_quad(p, keep_thresh, b, h, wrow0 + 8 * odd + g, n0 + nt * 8 + 4 * (t >> 1));
+                    dropout_keep_quad(p, keep_offset, keep_thresh, b, h, wrow0 + 8 * odd + g, n0 + nt * 8 + 4 * (t >> 1));
                 const unsigned other = __shfl_xor_sync(0xffffffffu, mine, 1);
 #pragma unroll
                 for (int r = 0; r < 2; r++) {

@@ -239,9 +239,10 @@ __device__ __forceinline__ float alibi_bias_log2(float slope_log2, int pos, int 
     return attn_alibi_bias(slope_log2, pos, j);
 }
 
-// Dropout keep-decision of element (b, h, i, j): the same Philox draw as attn_dropout_keep().
-__device__ __forceinline__ bool dropout_keep(const AttnParams &p, int b, int h, int i, int j) {
-    return attn_dropout_keep_elem(&p, attn_dropout_elem(&p, b, h, i, j));
+// Dropout keep-decision of element (b, h, i, j) under the Philox offset the kernel read once
+// (attn_dropout_offset): the same draw as attn_dropout_keep().
+__device__ __forceinline__ bool dropout_keep(const AttnParams &p, uint64_t offset, int b, int h, int i, int j) {
+    return attn_dropout_keep_elem(&p, offset, attn_dropout_elem(&p, b, h, i, j));
 }
 
 // tanh(x) from one exponential and one division, 1 - 2 / (e^2x + 1): within a few fp32 ulps of
@@ -277,16 +278,17 @@ __device__ __forceinline__ float score_log2(const ScoreRule &r, float raw, int p
     return fmaf(x, LOG2E_F, alibi_bias_log2(r.slope_log2, pos, j));
 }
 
-// Keep bits of the 4 adjacent elements (b, h, i, j0 + m) (bit m) under the draw threshold
-// thresh (attn_philox_threshold): one Philox block when they are one block's draws, two when
-// they straddle blocks (rows of a T_k that is not a multiple of 4).
-__device__ __forceinline__ unsigned dropout_keep_quad(const AttnParams &p, uint32_t thresh, int b, int h, int i,
-                                                      int j0) {
+// Keep bits of the 4 adjacent elements (b, h, i, j0 + m) (bit m) under the Philox offset the
+// kernel read once (attn_dropout_offset) and the draw threshold thresh (attn_philox_threshold):
+// one Philox block when they are one block's draws, two when they straddle blocks (rows of a
+// T_k that is not a multiple of 4).
+__device__ __forceinline__ unsigned dropout_keep_quad(const AttnParams &p, uint64_t offset, uint32_t thresh, int b,
+                                                      int h, int i, int j0) {
     const uint64_t e = attn_dropout_elem(&p, b, h, i, j0);
     const unsigned k = (unsigned)e & 3;
-    const Philox4 r0 = attn_philox_block(p.seed, p.offset, e >> 2);
+    const Philox4 r0 = attn_philox_block(p.seed, offset, e >> 2);
     Philox4 r1 = r0;
-    if (k != 0) r1 = attn_philox_block(p.seed, p.offset, (e >> 2) + 1);
+    if (k != 0) r1 = attn_philox_block(p.seed, offset, (e >> 2) + 1);
     // draws 0..7 of the two blocks, element m at draw k + m
     const uint32_t u[8] = {r0.x[0], r0.x[1], r0.x[2], r0.x[3], r1.x[0], r1.x[1], r1.x[2], r1.x[3]};
     unsigned bits = 0;

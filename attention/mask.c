@@ -295,5 +295,5 @@ int attn_visible(const AttnParams *p, int b, int i, int j) {
 }
 
 int attn_dropout_keep(const AttnParams *p, int b, int h, int i, int j) {
-    return attn_dropout_keep_elem(p, attn_dropout_elem(p, b, h, i, j));
+    return attn_dropout_keep_elem(p, attn_dropout_offset(p), attn_dropout_elem(p, b, h, i, j));
 }

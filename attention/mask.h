@@ -155,9 +155,16 @@ ATTN_HD uint64_t attn_dropout_elem(const AttnParams *p, int b, int h, int i, int
            (uint64_t)j;
 }
 
-// 1 when element e survives dropout (its probability is then scaled by 1 / (1 - dropout_p)).
-ATTN_HD int attn_dropout_keep_elem(const AttnParams *p, uint64_t e) {
-    return attn_philox_keep(p->seed, p->offset, e, p->dropout_p);
+// The Philox offset of the params' dropout: offset, plus *offset_dev where the caller keeps a
+// part of it in memory (read here, so a kernel calls this once, not per draw).
+ATTN_HD uint64_t attn_dropout_offset(const AttnParams *p) {
+    return p->offset + (p->offset_dev ? *p->offset_dev : 0);
+}
+
+// 1 when element e survives dropout (its probability is then scaled by 1 / (1 - dropout_p)),
+// under Philox offset `offset` (attn_dropout_offset).
+ATTN_HD int attn_dropout_keep_elem(const AttnParams *p, uint64_t offset, uint64_t e) {
+    return attn_philox_keep(p->seed, offset, e, p->dropout_p);
 }
 
 // The fp32 dQ accumulator of the non-deterministic CUDA backward holds, per (batch row, head), the

@@ -97,7 +97,7 @@ static const CfgKey KEYS[] = {
      "good steps before it is a spike"},
     {"train.cuda_graph", CFG_ENUM, OFF(train.cuda_graph), "auto", 0, 0, CUDA_GRAPH_NAMES,
      "capture the optimizer step once as a CUDA graph and replay it: auto = where the run "
-     "allows it (one process on the cuda backend, no dropout, no attention.doc_mask), on = "
+     "allows it (one process on the cuda backend, no attention.doc_mask), on = "
      "required (exit 2 where it is not possible), off = launch every kernel each step"},
 
     {"optim.lr", CFG_FLOAT, OFF(optim.lr), "6e-4", 0, 10, NULL, "peak learning rate"},

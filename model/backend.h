@@ -97,8 +97,10 @@ struct Backend {
     // Dropout in place over x (n), 0 <= p < 1: element i becomes x[i] / (1 - p) when kept, 0 when
     // dropped; kept iff attn_philox_keep(seed, offset, i, p) (attention/philox.h), so every backend
     // and every thread count drops the same elements. Applied to a gradient with the same (p, seed,
-    // offset) it is its own backward.
-    void (*dropout)(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);
+    // offset) it is its own backward. offset_dev: NULL, or one uint64 of backend memory added to
+    // offset when the op runs (AttnParams.offset_dev's rule: a captured graph's per-step part).
+    void (*dropout)(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
+                    const uint64_t *offset_dev);
     // Rotary position embedding, half-split convention (GPT-NeoX, Llama): in place on the query
     // and key heads of the fused buffer qkv (N, (NH + 2*NKV) * HS); the value heads are left
     // alone. In each of the first NH + NKV heads the pairs (x[d], x[d + HS/2]), d < HS/2, turn by
@@ -114,6 +116,9 @@ struct Backend {
                           int NH, int NKV, int HS);
     // p (n fp32) = value everywhere (the ring's "no key seen yet" lse of +INFINITY).
     void (*fill_f32)(Backend *be, float *p, float value, size_t n);
+    // *p (one uint64 of backend memory) = value, queued behind the ops before it (no wait): a
+    // per-step number the ops of a captured graph read when they run.
+    void (*set_u64)(Backend *be, uint64_t *p, uint64_t value);
 
     // ---- training steps without host waits (trainer/train_step.c) ----
     // Host memory the device copies from asynchronously (page-locked on CUDA); zero-filled.

@@ -29,7 +29,10 @@
 // probabilities, model.dropout on the embedding sum and on the proj and fcproj outputs before
 // their residual adds, as nanoGPT. Every mask is Philox keyed by train.seed at an offset that is
 // a pure function of the micro-step set by gpt_set_rng_step and of the layer and site, so
-// backward, recomputation and a resumed run regenerate exactly the same masks.
+// backward, recomputation and a resumed run regenerate exactly the same masks. After
+// gpt_set_rng_base the micro-step counts from a base in backend memory that the kernels read
+// when they run (the offset's host part is then relative to it), so a captured CUDA graph draws
+// each replay's own masks.
 //
 // train.recompute trades compute for activation memory: attn_gelu keeps one attention output and
 // one GELU output for all layers and recomputes them in backward (16C -> 11C values per token
@@ -95,6 +98,8 @@ struct GPT {
     float attn_dropout, resid_dropout;   // attention.dropout, model.dropout
     uint64_t dropout_seed;               // train.seed
     uint64_t rng_step;                   // micro-step whose masks the next forward draws
+    uint64_t *rng_base;                  // (1) backend: Philox offset of gpt_set_rng_base's
+                                         // micro-step, added to every site's; NULL: none
     GradReadyFn grad_ready;              // gpt_set_grad_ready_hook, or NULL
     void *grad_ready_ctx;
     float *alibi;                 // (NH) backend fp32, or NULL
@@ -165,16 +170,23 @@ static void *at(void *base, size_t elems, size_t ds) { return (char *)base + ele
 
 // The dropout sites of one micro-step, each drawing from its own Philox offset: per layer the
 // attention probabilities, the attention output projection and the MLP output; then the
-// embeddings (as layer L).
+// embeddings (as layer L). Micro-step s's sites start at s * sites_per_step(m).
 enum { SITE_ATTN = 0, SITE_PROJ = 1, SITE_MLP = 2, SITES_PER_LAYER = 3 };
 
+static uint64_t sites_per_step(const GPT *m) {
+    return (uint64_t)(SITES_PER_LAYER * m->cfg.L + 1);
+}
+
+// The offset of site (l, site) of the last forward's micro-step; with rng_base the kernels add
+// the base's offset to it.
 static uint64_t site_offset(const GPT *m, int l, int site) {
     return m->dropout_base + (uint64_t)l * SITES_PER_LAYER + (uint64_t)site;
 }
 
 // Residual dropout of site (l, site) over x (n), in place; also its own backward on a gradient.
 static void resid_dropout(GPT *m, void *x, size_t n, int l, int site) {
-    m->be->dropout(m->be, x, n, m->resid_dropout, m->dropout_seed, site_offset(m, l, site));
+    m->be->dropout(m->be, x, n, m->resid_dropout, m->dropout_seed, site_offset(m, l, site),
+                   m->rng_base);
 }
 
 // Pointer to tensor i inside the flat buffer `base` (params or grads).
@@ -420,6 +432,13 @@ void *gpt_grads(GPT *m) { return m->grads; }
 void gpt_set_training(GPT *m, int training) { m->training = training; }
 void gpt_set_rng_step(GPT *m, uint64_t step) { m->rng_step = step; }
 
+// (base + s) * S = base * S + s * S modulo 2^64: the kernels' sum is micro-step base + s's offset.
+void gpt_set_rng_base(GPT *m, uint64_t base) {
+    if (!(m->attn_dropout > 0.0f || m->resid_dropout > 0.0f)) return;
+    if (!m->rng_base) m->rng_base = balloc(m, sizeof(uint64_t));
+    m->be->set_u64(m->be, m->rng_base, base * sites_per_step(m));
+}
+
 void gpt_set_head_rows(GPT *m, int rows) {
     if (rows < 1 || rows > m->head_cap)
         fatal(EXIT_USAGE, "gpt_set_head_rows: %d rows per classifier chunk, need 1 to %d", rows,
@@ -494,6 +513,7 @@ static AttnParams layer_attn(GPT *m, BlockActs *a, int B, int T, int l) {
         p.dropout_p = m->attn_dropout;
         p.seed = m->dropout_seed;
         p.offset = site_offset(m, l, SITE_ATTN);
+        p.offset_dev = m->rng_base;
     }
     return p;
 }
@@ -655,7 +675,7 @@ static void forward_logits(GPT *m, const int *tokens, int has_targets, int B, in
     const int train = has_targets && m->training;
     m->drop_attn = train && m->attn_dropout > 0.0f;
     m->drop_resid = train && m->resid_dropout > 0.0f;
-    m->dropout_base = m->rng_step * (uint64_t)(SITES_PER_LAYER * g->L + 1);
+    m->dropout_base = m->rng_step * sites_per_step(m);
     void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
     be->embed_forward(be, m->encoded, m->tokens, m->pos, tensor_ptr(m, m->params, m->wte_i), wpe, B,
                       T, C);

@@ -105,6 +105,13 @@ void gpt_set_training(GPT *m, int training);
 // draw: masks are a pure function of train.seed, this number, the layer and the site, so a
 // resumed run regenerates them. Default 0; forwards with the same rng step draw the same masks.
 void gpt_set_rng_step(GPT *m, uint64_t step);
+// Dropout masks counted from a base in backend memory (a CUDA graph captured once replays with
+// every step's masks): queues the write of `base` into the model's counter (behind the ops
+// before it, no wait; not inside a graph capture, where the value would be baked in). From the
+// first call on, a forward after gpt_set_rng_step(m, s) draws the masks of micro-step base + s
+// (bitwise those gpt_set_rng_step(m, base + s) draws without the counter), with base read by
+// the kernels when they run. Nothing when the model has no dropout.
+void gpt_set_rng_base(GPT *m, uint64_t base);
 // Per-token losses (B*T) of the last forward with targets, fp32 host copy.
 void gpt_losses_f32(GPT *m, float *host);
 // Logits (B,T,V) of the last forward (its real V columns), fp32 host: computed on this call,

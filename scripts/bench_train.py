@@ -12,8 +12,8 @@ heads for 16 query heads) at --seq 32768 --batch 1.
 flashgpt: `train_gpt bench` (random tokens, one warm-up step, then --steps timed optimizer steps:
 forward, backward, clipping and AdamW) on the config with batch/seq overridden, twice: with
 train.cuda_graph = on (the step captured once and replayed; a config the graphs cannot serve,
-e.g. with dropout, shows why) and off (every kernel launched each step). --set passes more
-overrides to train_gpt (e.g. precision.dtype=bf16 for configs/tiny_cpu.json's fp32).
+e.g. with attention.doc_mask, shows why) and off (every kernel launched each step). --set passes
+more overrides to train_gpt (e.g. precision.dtype=bf16 for configs/tiny_cpu.json's fp32).
 --whole-run also trains the config from scratch with `train_gpt train` (its own batch and
 steps, graphs auto and off) and reports the whole process's seconds, the mean step time and the
 best validation loss it printed.

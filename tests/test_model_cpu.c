@@ -244,7 +244,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     fill_normal(r, x0, n, 1.0f);
     fill_normal(r, g0, n, 1.0f);
     memcpy(x, x0, (size_t)n * sizeof(float));
-    be->dropout(be, x, n, p, seed, offset);
+    be->dropout(be, x, n, p, seed, offset, NULL);
     long kept = 0;
     int mask_ok = 1, value_ok = 1;
     for (int i = 0; i < n; i++) {
@@ -261,7 +261,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
 
     // Backward: a gradient through the same (p, seed, offset) is masked and scaled the same way.
     memcpy(g, g0, (size_t)n * sizeof(float));
-    be->dropout(be, g, n, p, seed, offset);
+    be->dropout(be, g, n, p, seed, offset, NULL);
     int grad_ok = 1;
     for (int i = 0; i < n; i++) grad_ok &= g[i] == (x[i] != 0.0f ? g0[i] * scale : 0.0f);
     EXPECT(grad_ok, "n %d p %g: the gradient must go through the forward's mask", n, p);
@@ -269,7 +269,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     // Another offset, then another seed: independent masks.
     for (int k = 0; k < 2; k++) {
         memcpy(y, x0, (size_t)n * sizeof(float));
-        be->dropout(be, y, n, p, seed + (uint64_t)k, offset + (uint64_t)(1 - k));
+        be->dropout(be, y, n, p, seed + (uint64_t)k, offset + (uint64_t)(1 - k), NULL);
         long differ = 0;
         for (int i = 0; i < n; i++) differ += (y[i] != 0.0f) != (x[i] != 0.0f);
         const double q = 2.0 * p * (1.0 - p), dm = n * q, dsd = sqrt(n * q * (1.0 - q));
@@ -281,14 +281,24 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     memcpy(y, x0, (size_t)n * sizeof(float));
-    be->dropout(be, y, n, p, seed, offset);
+    be->dropout(be, y, n, p, seed, offset, NULL);
     omp_set_num_threads(threads);
     EXPECT(memcmp(x, y, (size_t)n * sizeof(float)) == 0, "n %d p %g: 1 thread differs from %d",
            n, p, threads);
 
+    // An offset split into a host part and a part in backend memory (written by set_u64) draws
+    // the mask of their sum modulo 2^64.
+    uint64_t *part = be->alloc(be, sizeof(uint64_t));
+    be->set_u64(be, part, offset + 5);
+    memcpy(y, x0, (size_t)n * sizeof(float));
+    be->dropout(be, y, n, p, seed, (uint64_t)-5, part);
+    be->release(be, part);
+    EXPECT(memcmp(x, y, (size_t)n * sizeof(float)) == 0,
+           "n %d p %g: the offset split with offset_dev draws another mask", n, p);
+
     // p = 0 is the identity.
     memcpy(y, x0, (size_t)n * sizeof(float));
-    be->dropout(be, y, n, 0.0f, seed, offset);
+    be->dropout(be, y, n, 0.0f, seed, offset, NULL);
     EXPECT(memcmp(x0, y, (size_t)n * sizeof(float)) == 0, "p = 0 must not change x");
     free(x0), free(x), free(g0), free(g), free(y);
 }
@@ -1012,6 +1022,35 @@ static void test_dropout(float attn_p, float resid_p) {
     case_close(&c);
 }
 
+// gpt_set_rng_base (the counter CUDA graphs read): micro-step s counted from base draws the masks
+// of micro-step base + s set alone, in forward and backward, also across the 2^64 wrap.
+static void test_dropout_base(void) {
+    Config run;
+    config_defaults(&run);
+    run.attention.dropout = 0.2f;
+    run.model.dropout = 0.2f;
+    ModelCase c;
+    case_open(&c, POS_LEARNED, &run, 23, 24);
+    float *g0 = case_grads(&c), *g1 = case_grads(&c);
+    gpt_set_rng_step(c.m, 3);
+    gpt_zero_grad(c.m);
+    const float l_plain = forward_backward(c.m, &c, 1.0f, g0);
+    const uint64_t base = ((uint64_t)1 << 63) + 11;
+    gpt_set_rng_base(c.m, base);
+    gpt_set_rng_step(c.m, 3 - base);
+    gpt_zero_grad(c.m);
+    const float l_base = forward_backward(c.m, &c, 1.0f, g1);
+    EXPECT(l_base == l_plain && memcmp(g0, g1, c.n * sizeof(float)) == 0,
+           "base + step must draw the masks of the step alone: loss %.7f vs %.7f", l_base, l_plain);
+    gpt_set_rng_step(c.m, 4 - base);
+    gpt_zero_grad(c.m);
+    const float l_next = forward_backward(c.m, &c, 1.0f, g1);
+    EXPECT(l_next != l_plain, "the next micro-step from the base must draw other masks");
+    free(g0);
+    free(g1);
+    case_close(&c);
+}
+
 // train.recompute: recomputing activations in backward (with the forward's dropout masks) gives
 // bitwise the gradients of keeping them, since every CPU op is deterministic.
 static void test_recompute(const char *mode, PosEmbedding pos, DocMode docs) {
@@ -1220,6 +1259,7 @@ int main(void) {
     TEST_CASE("gpt attention dropout", test_dropout(0.3f, 0.0f));
     TEST_CASE("gpt residual dropout", test_dropout(0.0f, 0.3f));
     TEST_CASE("gpt attention and residual dropout", test_dropout(0.2f, 0.2f));
+    TEST_CASE("gpt dropout counted from a base in backend memory", test_dropout_base());
     TEST_CASE("gpt recompute attn_gelu == none", test_recompute("attn_gelu", POS_LEARNED, SINGLE_DOC));
     TEST_CASE("gpt recompute block == none", test_recompute("block", POS_LEARNED, SINGLE_DOC));
     TEST_CASE("gpt recompute block == none (rope, packed documents)",

@@ -150,9 +150,6 @@ static const char *graph_obstacle(const Trainer *t, const Config *c, const Backe
         return "with several ranks the loss, the gradient norm and the stop requests are "
                "all-reduced on the host between backward and AdamW";
     if (c->attention.doc_mask) return "attention.doc_mask finds each batch's documents on the host";
-    if (c->model.dropout > 0 || c->attention.dropout > 0)
-        return "dropout (model.dropout, attention.dropout) draws each micro-step's masks from a "
-               "Philox offset the kernels take as an argument, which a replay would repeat";
     return NULL;
 }
 
@@ -384,15 +381,17 @@ static StepStats host_step(Trainer *t, long long step, NextBatchFn next, void *c
 // ---- steps decided on the device ----
 
 // The step's kernels: forward and backward of every staged micro-batch (host: their host copy),
-// then the optimizer's device decisions and AdamW. Run as is, or recorded into the graph.
-static void device_body(Trainer *t, StepStats *st, long long step, const int *host, float scale) {
+// then the optimizer's device decisions and AdamW. Run as is, or recorded into the graph. The
+// dropout masks of micro-batch k are those of micro-step step * accum + k (host_step's with one
+// rank): k counts from the base device_step wrote, which the kernels read when they run.
+static void device_body(Trainer *t, StepStats *st, const int *host, float scale) {
     GPT *m = t->m;
     const int accum = t->c.train.grad_accum;
     const size_t per = (size_t)2 * t->B * t->T;   // ints per micro-batch
     double t0 = now_seconds();
     gpt_zero_grad(m);
     for (int k = 0; k < accum; k++) {
-        gpt_set_rng_step(m, (uint64_t)step * (uint64_t)accum + (uint64_t)k);
+        gpt_set_rng_step(m, (uint64_t)k);
         t->n_valid[k] = gpt_forward_async(m, host + k * per, t->dev_batch + k * per, t->B, t->T,
                                           t->opt->dev_loss(t->opt));
         gpt_backward(m, scale / (float)accum);
@@ -407,7 +406,7 @@ static void device_body(Trainer *t, StepStats *st, long long step, const int *ho
 // targets, which the backward divides by. The first step runs without one, so every workspace
 // has its size before a capture. A capture the device refuses ends the graphs with a notice
 // (train.cuda_graph = on: exit 1) and the step runs without.
-static int graph_ready(Trainer *t, StepStats *st, long long step, const int *host, float scale) {
+static int graph_ready(Trainer *t, StepStats *st, const int *host, float scale) {
     if (!t->graphs || t->timing) return 0;
     if (!t->warm) {
         t->warm = 1;
@@ -430,7 +429,7 @@ static int graph_ready(Trainer *t, StepStats *st, long long step, const int *hos
     be->graph_free(be, t->graph);
     t->graph = NULL;
     if (be->capture_begin(be, err, sizeof err) == 0) {
-        device_body(t, st, step, host, scale);
+        device_body(t, st, host, scale);
         t->graph = be->capture_end(be, err, sizeof err);
     }
     if (!t->graph) {
@@ -471,15 +470,16 @@ static void device_step(Trainer *t, long long step, NextBatchFn next, void *ctx,
         be->upload_async(be, t->dev_batch + k * per, h, per * sizeof(int), half);
     }
     o->dev_begin(o, st->lr, (int)(t->launched % TRAINER_MAX_PENDING));
+    gpt_set_rng_base(t->m, (uint64_t)step * (uint64_t)accum);
     const float scale = st->loss_scale;
-    int replayed = graph_ready(t, st, step, host, scale) && be->graph_launch(be, t->graph) == 0;
+    int replayed = graph_ready(t, st, host, scale) && be->graph_launch(be, t->graph) == 0;
     if (!replayed && t->graph) {   // stale: an op between steps grew a workspace it recorded
         be->graph_free(be, t->graph);
         t->graph = NULL;
-        replayed = graph_ready(t, st, step, host, scale) && be->graph_launch(be, t->graph) == 0;
+        replayed = graph_ready(t, st, host, scale) && be->graph_launch(be, t->graph) == 0;
     }
     if (replayed) t->replays++;
-    else device_body(t, st, step, host, scale);
+    else device_body(t, st, host, scale);
     st->stop = t->stop_poll && t->stop_poll();
 }
 

@@ -100,12 +100,13 @@ StepStats trainer_step(Trainer *t, long long step, NextBatchFn next, void *ctx);
 // exception: the backward's scale is a kernel argument, so each launch first reads the scale
 // the step before decided (a wait for the device).
 // train.cuda_graph: the second such step is captured as one CUDA graph (forward and backward of
-// every micro-batch, the norm, the scaler, clipping, AdamW) and every later one replays it: lr
-// and the record slot reach the device through a small kernel before the replay, the batches
-// through the asynchronous copies, the step count and the scaler live on the device. The graph
-// is captured again when a host value baked into it changes (the loss scale, a micro-batch's
-// count of counted targets). Without graphs the same kernels run in the same order, so the
-// numbers are bitwise those of a replay. Elsewhere (the cpu backend, several ranks, doc_mask)
+// every micro-batch, the norm, the scaler, clipping, AdamW) and every later one replays it: lr,
+// the record slot and the dropout masks' micro-step base (gpt_set_rng_base: the masks host_step
+// draws) reach the device through small kernels before the replay, the batches through the
+// asynchronous copies, the step count and the scaler live on the device. The graph is captured
+// again when a host value baked into it changes (the loss scale, a micro-batch's count of
+// counted targets). Without graphs the same kernels run in the same order, so the numbers are
+// bitwise those of a replay. Elsewhere (the cpu backend, several ranks, doc_mask)
 // trainer_launch runs trainer_step's host-decided step and keeps its numbers for
 // trainer_collect.
 #define TRAINER_MAX_PENDING 256

@@ -91,6 +91,8 @@ static void cpu_fill_f32(Backend *be, float *p, float value, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = value;
 }
 
+static void cpu_set_u64(Backend *be, uint64_t *p, uint64_t value) { *p = value; }
+
 Backend *backend_cpu_create(void) {
     // OpenMP threads run every op, each sgemm on its own slice (see ops_cpu_matmul.c); OpenBLAS
     // spawning a second pool of threads would fight them for the cores.
@@ -132,6 +134,7 @@ Backend *backend_cpu_create(void) {
     be->upload_async = cpu_upload_async;
     be->upload_wait = cpu_upload_wait;
     be->loss_mean_add = cpu_loss_mean_add;
+    be->set_u64 = cpu_set_u64;
     be->capture_begin = cpu_capture_begin;
     be->capture_end = cpu_capture_end;
     be->graph_launch = cpu_graph_launch;

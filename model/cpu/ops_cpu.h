@@ -32,7 +32,8 @@ void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *d
                          const void *pre, const void *inp, const void *w, int N, int C, int OC,
                          Epilogue epi);
 // ops_cpu_dropout.c
-void cpu_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);
+void cpu_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
+                 const uint64_t *offset_dev);
 // ops_cpu_rope.c
 void cpu_rope_forward(Backend *be, void *qkv, const float *table, const int *pos, int N, int T,
                       int NH, int NKV, int HS);

@@ -5,8 +5,10 @@
 #include "model/dropout.h"
 #include "model/cpu/ops_cpu.h"
 
-void cpu_dropout(Backend *be, void *x_, size_t n, float p, uint64_t seed, uint64_t offset) {
+void cpu_dropout(Backend *be, void *x_, size_t n, float p, uint64_t seed, uint64_t offset,
+                 const uint64_t *offset_dev) {
     if (p <= 0.0f) return;
+    if (offset_dev) offset += *offset_dev;
     if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cpu dropout: p = %g must be below 1", (double)p);
     float *x = x_;   // (n)
     const uint32_t thresh = dropout_threshold(p);

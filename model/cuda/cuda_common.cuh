@@ -172,7 +172,8 @@ void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *
                           Epilogue epi);
 
 // ops_cuda_dropout.cu
-void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset);
+void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
+                  const uint64_t *offset_dev);
 
 // ops_cuda_async.cu
 void *cuda_host_alloc(Backend *be, size_t bytes);
@@ -181,6 +182,7 @@ void cuda_upload_async(Backend *be, void *dst, const void *host, size_t bytes, i
 void cuda_upload_wait(Backend *be, int slot);
 void cuda_loss_mean_add(Backend *be, double *acc, const float *losses, const int *targets, int N,
                         int n_valid);
+void cuda_set_u64(Backend *be, uint64_t *p, uint64_t value);
 int cuda_capture_begin(Backend *be, char *err, size_t errlen);
 void *cuda_capture_end(Backend *be, char *err, size_t errlen);
 int cuda_graph_launch(Backend *be, void *graph);

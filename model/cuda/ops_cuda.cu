@@ -233,6 +233,7 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->upload_async = cuda_upload_async;
     be->upload_wait = cuda_upload_wait;
     be->loss_mean_add = cuda_loss_mean_add;
+    be->set_u64 = cuda_set_u64;
     be->capture_begin = cuda_capture_begin;
     be->capture_end = cuda_capture_end;
     be->graph_launch = cuda_graph_launch;

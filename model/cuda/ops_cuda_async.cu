@@ -1,6 +1,7 @@
 // ops_cuda_async: what a training step without host waits needs from the CUDA backend:
 // page-locked host memory and asynchronous uploads behind two fences, the device sum of a
-// micro-batch's losses, and CUDA graphs (capture of the stream's ops, replay).
+// micro-batch's losses, the write of a per-step number a graph reads, and CUDA graphs (capture
+// of the stream's ops, replay).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,14 @@ void cuda_loss_mean_add(Backend *be, double *acc, const float *losses, const int
     if (n_valid == 0) return;
     loss_mean_add_kernel<<<1, LOSS_THREADS, 0, cuda_ctx(be)->stream>>>(acc, losses, targets, N,
                                                                        n_valid);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// The value travels as the kernel's argument, so the host needs no memory that outlives the call.
+__global__ void set_u64_kernel(uint64_t *p, uint64_t value) { *p = value; }
+
+void cuda_set_u64(Backend *be, uint64_t *p, uint64_t value) {
+    set_u64_kernel<<<1, 1, 0, cuda_ctx(be)->stream>>>(p, value);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,28 +9,30 @@
 
 template <typename T>
 __global__ void dropout_kernel(T *x, size_t n, uint32_t thresh, float scale, uint64_t seed,
-                               uint64_t offset) {
+                               uint64_t offset, const uint64_t *offset_dev) {
     const size_t blk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t e0 = blk * 4;
     if (e0 >= n) return;
-    const Philox4 r = dropout_block(seed, offset, blk);
+    const Philox4 r = dropout_block(seed, offset + (offset_dev ? *offset_dev : 0), blk);
     for (int j = 0; j < 4 && e0 + j < n; j++)   // NaN stays NaN, as in PyTorch
         x[e0 + j] = from_f32<T>(to_f32(x[e0 + j]) * (r.x[j] >= thresh ? scale : 0.0f));
 }
 
 static void launch_dropout(Backend *be, void *x, size_t n, uint32_t thresh, float scale,
-                           uint64_t seed, uint64_t offset) {
+                           uint64_t seed, uint64_t offset, const uint64_t *offset_dev) {
     const long long n_blk = (long long)((n + 3) / 4);
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
         dropout_kernel<E><<<cdiv(n_blk, DROPOUT_THREADS), DROPOUT_THREADS, 0,
-                            cuda_ctx(be)->stream>>>((E *)x, n, thresh, scale, seed, offset);
+                            cuda_ctx(be)->stream>>>((E *)x, n, thresh, scale, seed, offset,
+                                                    offset_dev);
     });
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset) {
+void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
+                  const uint64_t *offset_dev) {
     if (n == 0 || p <= 0.0f) return;
     if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cuda dropout: p = %g must be below 1", (double)p);
-    launch_dropout(be, x, n, dropout_threshold(p), 1.0f / (1.0f - p), seed, offset);
+    launch_dropout(be, x, n, dropout_threshold(p), 1.0f / (1.0f - p), seed, offset, offset_dev);
 }

@@ -2,9 +2,9 @@
 // reference (attn_*_cpu, fp32) and a float64 reference, over odd shapes, GQA, strided fused QKV,
 // windows, ALiBi (per head, or per batch row and head), documents, dropout, fully masked rows,
 // causal T_q > T_k, soft-capping (sm90 family and naive path) and the deterministic mode, the
-// dropout masks the kernels draw (read back bit by bit, forward and backward on either family),
-// and a problem split
-// into chunk pairs as context parallelism's ring runs it (explicit positions, strided LSE,
+// dropout masks the kernels draw (read back bit by bit, forward and backward on either family
+// and on the naive path, with the offset as an argument and split with device memory), and a
+// problem split into chunk pairs as context parallelism's ring runs it (explicit positions, strided LSE,
 // gradients accumulated in fp32), on the kernel family attn_select_kernel picks (a context of
 // kernel auto) and again on a context of kernel sm80; then the context's own refusals, which
 // leave the process running.
@@ -770,12 +770,16 @@ static void test_refusals(AttnContext *ctx) {
 // ---- the features on the sm90 family ------------------------------------------------------
 
 // Dropout masks of the kernels themselves, read back bit by bit for a forward on family f and a
-// backward on family g (every pair): with q = k = 0 every visible probability is 1 / T_k, v the
-// identity (key j in column j) and dout the identity (query i in column i), out[b, i, h, j] and
-// dv[b, j, h, i] are keep(b, h, i, j) / ((1 - p) T_k) or exactly 0. Both must equal
-// attn_dropout_keep at every element (T_k odd: Philox blocks straddle rows), and the keep rate
-// must be 1 - p within 5 standard deviations.
-static void dropout_masks_case(AttnContext *const ctxs[2], int B, int NH, int T_q, int T_k, int HS, float drop) {
+// backward on family g (every pair of the flash families, and the naive path with itself): with
+// q = k = 0 every visible probability is 1 / T_k, v the identity (key j in column j) and dout the
+// identity (query i in column i), out[b, i, h, j] and dv[b, j, h, i] are keep(b, h, i, j) /
+// ((1 - p) T_k) or exactly 0. Both must equal attn_dropout_keep at every element (T_k odd:
+// Philox blocks straddle rows), and the keep rate must be 1 - p within 5 standard deviations.
+// dev_part != 0: the kernels get the offset as 3 - dev_part plus dev_part in device memory
+// (offset_dev, a CUDA graph's per-step counter), and must draw offset 3's masks.
+static const char *const MASK_FAMILY[3] = {"auto", "sm80", "naive"};
+static void dropout_masks_case(AttnContext *const ctxs[2], int B, int NH, int T_q, int T_k, int HS, float drop,
+                               uint64_t dev_part) {
     char err[ERR_LEN];
     const DType dt = DTYPE_BF16;
     AttnStrides sq = {(int64_t)T_q * NH * HS, NH * HS, HS}, sk = {(int64_t)T_k * NH * HS, NH * HS, HS};
@@ -803,11 +807,21 @@ static void dropout_masks_case(AttnContext *const ctxs[2], int B, int NH, int T_
     p.q_st = p.o_st = p.do_st = p.dq_st = sq;
     p.k_st = p.v_st = p.dk_st = p.dv_st = sk;
     CUDA_OK(cudaMalloc((void **)&p.lse, (size_t)B * NH * T_q * sizeof(float)));
+    const AttnParams ref = p;  // the host's view of the draws: offset 3 as an argument
+    uint64_t *part = NULL;
+    if (dev_part) {
+        CUDA_OK(cudaMalloc((void **)&part, sizeof *part));
+        CUDA_OK(cudaMemcpy(part, &dev_part, sizeof *part, cudaMemcpyHostToDevice));
+        p.offset = 3 - dev_part;
+        p.offset_dev = part;
+    }
     const float half = 0.5f / ((1.0f - drop) * T_k);
-    for (int f = 0; f < 2; f++)
-        for (int g = 0; g < 2; g++) {
-            EXPECT(attn_forward(ctxs[f], &p, err, sizeof err) == 0, "dropout masks: forward refused: %s", err);
-            EXPECT(attn_backward(ctxs[g], &p, err, sizeof err) == 0, "dropout masks: backward refused: %s", err);
+    for (int f = 0; f < 3; f++)
+        for (int g = 0; g < 3; g++) {
+            if ((f == 2) != (g == 2)) continue;
+            p.impl = f == 2 ? ATTN_IMPL_NAIVE : ATTN_IMPL_FLASH;
+            EXPECT(attn_forward(ctxs[f == 1], &p, err, sizeof err) == 0, "dropout masks: forward refused: %s", err);
+            EXPECT(attn_backward(ctxs[g == 1], &p, err, sizeof err) == 0, "dropout masks: backward refused: %s", err);
             CUDA_OK(cudaDeviceSynchronize());
             download(out.h, out.d, nq, dt);
             download(dv.h, dv.d, nk, dt);
@@ -816,29 +830,33 @@ static void dropout_masks_case(AttnContext *const ctxs[2], int B, int NH, int T_
                 for (int h = 0; h < NH; h++)
                     for (int i = 0; i < T_q; i++)
                         for (int j = 0; j < T_k; j++, n++) {
-                            const int keep = attn_dropout_keep(&p, b, h, i, j);
+                            const int keep = attn_dropout_keep(&ref, b, h, i, j);
                             kept += keep;
                             bad_fwd += (at(&out, b, i, h)[j] > half) != keep;
                             bad_bwd += (at(&dv, b, j, h)[i] > half) != keep;
                         }
             EXPECT(bad_fwd == 0 && bad_bwd == 0,
-                   "dropout masks, forward on %s and backward on %s (HS %d, T_k %d): %ld / %ld forward and %ld "
-                   "backward elements differ from attn_dropout_keep",
-                   f ? "sm80" : "auto", g ? "sm80" : "auto", HS, T_k, bad_fwd, n, bad_bwd);
+                   "dropout masks, forward on %s and backward on %s (HS %d, T_k %d, offset %s): %ld / %ld "
+                   "forward and %ld backward elements differ from attn_dropout_keep",
+                   MASK_FAMILY[f], MASK_FAMILY[g], HS, T_k, dev_part ? "split with device memory" : "an argument",
+                   bad_fwd, n, bad_bwd);
             const double rate = (double)kept / n, sd = sqrt(drop * (1.0 - drop) / n);
             EXPECT(fabs(rate - (1.0 - drop)) < 5 * sd, "dropout masks: keep rate %.5f, expected %.5f +- %.5f", rate,
                    1.0 - drop, 5 * sd);
         }
     CUDA_OK(cudaFree(p.lse));
+    if (part) CUDA_OK(cudaFree(part));
     Buf *all[8] = {&q, &k, &v, &out, &dout, &dq, &dk, &dv};
     for (int i = 0; i < 8; i++) buf_free(all[i]);
 }
 static void test_dropout_masks(AttnContext *const ctxs[2]) {
-    dropout_masks_case(ctxs, 2, 2, 64, 63, 64, 0.3f);
-    dropout_masks_case(ctxs, 1, 3, 127, 125, 128, 0.1f);
-    dropout_masks_case(ctxs, 2, 2, 31, 29, 32, 0.3f);
-    dropout_masks_case(ctxs, 1, 2, 90, 95, 96, 0.2f);
-    dropout_masks_case(ctxs, 1, 2, 250, 253, 256, 0.15f);
+    dropout_masks_case(ctxs, 2, 2, 64, 63, 64, 0.3f, 0);
+    dropout_masks_case(ctxs, 1, 3, 127, 125, 128, 0.1f, 0);
+    dropout_masks_case(ctxs, 2, 2, 31, 29, 32, 0.3f, 0);
+    dropout_masks_case(ctxs, 1, 2, 90, 95, 96, 0.2f, 0);
+    dropout_masks_case(ctxs, 1, 2, 250, 253, 256, 0.15f, 0);
+    dropout_masks_case(ctxs, 2, 2, 64, 63, 64, 0.3f, ((uint64_t)7 << 40) + 12345);
+    dropout_masks_case(ctxs, 1, 3, 127, 125, 128, 0.1f, ((uint64_t)1 << 63) + 1);   // 3 - part wraps
 }
 
 // Soft-capping runs on the sm90 family (and the naive path) only: on Hopper the cases below run
@@ -1008,7 +1026,8 @@ int main(int argc, char **argv) {
         }
     }
     TEST_CASE("refusals return a status and leave the process running", test_refusals(ctxs[0]));
-    TEST_CASE("dropout masks of every forward/backward family pair equal attn_dropout_keep", test_dropout_masks(ctxs));
+    TEST_CASE("dropout masks of every forward/backward family pair equal attn_dropout_keep (offset as an argument, "
+              "and split with device memory)", test_dropout_masks(ctxs));
     AttnContext *sm90 = attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_SM90, err, sizeof err);
     if (!quick) TEST_CASE("softcap on the sm90 family, refused on sm80", test_softcap_families(sm90, ctxs[1], &rng));
     attn_context_destroy(sm90);

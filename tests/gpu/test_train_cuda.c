@@ -4,11 +4,15 @@
 // bitwise), bitwise identical losses of two identical runs (attention.deterministic), and exact
 // resume through a checkpoint (save at step k, load into a fresh model, continue: the same
 // losses bitwise), and train.cuda_graph: 20 replayed steps bitwise those launched kernel by
-// kernel (bf16, fp16 with an injected overflow inside the graph, fp32, gradient accumulation),
-// dropout falling back to no graph under auto, and steps collected after several launches.
+// kernel (bf16, fp16 with an injected overflow inside the graph, fp32, gradient accumulation,
+// attention and model dropout), auto replaying with dropout, and steps collected after several
+// launches. With dropout the fp32 loss curve runs as graph replays (the masks' micro-step from
+// the device counter) against the CPU's host-decided steps: a mask that differs anywhere moves
+// the loss by far more than the tolerance.
 //
 // Loss-curve tolerance, relative per step, derived as in tests/gpu/test_ops_cuda.c: the forward
-// chains S = 2 + 9L + 1 rounding stages, each off by at most u (the dtype's unit roundoff) plus
+// chains S = 2 + 9L + 1 rounding stages (2L + 1 more with model.dropout: each residual dropout
+// site rounds once to the dtype), each off by at most u (the dtype's unit roundoff) plus
 // the fp32 K-term sum difference 4 sqrt(K) 2^-24 (K = 4C, the longest sum); independent roundings
 // add in quadrature, so 3 sqrt(S) (u + k_term) is a > 5 sigma bound on one forward's loss. Both
 // runs start from the same (dtype-rounded) weights and AdamW normalises every update to about lr
@@ -100,9 +104,11 @@ static void run_steps(Trainer *t, long long from, long long to, Rng *data, float
     }
 }
 
-static void test_loss_curve(DType dt) {
+static void test_loss_curve(DType dt, float dropout) {
     Config c;
     small_config(&c, dt);
+    c.attention.dropout = dropout;
+    c.model.dropout = dropout;
     Backend *gpu = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO), *cpu = backend_cpu_create();
     GPT *mg, *mc;
     const size_t n = num_params(&c);
@@ -122,8 +128,11 @@ static void test_loss_curve(DType dt) {
     rng_seed(&dc, 7);
     run_steps(tg, 0, STEPS, &dg, lg);
     run_steps(tc, 0, STEPS, &dc, lc);
+    EXPECT(trainer_graph_replays(tg) == STEPS - 1, "%s dropout %g: %lld of %d steps replayed the "
+           "graph (train.cuda_graph = auto)", dtype_name(dt), dropout, trainer_graph_replays(tg),
+           STEPS);
 
-    const int S = 2 + 9 * c.model.n_layer + 1;
+    const int S = 2 + 9 * c.model.n_layer + 1 + (dropout > 0 ? 2 * c.model.n_layer + 1 : 0);
     const double k_term = 4.0 * sqrt(4.0 * c.model.n_embd) * U_F32;
     const double tol = 3.0 * sqrt((double)S) * (dtype_unit_roundoff(dt) + k_term);
     double worst = 0;
@@ -132,9 +141,9 @@ static void test_loss_curve(DType dt) {
         const double rel = fabs((double)lg[s] - lc[s]) / fabs((double)lc[s]);
         if (isnan(rel) || rel > worst) worst = rel, worst_step = s;   // NaN (a skipped step) ends it
     }
-    printf("    %-5s loss step 0 gpu %.5f cpu %.5f, step %d gpu %.5f cpu %.5f; worst rel diff %.2e at "
-           "step %d (tol %.2e)\n", dtype_name(dt), lg[0], lc[0], STEPS - 1, lg[STEPS - 1],
-           lc[STEPS - 1], worst, worst_step, tol);
+    printf("    %-5s dropout %g: loss step 0 gpu %.5f cpu %.5f, step %d gpu %.5f cpu %.5f; worst rel "
+           "diff %.2e at step %d (tol %.2e)\n", dtype_name(dt), dropout, lg[0], lc[0], STEPS - 1,
+           lg[STEPS - 1], lc[STEPS - 1], worst, worst_step, tol);
     EXPECT(worst <= tol, "%s loss curve: step %d gpu %g cpu %g (rel %.2e > %.2e)", dtype_name(dt),
            worst_step, lg[worst_step], lc[worst_step], worst, tol);
     EXPECT(lc[STEPS - 1] < 0.7f * lc[0], "the chain task is partly learnt in %d steps (%g -> %g)",
@@ -313,10 +322,14 @@ static void graph_run(const Config *base, CudaGraphMode mode, int overflow_at, G
     free(w);
 }
 
-static void test_graph_bitwise(DType dt, int accum, int overflow_at) {
+// dropout > 0: attention.dropout and model.dropout both, so every mask of the step (attention
+// probabilities, embeddings, branch outputs) comes from the counter the replay reads.
+static void test_graph_bitwise(DType dt, int accum, int overflow_at, float dropout) {
     Config c;
     small_config(&c, dt);
     c.train.grad_accum = accum;
+    c.attention.dropout = dropout;
+    c.model.dropout = dropout;
     c.train.steps = GRAPH_STEPS;
     c.precision.loss_scale_window = 3;   // fp16: the scale also grows, a new graph each time
     const size_t n = num_params(&c);
@@ -331,8 +344,8 @@ static void test_graph_bitwise(DType dt, int accum, int overflow_at) {
                          on.scale[s] == off.scale[s] && on.skipped[s] == off.skipped[s];
         if (!same && first_diff < 0) first_diff = s;
     }
-    printf("    %-5s accum %d: %lld replays, %d skipped steps, step %d loss %.6f norm %.4f scale "
-           "%g\n", dtype_name(dt), accum, on.replays, skipped, GRAPH_STEPS - 1,
+    printf("    %-5s accum %d dropout %g: %lld replays, %d skipped steps, step %d loss %.6f norm "
+           "%.4f scale %g\n", dtype_name(dt), accum, dropout, on.replays, skipped, GRAPH_STEPS - 1,
            on.loss[GRAPH_STEPS - 1], on.norm[GRAPH_STEPS - 1], on.scale[GRAPH_STEPS - 1]);
     // Every step after the first (the warm-up) replays, the ones after a capture included.
     EXPECT(on.replays == GRAPH_STEPS - 1 && off.replays == 0, "%lld replays with graphs on "
@@ -357,18 +370,21 @@ static void test_graph_bitwise(DType dt, int accum, int overflow_at) {
     free(on.master), free(on.params), free(off.master), free(off.params);
 }
 
-// Dropout takes its Philox offsets as kernel arguments, so auto runs it without a graph: the
-// same numbers as cuda_graph = off, and the masks still differ per step (the loss moves).
+// Dropout reads its masks' micro-step from device memory, so auto replays the graph with it:
+// the same numbers as cuda_graph = off. A replay that repeated one step's masks would still
+// match off only if off repeated them too; the CPU loss curve with dropout rules that out.
 static void test_graph_dropout_auto(void) {
     Config c;
     small_config(&c, DTYPE_BF16);
     c.model.dropout = 0.1f;
+    c.attention.dropout = 0.1f;
     c.train.steps = GRAPH_STEPS;
     GraphRun a, off;
     graph_run(&c, CUDA_GRAPH_AUTO, -1, &a);
     graph_run(&c, CUDA_GRAPH_OFF, -1, &off);
     const size_t n = num_params(&c);
-    EXPECT(a.replays == 0, "dropout replayed %lld steps", a.replays);
+    EXPECT(a.replays == GRAPH_STEPS - 1, "dropout under auto: %lld replays, expected %d",
+           a.replays, GRAPH_STEPS - 1);
     EXPECT(memcmp(a.loss, off.loss, sizeof a.loss) == 0 &&
                memcmp(a.master, off.master, n * sizeof(float)) == 0,
            "dropout: auto and off differ (step %d loss %.9g vs %.9g)", GRAPH_STEPS - 1,
@@ -416,18 +432,23 @@ int main(int argc, char **argv) {
         TEST_CASE("exact resume bf16", test_resume(DTYPE_BF16));
         return TEST_SUMMARY();
     }
-    TEST_CASE("loss curve fp32 vs cpu", test_loss_curve(DTYPE_F32));
-    TEST_CASE("loss curve bf16 vs cpu", test_loss_curve(DTYPE_BF16));
+    TEST_CASE("loss curve fp32 vs cpu", test_loss_curve(DTYPE_F32, 0.0f));
+    TEST_CASE("loss curve bf16 vs cpu", test_loss_curve(DTYPE_BF16, 0.0f));
+    TEST_CASE("loss curve fp32 vs cpu, dropout, graph replays", test_loss_curve(DTYPE_F32, 0.1f));
     TEST_CASE("fp16 overflow skips the step", test_fp16_overflow());
     TEST_CASE("deterministic bf16", test_determinism(DTYPE_BF16));
     TEST_CASE("deterministic fp16", test_determinism(DTYPE_F16));
     TEST_CASE("exact resume bf16", test_resume(DTYPE_BF16));
     TEST_CASE("exact resume fp16", test_resume(DTYPE_F16));
-    TEST_CASE("graph = no graph, bf16", test_graph_bitwise(DTYPE_BF16, 1, -1));
-    TEST_CASE("graph = no graph, bf16, grad_accum 3", test_graph_bitwise(DTYPE_BF16, 3, -1));
-    TEST_CASE("graph = no graph, fp16 with an overflow", test_graph_bitwise(DTYPE_F16, 2, 6));
-    TEST_CASE("graph = no graph, fp32", test_graph_bitwise(DTYPE_F32, 2, -1));
-    TEST_CASE("dropout: auto runs without graph", test_graph_dropout_auto());
+    TEST_CASE("graph = no graph, bf16", test_graph_bitwise(DTYPE_BF16, 1, -1, 0.0f));
+    TEST_CASE("graph = no graph, bf16, grad_accum 3", test_graph_bitwise(DTYPE_BF16, 3, -1, 0.0f));
+    TEST_CASE("graph = no graph, fp16 with an overflow", test_graph_bitwise(DTYPE_F16, 2, 6, 0.0f));
+    TEST_CASE("graph = no graph, fp32", test_graph_bitwise(DTYPE_F32, 2, -1, 0.0f));
+    TEST_CASE("graph = no graph, bf16, dropout, grad_accum 3",
+              test_graph_bitwise(DTYPE_BF16, 3, -1, 0.1f));
+    TEST_CASE("graph = no graph, fp16 with an overflow, dropout",
+              test_graph_bitwise(DTYPE_F16, 2, 6, 0.1f));
+    TEST_CASE("dropout: auto replays the graph", test_graph_dropout_auto());
     TEST_CASE("launched steps collected later", test_collect_later());
     return TEST_SUMMARY();
 }
