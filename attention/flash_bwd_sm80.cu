@@ -1,5 +1,6 @@
 // flash_bwd_sm80: the FlashAttention-2 backward for sm80+. Three launches:
-//   preprocess  D = rowsum(dO * O) (B, NH, T_q) fp32, and zeroing of the fp32 dQ accumulator;
+//   preprocess  D = rowsum(dO * O) (B, NH, T_q) fp32, and zeroing of the fp32 dQ accumulator
+//               (each left out where the caller holds it: AttnParams.dsum, dq_accum);
 //   main        one block per (key tile, KV head, batch row): recomputes P from the saved LSE for
 //               every query tile of every query head sharing the KV head, accumulates dK and dV in
 //               registers (so GQA sums without a reduction pass) and adds dS K into dQ with atomics;
@@ -53,8 +54,8 @@ void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cud
     constexpr int THREADS = 256;
     const int64_t rows = (int64_t)p.B * p.NH * p.T_q;
     const unsigned blocks = (unsigned)((rows * (p.HS / 8) + THREADS - 1) / THREADS);
-    if (p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, THREADS, 0, s>>>(p, dsum);
-    else bwd_dsum_kernel<T, 128><<<blocks, THREADS, 0, s>>>(p, dsum);
+    if (dsum && p.HS == 64) bwd_dsum_kernel<T, 64><<<blocks, THREADS, 0, s>>>(p, dsum);
+    else if (dsum) bwd_dsum_kernel<T, 128><<<blocks, THREADS, 0, s>>>(p, dsum);
     if (dq_accum) cudaMemsetAsync(dq_accum, 0, attn_dq_acc_floats(&p) * sizeof(float), s);
 }
 
