@@ -418,8 +418,8 @@ static void add_returned(RingAttention *ra, const AttnParams *p, int s) {
     timed(ra, RING_ADD);
 }
 
-// Whether the backward calls share D through the kinds' buffers (the flash backward), and with
-// share_dq also their dQ accumulators (not the deterministic backward).
+// Whether the backward calls of a span kind can share its buffers (attention.h's dsum and
+// dq_accum: the flash backward; the dQ accumulator not with the deterministic one).
 static int share_dsum(const RingAttention *ra, const AttnParams *p) {
     AttnParams a = *p;
     a.dtype = ra->be->dtype;
