@@ -28,7 +28,8 @@ struct RingAttention {
     // Backward, per span kind (span_kind): the state its calls share (attention.h's dsum and
     // dq_accum), and the last call of each kind, whose params store the dQ accumulator.
     float *dsum[3];       // (B, NH, kind's queries) fp32 D
-    float *dq_acc[3];     // attn_dq_accum_floats of the kind's calls: their dQ summed
+    float *dq_acc[3];     // attn_dq_accum_floats of the kind's calls (largest batch): their dQ
+                          // summed; made on the kind's first use (most rings use two kinds)
     AttnParams kind_call[3];
     int kinds_used;       // bit k: kind k has run in the backward in hand
     // ring_attention_time: marks[i] follows the op of phase mark_phase[i] (i >= 1) of the call in
@@ -83,11 +84,8 @@ RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, i
     ra->out_acc = be->alloc(be, (size_t)B * T_local * ra->qw * sizeof(float));
     ra->part_out = be->alloc(be, (size_t)B * T_local * ra->qw * ra->ds);
     ra->part_lse = be->alloc(be, (size_t)B * NH * T_local * sizeof(float));
-    for (int k = 0; k < N_KINDS; k++) {
-        const AttnParams q = {.B = B, .T_q = k == KIND_ALL ? T_local : ra->c, .NH = NH, .HS = HS};
-        ra->dsum[k] = be->alloc(be, (size_t)B * NH * q.T_q * sizeof(float));
-        ra->dq_acc[k] = be->alloc(be, attn_dq_accum_floats(&q) * sizeof(float));
-    }
+    for (int k = 0; k < N_KINDS; k++)
+        ra->dsum[k] = be->alloc(be, (size_t)B * NH * (k == KIND_ALL ? T_local : ra->c) * sizeof(float));
     return ra;
 }
 
@@ -106,7 +104,7 @@ void ring_attention_free(RingAttention *ra) {
     be->release(be, ra->part_lse);
     for (int k = 0; k < N_KINDS; k++) {
         be->release(be, ra->dsum[k]);
-        be->release(be, ra->dq_acc[k]);
+        if (ra->dq_acc[k]) be->release(be, ra->dq_acc[k]);
     }
     for (int i = 0; i < ra->n_made; i++) be->mark_free(be, ra->marks[i]);
     free(ra->marks);
@@ -434,6 +432,11 @@ static void share_rows(RingAttention *ra, AttnParams *a, int k, int dq) {
     a->dsum = ra->dsum[k];
     a->dsum_ready = !first;
     if (dq) {
+        if (!ra->dq_acc[k]) {
+            AttnParams largest = *a;
+            largest.B = ra->B;
+            ra->dq_acc[k] = ra->be->alloc(ra->be, attn_dq_accum_floats(&largest) * sizeof(float));
+        }
         a->dq_accum = ra->dq_acc[k];
         if (first) zero(ra, ra->dq_acc[k], attn_dq_accum_floats(a) * sizeof(float));
     }

@@ -26,8 +26,9 @@
 //
 // Memory per rank: its own K/V block and two received ones of (B, T_local, 2 * NKV * HS), fp32
 // dK/dV (own, two outgoing, two incoming) of the same shape, an fp32 output and dQ of (B,
-// T_local, NH * HS), one partial output of the same shape, the kinds' dQ accumulators (twice the
-// fp32 dQ) and D (2 x (B, NH, T_local)): O(T / size).
+// T_local, NH * HS), one partial output of the same shape, D (2 x (B, NH, T_local)) and the
+// dQ accumulators of the kinds in use (the fp32 dQ's size for all the queries, half of it for
+// one half; under the causal zigzag those two): O(T / size).
 #pragma once
 #include <stddef.h>
 
