@@ -136,6 +136,22 @@ static AttnParams problem(const Case *c, const float *q, const float *k, const f
     return p;
 }
 
+// The backward of chunk ch (keys [start[ch], start[ch] + CHUNK[ch])) from out and lse,
+// accumulating into fp32 dq (B, TQ, NH, HS) and the chunk's rows of dk, dv (B, TK, NKV, HS).
+static AttnParams chunk_backward(const Case *c, const float *q, const float *k, const float *v,
+                                 const float *dout, const float *slopes, float *out, float *lse,
+                                 const int *start, int ch, float *dq, float *dk, float *dv) {
+    AttnParams p = problem(c, q, k, v, start[ch], CHUNK[ch], out, lse, slopes);
+    p.dout = dout;
+    p.dq = dq;
+    p.dk = dk + (size_t)start[ch] * NKV * HS;
+    p.dv = dv + (size_t)start[ch] * NKV * HS;
+    p.do_st = p.dq_st = p.o_st;
+    p.dk_st = p.dv_st = p.k_st;
+    p.accumulate = 1;
+    return p;
+}
+
 static void check(const AttnParams *p, int backward) {
     char err[512];
     if (attn_check(p, DEVICE_CPU, backward, err, sizeof err) != 0) fatal(EXIT_RUNTIME, "%s", err);
@@ -163,15 +179,7 @@ static void backward_shared(const Case *c, const char *order, const float *q, co
     AttnParams p;
     float *acc = NULL;
     for (int n = 0; n < NCHUNK; n++) {
-        const int ch = chunks[n];
-        p = problem(c, q, k, v, start[ch], CHUNK[ch], out, lse, slopes);
-        p.dout = dout;
-        p.dq = dq2;
-        p.dk = dk2 + (size_t)start[ch] * NKV * HS;
-        p.dv = dv2 + (size_t)start[ch] * NKV * HS;
-        p.do_st = p.dq_st = p.o_st;
-        p.dk_st = p.dv_st = p.k_st;
-        p.accumulate = 1;
+        p = chunk_backward(c, q, k, v, dout, slopes, out, lse, start, chunks[n], dq2, dk2, dv2);
         if (!acc) acc = xcalloc(attn_dq_accum_floats(&p), sizeof(float));
         p.dsum = dsum;
         p.dsum_ready = n > 0;
@@ -271,15 +279,8 @@ static void run_case(const Case *c) {
             }
         memset(dv, 0, nk * sizeof(float));
         for (int n = 0; n < NCHUNK; n++) {
-            const int ch = ORDERS[o][n];
-            AttnParams p = problem(c, q, k, v, start[ch], CHUNK[ch], acc_out, lse_dense, slopes);
-            p.dout = dout;
-            p.dq = dq;
-            p.dk = dk + (size_t)start[ch] * NKV * HS;
-            p.dv = dv + (size_t)start[ch] * NKV * HS;
-            p.do_st = p.dq_st = p.o_st;
-            p.dk_st = p.dv_st = p.k_st;
-            p.accumulate = 1;
+            AttnParams p = chunk_backward(c, q, k, v, dout, slopes, acc_out, lse_dense, start,
+                                          ORDERS[o][n], dq, dk, dv);
             check(&p, 1);
             attn_backward_cpu(&p);
         }
