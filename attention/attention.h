@@ -116,6 +116,20 @@ typedef struct {
     // added to offset when the kernel runs, so a captured CUDA graph replays with each step's
     // masks: the draws are those of offset + *offset_dev (mod 2^64) passed as offset alone.
     const uint64_t *offset_dev;
+    // --- backward over several key sets of the same queries (the flash backward only) ---
+    // Calls that share q, out, dout, lse and the query rows (each over other keys, with
+    // accumulate) may share their per-query work through caller memory instead of redoing it:
+    // dsum: NULL (each call computes D = rowsum(dO * O) into its workspace), or D (B, NH, T_q)
+    //   fp32 contiguous, computed into it by a call with dsum_ready 0 and read as it is by
+    //   calls with dsum_ready 1.
+    // dq_accum: NULL (dq is written by each call), or the caller's fp32 dQ accumulator of
+    //   attn_dq_accum_floats() floats (CUDA: 16-byte aligned), zeroed by the caller, in the
+    //   implementation's own layout: the call ADDS its dQ there and leaves dq alone, and
+    //   attn_dq_accum_store then writes dq once from the sum. Not with the deterministic
+    //   backward (its dQ kernel adds into an fp32 dq with accumulate instead).
+    float *dsum;
+    int dsum_ready;
+    float *dq_accum;
 } AttnParams;
 
 // The block size of block-sparse attention: a multiple of every flash tile along both axes
@@ -240,6 +254,13 @@ size_t attn_workspace_bytes(const AttnParams *p, Device dev);
 // deterministic backward).
 int attn_runs_naive(const AttnParams *p, Device dev);
 
+// Floats of p's dQ accumulator (AttnParams.dq_accum), on every device.
+size_t attn_dq_accum_floats(const AttnParams *p);
+// dq from p->dq_accum, the sum of the backward calls that added to it (p: one of those calls'
+// params): scale * accumulator into dq of dtype (overwritten), or with accumulate added to an
+// fp32 dq. On the context's device and stream. Returns 0, or -1 with err set.
+int attn_dq_accum_store(AttnContext *ctx, const AttnParams *p, char *err, size_t errlen);
+
 // The CPU reference itself (fp32), on params attn_check accepted: what attn_forward runs on a
 // CPU context, and what the oracle tests drive directly. impl picks the tiled flash version or
 // the materialised naive one. Returns 0, or -1 when the per-thread scratch memory (naive:
@@ -266,6 +287,8 @@ int attn_merge(AttnContext *ctx, const AttnParams *acc, const AttnParams *part, 
                size_t errlen);
 // The CPU merge itself, on params attn_merge accepted.
 void attn_merge_cpu(const AttnParams *acc, const AttnParams *part);
+// The CPU store of the dQ accumulator itself (attn_dq_accum_store), on params it accepted.
+void attn_dq_accum_store_cpu(const AttnParams *p);
 
 // Helpers shared by every implementation (attention/mask.c): whether key j is visible to query
 // i of batch row b under the params' causal/window/document rules and block mask (host lists).

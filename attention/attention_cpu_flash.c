@@ -249,6 +249,21 @@ typedef struct {
     float *D;              // (group, T_q) rowsum(dO * O) of each query head of the group
 } BackwardRows;
 
+// D of query head h (the hh-th of its group) in batch row b: the caller's rows of p->dsum
+// (attention.h), or this thread's.
+static float *head_dsum(const AttnParams *p, const BackwardRows *rows, int b, int h, int hh) {
+    if (p->dsum) return p->dsum + ((int64_t)b * p->NH + h) * p->T_q;
+    return rows->D + (int64_t)hh * p->T_q;
+}
+
+// Row (b, i, h) of the dQ that the backward adds scale * dS K into: dq, or the row of the caller's
+// accumulator (its CPU layout: (B, NH, T_q, HS) row-major), which holds dS K and is scaled once
+// when stored (attn_dq_accum_store_cpu).
+static float *dq_row(const AttnParams *p, int b, int i, int h) {
+    if (p->dq_accum) return p->dq_accum + (((int64_t)b * p->NH + h) * p->T_q + i) * p->HS;
+    return attn_cpu_row_mut(p->dq, p->dq_st, b, i, h);
+}
+
 // dV_acc += P_d^T dO, dS = P * (dP - D) (times the cap's derivative with softcap),
 // dK_acc += dS^T Q, dQ += scale * dS K for one (query tile, key tile) pair; w->s holds the
 // scores on entry, w->dcap their cap derivatives.
@@ -279,9 +294,10 @@ static void backward_pair(const AttnParams *p, FlashScratch *w, const float *D, 
     row_pointers(dorows, p->dout, p->do_st, b, i0, br, h);
     row_pointers(krows, p->k, p->k_st, b, j0, bc, g);
     float coef[FLASH_BR > FLASH_BC ? FLASH_BR : FLASH_BC];
+    const float dq_scale = p->dq_accum ? 1.0f : p->scale;
     for (int r = 0; r < br; r++) {  // dQ (br, HS) += scale * dS K
-        for (int c = 0; c < bc; c++) coef[c] = p->scale * w->dp[r * FLASH_BC + c];
-        axpy_rows(attn_cpu_row_mut(p->dq, p->dq_st, b, i0 + r, h), coef, krows, bc, HS);
+        for (int c = 0; c < bc; c++) coef[c] = dq_scale * w->dp[r * FLASH_BC + c];
+        axpy_rows(dq_row(p, b, i0 + r, h), coef, krows, bc, HS);
     }
     for (int c = 0; c < bc; c++) {  // dV (bc, HS) += P_d^T dO, dK (bc, HS) += dS^T Q (unscaled)
         for (int r = 0; r < br; r++) coef[r] = w->s[r * FLASH_BC + c];
@@ -299,14 +315,16 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
                                       p->T_k);
     for (int hh = 0; hh < group; hh++) {
         const int h = g * group + hh;
-        for (int i = 0; i < p->T_q; i++) {
+        float *D = head_dsum(p, rows, b, h, hh);
+        for (int i = 0; i < p->T_q && !p->dsum_ready; i++) {
             const float *o = attn_cpu_row(p->out, p->o_st, b, i, h);
             const float *dout = attn_cpu_row(p->dout, p->do_st, b, i, h);
             double dsum = 0.0;
             for (int d = 0; d < HS; d++) dsum += (double)dout[d] * o[d];
-            rows->D[(int64_t)hh * p->T_q + i] = (float)dsum;
-            if (!p->accumulate) memset(attn_cpu_row_mut(p->dq, p->dq_st, b, i, h), 0, sizeof(float) * HS);
+            D[i] = (float)dsum;
         }
+        for (int i = 0; i < p->T_q && !p->accumulate && !p->dq_accum; i++)
+            memset(attn_cpu_row_mut(p->dq, p->dq_st, b, i, h), 0, sizeof(float) * HS);
     }
     for (int j0 = 0; j0 < p->T_k; j0 += FLASH_BC) {
         const int bc = min_i(FLASH_BC, p->T_k - j0);
@@ -327,7 +345,7 @@ static void backward_kv_head(const AttnParams *p, FlashScratch *w, BackwardRows 
                 if (u.lo >= u.hi || u.hi <= j0 || u.lo >= j0 + bc) continue;  // fully masked pair
                 const int i0 = t * FLASH_BR, br = min_i(FLASH_BR, p->T_q - i0);
                 tile_scores(p, w->s, w->dcap, w->kt, b, h, i0, br, j0, bc, rows->rng + i0);
-                backward_pair(p, w, rows->D + (int64_t)hh * p->T_q, b, h, g, i0, br, j0, bc);
+                backward_pair(p, w, head_dsum(p, rows, b, h, hh), b, h, g, i0, br, j0, bc);
             }
         }
         for (int c = 0; c < bc; c++) {
@@ -365,4 +383,15 @@ int attn_cpu_flash_backward(const AttnParams *p) {
         scratch_free(&w);
     }
     return failed ? -1 : 0;
+}
+
+void attn_dq_accum_store_cpu(const AttnParams *p) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < p->B; b++)
+        for (int i = 0; i < p->T_q; i++)
+            for (int h = 0; h < p->NH; h++) {
+                const float *a = p->dq_accum + (((int64_t)b * p->NH + h) * p->T_q + i) * p->HS;
+                float *dq = attn_cpu_row_mut(p->dq, p->dq_st, b, i, h);
+                for (int d = 0; d < p->HS; d++) dq[d] = (p->accumulate ? dq[d] : 0.0f) + p->scale * a[d];
+            }
 }

@@ -128,18 +128,42 @@ static float *flash_ws_dsum(const AttnParams &p) {
     return flash_ws_dq_accum(p) + attn_dq_acc_floats(&p);
 }
 
+// The backward's per-query buffers, the caller's (AttnParams.dsum, dq_accum) or the workspace's.
+struct BwdRows {
+    float *dsum;      // D (B, NH, T_q)
+    float *dsum_out;  // where the preprocess computes D; NULL when the caller's is ready
+    float *dq_accum;  // the main kernel's fp32 dQ accumulator; NULL: deterministic (dQ kernel)
+    float *dq_ws;     // the workspace's accumulator when it is the one: zeroed by the
+                      // preprocess, converted into dq after the main kernel
+};
+
+static BwdRows bwd_rows(const AttnParams &p) {
+    BwdRows r;
+    r.dsum = p.dsum ? p.dsum : flash_ws_dsum(p);
+    r.dsum_out = p.dsum_ready ? NULL : r.dsum;
+    r.dq_ws = p.deterministic || p.dq_accum ? NULL : flash_ws_dq_accum(p);
+    r.dq_accum = p.dq_accum ? p.dq_accum : r.dq_ws;
+    return r;
+}
+
+// After the main kernel: dq from the workspace's accumulator, or the deterministic dQ kernel; a
+// caller's accumulator waits for attn_dq_accum_store.
+template <typename T, int HS, bool EXTRAS>
+static void bwd_finish(const AttnParams &p, const BwdRows &r, cudaStream_t s) {
+    if (r.dq_ws) flash_bwd_convert_dq<T>(p, r.dq_ws, s);
+    else if (!r.dq_accum) flash_bwd_dq_launch<T, HS, EXTRAS>(p, r.dsum, s);
+}
+
 template <typename T, int HS, bool EXTRAS>
 static void sm80_run(const AttnParams &p, int backward, cudaStream_t s) {
     if (!backward) {
         flash_fwd_launch<T, HS, EXTRAS>(p, s);
         return;
     }
-    float *dq_accum = p.deterministic ? NULL : flash_ws_dq_accum(p);
-    float *dsum = flash_ws_dsum(p);
-    flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
-    flash_bwd_launch<T, HS, EXTRAS>(p, dsum, dq_accum, s);
-    if (dq_accum) flash_bwd_convert_dq<T>(p, dq_accum, s);
-    else flash_bwd_dq_launch<T, HS, EXTRAS>(p, dsum, s);
+    const BwdRows r = bwd_rows(p);
+    flash_bwd_preprocess<T>(p, r.dsum_out, r.dq_ws, s);
+    flash_bwd_launch<T, HS, EXTRAS>(p, r.dsum, r.dq_accum, s);
+    bwd_finish<T, HS, EXTRAS>(p, r, s);
 }
 
 // attn_select_kernel only returns head sizes 32, 64, 96, 128 and 256 for the flash families.
@@ -164,13 +188,11 @@ static CUresult sm90_forward(const AttnParams &p, const AttnKernelChoice &c, Ten
 }
 template <typename T, int HS, bool EXTRAS>
 static CUresult sm90_backward(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
-    float *dq_accum = p.deterministic ? NULL : flash_ws_dq_accum(p);
-    float *dsum = flash_ws_dsum(p);
-    flash_bwd_preprocess<T>(p, dsum, dq_accum, s);
-    const CUresult r = flash_bwd_sm90_launch<T, HS, EXTRAS>(p, dsum, dq_accum, enc, s);
+    const BwdRows rows = bwd_rows(p);
+    flash_bwd_preprocess<T>(p, rows.dsum_out, rows.dq_ws, s);
+    const CUresult r = flash_bwd_sm90_launch<T, HS, EXTRAS>(p, rows.dsum, rows.dq_accum, enc, s);
     if (r != CUDA_SUCCESS) return r;
-    if (dq_accum) flash_bwd_convert_dq<T>(p, dq_accum, s);
-    else flash_bwd_dq_launch<T, HS, EXTRAS>(p, dsum, s);
+    bwd_finish<T, HS, EXTRAS>(p, rows, s);
     return CUDA_SUCCESS;
 }
 
@@ -389,4 +411,11 @@ extern "C" int attn_gpu_decode(AttnGpu *g, AttnParams *p, char *err, size_t errl
     run.workspace = NULL;   // the caller's was sized for attn_workspace_bytes
     if (attach_workspace(g, &run, decode_workspace_bytes(run, g->sms), err, errlen) != 0) return -1;
     return decode_run_cuda(run, splits, err, errlen);
+}
+
+extern "C" int attn_gpu_dq_accum_store(AttnGpu *g, const AttnParams *p, char *err, size_t errlen) {
+    if (p->dtype == DTYPE_BF16) flash_bwd_convert_dq<__nv_bfloat16>(*p, p->dq_accum, g->stream);
+    else flash_bwd_convert_dq<__half>(*p, p->dq_accum, g->stream);  // attn_check: bf16 or fp16
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? 0 : cuda_failed(e, "the dQ accumulator's store", err, errlen);
 }

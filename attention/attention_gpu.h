@@ -21,6 +21,9 @@ int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, size_t errl
 int attn_gpu_decode(AttnGpu *g, AttnParams *p, char *err, size_t errlen);
 // The split count attn_gpu_decode would run p with, 0 for attn_gpu_run's forward.
 int attn_gpu_decode_splits(const AttnGpu *g, const AttnParams *p);
+// attn_dq_accum_store on the GPU, on params attn_check accepted (dq_accum set). Returns 0, or -1
+// with err set.
+int attn_gpu_dq_accum_store(AttnGpu *g, const AttnParams *p, char *err, size_t errlen);
 // The stream the context's work is queued on.
 void *attn_gpu_stream(const AttnGpu *g);
 // attn_merge on the GPU (attention/merge_cuda.cu), on params the context checked. Returns 0, or

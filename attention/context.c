@@ -1,6 +1,6 @@
 // context: AttnContext and the validated entry points of attention/attention.h (forward,
-// backward, decode, merge). The CPU runs the reference; CUDA runs through the GPU half
-// (attention/attention_gpu.h).
+// backward, decode, the dQ accumulator's store, merge). The CPU runs the reference; CUDA runs
+// through the GPU half (attention/attention_gpu.h).
 #include <stdlib.h>
 
 #include "attention/attention.h"
@@ -94,6 +94,16 @@ int attn_decode_splits(const AttnContext *ctx, const AttnParams *p) {
     if (ctx->device == DEVICE_CUDA) return attn_gpu_decode_splits(ctx->gpu, p);
 #endif
     (void)p;
+    return 0;
+}
+
+int attn_dq_accum_store(AttnContext *ctx, const AttnParams *p, char *err, size_t errlen) {
+    if (attn_check(p, ctx->device, 1, err, errlen) != 0) return -1;
+    if (!p->dq_accum) return set_error(err, errlen, "attention: dq_accum_store needs dq_accum");
+#ifdef FLASHGPT_CUDA
+    if (ctx->device == DEVICE_CUDA) return attn_gpu_dq_accum_store(ctx->gpu, p, err, errlen);
+#endif
+    attn_dq_accum_store_cpu(p);
     return 0;
 }
 

@@ -1,5 +1,6 @@
 // flash_bwd_sm80: the FlashAttention-2 backward for sm80+. Three launches:
-//   preprocess  D = rowsum(dO * O) (B, NH, T_q) fp32, and zeroing of the fp32 dQ accumulator;
+//   preprocess  D = rowsum(dO * O) (B, NH, T_q) fp32, and zeroing of the fp32 dQ accumulator
+//               (each left out where the caller holds it: AttnParams.dsum, dq_accum);
 //   main        one block per (key tile, KV head, batch row): recomputes P from the saved LSE for
 //               every query tile of every query head sharing the KV head, accumulates dK and dV in
 //               registers (so GQA sums without a reduction pass) and adds dS K into dQ with atomics;
@@ -65,9 +66,10 @@ template <typename T, int HS> void launch_dsum(const AttnParams &p, float *dsum,
 }
 
 // attn_select_kernel only returns the head sizes of FLASH_SM80_FOR_EACH_HS for the flash families.
+// dsum NULL: the caller's D is ready (attention.h's dsum_ready); only the dQ accumulator is zeroed.
 template <typename T>
 void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s) {
-    switch (p.HS) {
+    if (dsum) switch (p.HS) {
     case 32: launch_dsum<T, 32>(p, dsum, s); break;
     case 64: launch_dsum<T, 64>(p, dsum, s); break;
     case 96: launch_dsum<T, 96>(p, dsum, s); break;

@@ -252,8 +252,9 @@ CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq
                                cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
-// Backward helpers (flash_bwd_sm80.cu): D = rowsum(dO * O) (B, NH, T_q) and, when dq_accum is not
-// NULL, zeroing of dq_accum (B, NH, T_q, HS); then dQ = scale * dq_accum in the element type.
+// Backward helpers (flash_bwd_sm80.cu): D = rowsum(dO * O) (B, NH, T_q) when dsum is not NULL
+// and, when dq_accum is not NULL, zeroing of dq_accum (B, NH, T_q, HS); then dQ = scale *
+// dq_accum in the element type (added to an fp32 dq with accumulate).
 template <typename T>
 void flash_bwd_preprocess(const AttnParams &p, float *dsum, float *dq_accum, cudaStream_t s);
 template <typename T> void flash_bwd_convert_dq(const AttnParams &p, const float *dq_accum, cudaStream_t s);

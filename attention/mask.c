@@ -159,6 +159,24 @@ static int cuda_flash_lacks(const AttnParams *p, int backward, char *err, size_t
     return 0;
 }
 
+// The backward's caller-held per-query state (attention.h: dsum, dq_accum).
+static int check_shared_rows(const AttnParams *p, Device dev, char *err, size_t errlen) {
+    if (p->dsum_ready && !p->dsum)
+        return set_error(err, errlen, "attention: dsum_ready is set but dsum is NULL");
+    if (!p->dsum && !p->dq_accum) return 0;
+    if (p->impl == ATTN_IMPL_NAIVE || attn_runs_naive(p, dev))
+        return set_error(err, errlen, "attention: dsum and dq_accum (work shared by the backward calls "
+                                      "of one set of queries) need the flash backward: impl flash, and "
+                                      "on cuda dtype bf16 or fp16");
+    if (p->dq_accum && p->deterministic)
+        return set_error(err, errlen, "attention: dq_accum cannot be combined with the deterministic "
+                                      "backward, which adds dQ into an fp32 dq with accumulate instead");
+    if (p->dq_accum && dev == DEVICE_CUDA && (uintptr_t)p->dq_accum % 16 != 0)
+        return set_error(err, errlen, "attention: dq_accum must be 16-byte aligned on cuda (cudaMalloc's "
+                                      "is): the kernels add into it with vector reductions");
+    return 0;
+}
+
 int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t errlen) {
     if (!p) return set_error(err, errlen, "attention: params are NULL");
     const char *devname = dev == DEVICE_CPU ? "cpu" : "cuda";
@@ -198,6 +216,7 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
                     "attention: accumulate (a sum over key chunks) needs the flash implementation, "
                     "whose backward starts from the saved lse of all keys; the naive one "
                     "renormalises over the keys it is given");
+    if (backward && check_shared_rows(p, dev, err, errlen) != 0) return -1;
     if (p->pos_explicit && (p->q_pos0 < 0 || p->k_pos0 < 0 || p->q_pos0 + p->T_q > INT_MAX ||
                             p->k_pos0 + p->T_k > INT_MAX))
         return set_error(err, errlen,
@@ -288,6 +307,10 @@ size_t attn_workspace_bytes(const AttnParams *p, Device dev) {
     }
     return floats * sizeof(float);
 }
+
+// One size on every device: the CUDA kernels' tiled layout (flash_mask.cuh), of which the CPU
+// reference uses the first B * NH * T_q * HS floats, (B, NH, T_q, HS) row-major.
+size_t attn_dq_accum_floats(const AttnParams *p) { return attn_dq_acc_floats(p); }
 
 int attn_visible(const AttnParams *p, int b, int i, int j) {
     AttnKeyRange r = attn_key_range(p, b, i);

@@ -106,14 +106,40 @@ static int idle_start(void *ctx, const void *send, size_t send_bytes, int dst, v
 }
 static void idle_wait(void *ctx, int handle) {}
 
+// The ring's breakdown: per phase (model/ring_attention.h) the device milliseconds of one
+// forward and one backward of every rank, summed over the ranks, beside the unsplit call's.
+static void print_ring_times(const RingTimes *t, long steps, double fwd, double bwd) {
+    double sum[2] = {0, 0};
+    printf("bench attention: the ring's device time by phase, ms per forward / backward, all ranks "
+           "summed (their ops in brackets):\n");
+    for (int ph = 0; ph < RING_N_PHASES; ph++) {
+        printf("  %-8s", RING_PHASE_NAMES[ph]);
+        for (int d = 0; d < 2; d++) {
+            printf(" %10.3f (%5.1f)", t->ms[d][ph] / steps, (double)t->ops[d][ph] / steps);
+            sum[d] += t->ms[d][ph] / steps;
+        }
+        printf("\n");
+    }
+    printf("  %-8s %10.3f         %10.3f         = %.3f ms\n", "total", sum[0], sum[1], sum[0] + sum[1]);
+    printf("  %-8s %10.3f         %10.3f         = %.3f ms; ring kernels %.3fx, all %.3fx\n", "unsplit",
+           fwd * 1e3, bwd * 1e3, (fwd + bwd) * 1e3,
+           (t->ms[0][RING_KERNEL] + t->ms[1][RING_KERNEL]) / steps / ((fwd + bwd) * 1e3),
+           (sum[0] + sum[1]) / ((fwd + bwd) * 1e3));
+}
+
 // dist.context_parallel = CP: the ring's work for one sequence (forward and backward of every
 // rank, each rank's chunk-pair kernels, merges and fp32 stores, no transfers), the ranks one after
-// the other on this device, summed, beside the unsplit `whole` seconds; and the device memory one
-// rank's attention needs (its inputs, outputs, gradients and ring buffers).
-static void bench_ring(const Config *c, Backend *be, Rng *r, long steps, double whole, int print) {
+// the other on this device, summed, beside the unsplit call's fwd + bwd seconds; and the device
+// memory one rank's attention needs (its inputs, outputs, gradients and ring buffers). Then the
+// same steps again with a mark after every op: the breakdown by phase.
+static void bench_ring(const Config *c, Backend *be, Rng *r, long steps, double fwd, double bwd,
+                       int print) {
     const int CP = c->dist.context_parallel, B = c->train.batch_size, TL = c->train.seq_len / CP;
     const int NH = c->model.n_head, NKV = c->model.n_kv_head ? c->model.n_kv_head : NH;
+    const double whole = fwd + bwd;
     double sum = 0, peak_mib = 0;
+    RingTimes times;
+    memset(&times, 0, sizeof times);
     for (int rank = 0; rank < CP; rank++) {
         size_t free0, used0, free1, used1;
         be->synchronize(be);
@@ -136,6 +162,11 @@ static void bench_ring(const Config *c, Backend *be, Rng *r, long steps, double 
         }
         be->synchronize(be);
         sum += (now_seconds() - t0) / (double)steps;
+        ring_attention_time(ra, &times);
+        for (long s = 0; s < steps; s++) {
+            ring_attention_forward(ra, &b.p);
+            ring_attention_backward(ra, &b.p);
+        }
         ring_attention_free(ra);
         bench_problem_free(be, &b);
     }
@@ -145,6 +176,7 @@ static void bench_ring(const Config *c, Backend *be, Rng *r, long steps, double 
                CP, CP, TL, sum * 1e3, sum / whole, whole * 1e3);
         if (peak_mib > 0) printf("; device memory of one rank's attention %.0f MiB", peak_mib);
         printf("\n");
+        print_ring_times(&times, steps, fwd, bwd);
     }
 }
 
@@ -196,5 +228,5 @@ void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
     }
     if (c->attention.sparse) bench_sparse(c, be, p, steps, fwd, bwd, flops, print);
     bench_problem_free(be, &b);
-    if (c->dist.context_parallel > 1) bench_ring(c, be, &r, steps, fwd + bwd, print);
+    if (c->dist.context_parallel > 1) bench_ring(c, be, &r, steps, fwd, bwd, print);
 }

@@ -38,6 +38,13 @@ void backend_attention_merge(Backend *be, const AttnParams *acc, const AttnParam
     if (attn_merge(be->attn, acc, part, err, sizeof err) != 0) attention_fail(err);
 }
 
+void backend_attention_dq_store(Backend *be, const AttnParams *p) {
+    char err[ERR_LEN];
+    AttnParams a = *p;
+    a.dtype = be->dtype;
+    if (attn_dq_accum_store(be->attn, &a, err, sizeof err) != 0) attention_fail(err);
+}
+
 AttnContext *backend_attention_context(Device dev, void *stream, AttnKernel kernel) {
     char err[ERR_LEN];
     AttnContext *ctx = attn_context_create(dev, stream, kernel, err, sizeof err);

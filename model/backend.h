@@ -149,6 +149,15 @@ struct Backend {
     void (*add_layernorm_forward)(Backend *be, void *res, void *out, float *mean, float *rstd,
                                   const void *a, const void *b, const void *w, const void *bias,
                                   int N, int C);
+
+    // ---- device time (benchmark breakdowns) ----
+    // A mark is a point in the backend's queue: mark_record places it after the work queued so
+    // far (a CUDA event on the stream; on the CPU, whose ops are done when they return, the host
+    // clock), and mark_elapsed_ms waits for mark b and returns the milliseconds from a to b.
+    void *(*mark_create)(Backend *be);
+    void (*mark_record)(Backend *be, void *mark);
+    double (*mark_elapsed_ms)(Backend *be, void *a, void *b);
+    void (*mark_free)(Backend *be, void *mark);
 };
 
 // Attention forward (backward = 0) or backward on be's attention context, in be's dtype. A
@@ -161,6 +170,9 @@ void backend_attention_decode(Backend *be, AttnParams *p);
 // The exact merge of a partial attention result over other keys into acc (attn_merge), on be's
 // attention context; exits 2 with the module's message where the device has none.
 void backend_attention_merge(Backend *be, const AttnParams *acc, const AttnParams *part);
+// dq from the dQ accumulator of backward calls over several key sets (attn_dq_accum_store), on
+// be's attention context, failing as backend_attention does.
+void backend_attention_dq_store(Backend *be, const AttnParams *p);
 // The attention context of a new backend; exits 2 with the module's message when the device
 // cannot serve `kernel`.
 AttnContext *backend_attention_context(Device dev, void *stream, AttnKernel kernel);

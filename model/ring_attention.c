@@ -25,7 +25,25 @@ struct RingAttention {
     float *out_acc;       // (B, T, qw) fp32: the merged output; (B, T, qw) fp32 dQ in backward
     void *part_out;       // (B, T, qw) one call's output (up to two chunks) before its merge
     float *part_lse;      // (B, NH, T) its lse
+    // Backward, per span kind (span_kind): the state its calls share (attention.h's dsum and
+    // dq_accum), and the last call of each kind, whose params store the dQ accumulator.
+    float *dsum[3];       // (B, NH, kind's queries) fp32 D
+    float *dq_acc[3];     // attn_dq_accum_floats of the kind's calls (largest batch): their dQ
+                          // summed; made on the kind's first use (most rings use two kinds)
+    AttnParams kind_call[3];
+    int kinds_used;       // bit k: kind k has run in the backward in hand
+    // ring_attention_time: marks[i] follows the op of phase mark_phase[i] (i >= 1) of the call in
+    // hand; marks[0] precedes its first op.
+    RingTimes *times;
+    void **marks;
+    int *mark_phase;
+    int n_marks, n_made;
 };
+
+const char *const RING_PHASE_NAMES[RING_N_PHASES] = {"pack", "kernel", "merge", "fill", "add", "store"};
+
+// The query sets of the calls (Span's qh, nq): all the local queries, or the first or second half.
+enum { KIND_ALL = 0, KIND_HALF0 = 1, KIND_HALF1 = 2, N_KINDS = 3 };
 
 static int chunk_of(int rank, int size, int half) { return half ? 2 * size - 1 - rank : rank; }
 
@@ -66,6 +84,8 @@ RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, i
     ra->out_acc = be->alloc(be, (size_t)B * T_local * ra->qw * sizeof(float));
     ra->part_out = be->alloc(be, (size_t)B * T_local * ra->qw * ra->ds);
     ra->part_lse = be->alloc(be, (size_t)B * NH * T_local * sizeof(float));
+    for (int k = 0; k < N_KINDS; k++)
+        ra->dsum[k] = be->alloc(be, (size_t)B * NH * (k == KIND_ALL ? T_local : ra->c) * sizeof(float));
     return ra;
 }
 
@@ -82,7 +102,60 @@ void ring_attention_free(RingAttention *ra) {
     be->release(be, ra->out_acc);
     be->release(be, ra->part_out);
     be->release(be, ra->part_lse);
+    for (int k = 0; k < N_KINDS; k++) {
+        be->release(be, ra->dsum[k]);
+        if (ra->dq_acc[k]) be->release(be, ra->dq_acc[k]);
+    }
+    for (int i = 0; i < ra->n_made; i++) be->mark_free(be, ra->marks[i]);
+    free(ra->marks);
+    free(ra->mark_phase);
     free(ra);
+}
+
+void ring_attention_time(RingAttention *ra, RingTimes *t) { ra->times = t; }
+
+// With timing on: a mark after the op just queued, which was of phase ph (-1: before the first).
+static void timed(RingAttention *ra, int ph) {
+    if (!ra->times) return;
+    Backend *be = ra->be;
+    if (ra->n_marks == ra->n_made) {
+        ra->marks = xrealloc(ra->marks, (size_t)(ra->n_made + 1) * sizeof *ra->marks);
+        ra->mark_phase = xrealloc(ra->mark_phase, (size_t)(ra->n_made + 1) * sizeof *ra->mark_phase);
+        ra->marks[ra->n_made++] = be->mark_create(be);
+    }
+    ra->mark_phase[ra->n_marks] = ph;
+    be->mark_record(be, ra->marks[ra->n_marks++]);
+}
+
+// The end of a timed call of direction dir (0 forward, 1 backward): each op's time into times.
+static void timed_end(RingAttention *ra, int dir) {
+    if (!ra->times) return;
+    for (int i = 1; i < ra->n_marks; i++) {
+        ra->times->ms[dir][ra->mark_phase[i]] +=
+            ra->be->mark_elapsed_ms(ra->be, ra->marks[i - 1], ra->marks[i]);
+        ra->times->ops[dir][ra->mark_phase[i]]++;
+    }
+    ra->n_marks = 0;
+}
+
+// The ring's ops, each followed by its mark when timed.
+static void zero(RingAttention *ra, void *p, size_t bytes) {
+    ra->be->fill_zero(ra->be, p, bytes);
+    timed(ra, RING_FILL);
+}
+
+static void attend(RingAttention *ra, AttnParams *a, int backward) {
+    backend_attention(ra->be, a, backward);
+    timed(ra, RING_KERNEL);
+}
+
+// The rows (B, T) of width elements of the fp32 accumulator src (pitch width) into dst of the
+// dtype (pitch dst_pitch elements).
+static void store(RingAttention *ra, void *dst, int64_t dst_pitch, const float *src, int width,
+                  int B) {
+    ra->be->store_f32(ra->be, dst, (size_t)dst_pitch, src, (size_t)width, (size_t)width,
+                      (size_t)B * ra->T);
+    timed(ra, RING_STORE);
 }
 
 // The model's problem must be the fused QKV layout (k and v adjacent in each token's row, so a
@@ -162,6 +235,9 @@ static AttnParams span_params(const RingAttention *ra, const AttnParams *p, int 
     }
     return a;
 }
+
+// The query set of a span (its kind).
+static int span_kind(Span sp) { return sp.nq == 2 ? KIND_ALL : sp.qh ? KIND_HALF1 : KIND_HALF0; }
 
 // Chunk pair k (0..3): query half k / 2 against key half k % 2.
 static AttnParams pair_params(const RingAttention *ra, const AttnParams *p, int rank, int origin,
@@ -289,6 +365,7 @@ static void pack_block(RingAttention *ra, const AttnParams *p) {
     const size_t row = (size_t)ra->kvw * ra->ds;
     ra->be->copy_2d(ra->be, ra->kv_own, row, p->k, (size_t)p->k_st.row * ra->ds, row,
                     (size_t)p->B * ra->T);
+    timed(ra, RING_PACK);
 }
 
 // The block of step s: the own one at step 0, else the one received for it.
@@ -304,8 +381,10 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
     Backend *be = ra->be;
     check_layout(ra, p, 0);
     const int size = ra->link.size, rank = ra->link.rank;
+    timed(ra, -1);
     pack_block(ra, p);
     be->fill_f32(be, p->lse, INFINITY, (size_t)p->B * ra->NH * ra->T);
+    timed(ra, RING_FILL);
     int kv_x = NO_EXCHANGE;  // the exchange bringing the block of the step in hand
     for (int s = 0; s < size; s++) {
         wait_exchange(ra, kv_x);
@@ -320,18 +399,74 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
             a.o_st = (AttnStrides){(int64_t)a.T_q * ra->qw, ra->qw, ra->HS};
             a.lse = ra->part_lse;
             a.lse_batch_stride = a.lse_head_stride = 0;
-            backend_attention(be, &a, 0);
+            attend(ra, &a, 0);
             backend_attention_merge(be, &acc, &a);
+            timed(ra, RING_MERGE);
         }
     }
-    be->store_f32(be, p->out, (size_t)p->o_st.row, ra->out_acc, ra->qw, ra->qw,
-                  (size_t)p->B * ra->T);
+    store(ra, p->out, p->o_st.row, ra->out_acc, ra->qw, p->B);
+    timed_end(ra, 0);
 }
 
 // The part of this rank's dK/dV that arrives at step s (from rank + s) joins its accumulator.
 static void add_returned(RingAttention *ra, const AttnParams *p, int s) {
     const BlockPart in = block_part(ra, p, ring_rank(ra, ra->link.rank + s), ra->link.rank);
-    if (in.n) ra->be->add_f32(ra->be, ra->dkv_own + in.off, ra->dkv_in[s & 1] + in.off, in.n);
+    if (!in.n) return;
+    ra->be->add_f32(ra->be, ra->dkv_own + in.off, ra->dkv_in[s & 1] + in.off, in.n);
+    timed(ra, RING_ADD);
+}
+
+// Whether the backward calls of a span kind can share its buffers (attention.h's dsum and
+// dq_accum: the flash backward; the dQ accumulator not with the deterministic one).
+static int share_dsum(const RingAttention *ra, const AttnParams *p) {
+    AttnParams a = *p;
+    a.dtype = ra->be->dtype;
+    return p->impl == ATTN_IMPL_FLASH && !attn_runs_naive(&a, ra->be->device);
+}
+
+// Points the backward call a, of span kind k, at the kind's D (computed by its first call of
+// the backward, read by the later ones) and, with dq, at its dQ accumulator (zeroed before the
+// first call) in place of the fp32 dQ.
+static void share_rows(RingAttention *ra, AttnParams *a, int k, int dq) {
+    const int first = !(ra->kinds_used >> k & 1);
+    a->dsum = ra->dsum[k];
+    a->dsum_ready = !first;
+    if (dq) {
+        if (!ra->dq_acc[k]) {
+            AttnParams largest = *a;
+            largest.B = ra->B;
+            ra->dq_acc[k] = ra->be->alloc(ra->be, attn_dq_accum_floats(&largest) * sizeof(float));
+        }
+        a->dq_accum = ra->dq_acc[k];
+        if (first) zero(ra, ra->dq_acc[k], attn_dq_accum_floats(a) * sizeof(float));
+    }
+    ra->kinds_used |= 1 << k;
+    ra->kind_call[k] = *a;
+}
+
+// dQ of the local tokens into p->dq: from the fp32 dQ, or with dq_shared from the kinds' dQ
+// accumulators, straight into p->dq when the kind of all the local queries is the only one,
+// else added into the fp32 dQ (their rows of it, in the calls' dq) and stored from there.
+static void store_dq(RingAttention *ra, const AttnParams *p, int dq_shared) {
+    Backend *be = ra->be;
+    if (dq_shared && ra->kinds_used == 1 << KIND_ALL) {
+        AttnParams a = ra->kind_call[KIND_ALL];
+        a.dq = p->dq;
+        a.dq_st = p->dq_st;
+        a.accumulate = 0;
+        backend_attention_dq_store(be, &a);
+        timed(ra, RING_STORE);
+        return;
+    }
+    if (dq_shared) {
+        zero(ra, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
+        for (int k = 0; k < N_KINDS; k++)
+            if (ra->kinds_used >> k & 1) {
+                backend_attention_dq_store(be, &ra->kind_call[k]);
+                timed(ra, RING_STORE);
+            }
+    }
+    store(ra, p->dq, p->dq_st.row, ra->out_acc, ra->qw, p->B);
 }
 
 // Backward: step s computes into dkv_out[s & 1] (only the rows of the keys it reads: their part
@@ -339,13 +474,15 @@ static void add_returned(RingAttention *ra, const AttnParams *p, int s) {
 // this rank's dK/dV coming into dkv_in[s & 1]; that exchange is waited for only at step s + 2,
 // before both buffers are used again, so it overlaps step s + 1.
 void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
-    Backend *be = ra->be;
     check_layout(ra, p, 1);
     const int size = ra->link.size, rank = ra->link.rank;
     const size_t n = (size_t)p->B * ra->T * ra->kvw;
+    const int shared = share_dsum(ra, p), dq_shared = shared && !p->deterministic;
+    ra->kinds_used = 0;
+    timed(ra, -1);
     pack_block(ra, p);
-    be->fill_zero(be, ra->dkv_own, n * sizeof(float));
-    be->fill_zero(be, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
+    zero(ra, ra->dkv_own, n * sizeof(float));
+    if (!dq_shared) zero(ra, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
     int kv_x = NO_EXCHANGE, dkv_x[2] = {NO_EXCHANGE, NO_EXCHANGE};  // dkv_x[s & 1]: step s's return
     for (int s = 0; s < size; s++) {
         if (s >= 3) {  // step s - 2's return is done (steps from 1 on return a part)
@@ -357,12 +494,13 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
         const int origin = ring_rank(ra, rank - s);
         const BlockPart part = block_part(ra, p, rank, origin);
         float *dkv = s == 0 ? ra->dkv_own : ra->dkv_out[s & 1];
-        if (s > 0 && part.n) be->fill_zero(be, dkv + part.off, part.n * sizeof(float));
+        if (s > 0 && part.n) zero(ra, dkv + part.off, part.n * sizeof(float));
         Span sp[4];
         const int n_sp = step_spans(ra, p, rank, origin, sp);
         for (int k = 0; k < n_sp; k++) {
             AttnParams a = span_params(ra, p, rank, origin, sp[k], step_block(ra, s), dkv);
-            backend_attention(be, &a, 1);
+            if (shared) share_rows(ra, &a, span_kind(sp[k]), dq_shared);
+            attend(ra, &a, 1);
         }
         // This rank's part of origin's dK/dV goes back to it; rank + s's part of ours arrives.
         if (s > 0) {
@@ -376,8 +514,7 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
         wait_exchange(ra, dkv_x[s & 1]);
         add_returned(ra, p, s);
     }
-    be->store_f32(be, p->dq, (size_t)p->dq_st.row, ra->out_acc, ra->qw, ra->qw,
-                  (size_t)p->B * ra->T);
-    be->store_f32(be, p->dk, (size_t)p->dk_st.row, ra->dkv_own, ra->kvw, ra->kvw,
-                  (size_t)p->B * ra->T);
+    store_dq(ra, p, dq_shared);
+    store(ra, p->dk, p->dk_st.row, ra->dkv_own, ra->kvw, p->B);
+    timed_end(ra, 1);
 }

@@ -16,13 +16,19 @@
 // results merge through their log-sum-exp into an fp32 accumulator, exactly. Backward, from the
 // saved output and global lse: each rank computes its queries' part of the origin's dK/dV in
 // fp32 and sends it back to the origin, which adds what returns into its own fp32 accumulator
-// (the return of step s overlaps step s + 1); dQ stays local (fp32 until the end). Each wait is
-// for one exchange alone, and on a GPU it is a stream dependency, so the host never blocks in
-// the ring.
+// (the return of step s overlaps step s + 1); dQ stays local (fp32 until the end). The calls of
+// one set of queries (all the local ones, or one half: a span kind) share their per-query work
+// (attention.h's dsum, dq_accum, with the flash backward): the first call of a kind computes its
+// D = rowsum(dO * O) for the later ones, and every call adds its dQ into the kind's accumulator,
+// which is stored once at the end (without the deterministic backward, whose dQ kernel adds into
+// the fp32 dQ per call). Each wait is for one exchange alone, and on a GPU it is a stream
+// dependency, so the host never blocks in the ring.
 //
 // Memory per rank: its own K/V block and two received ones of (B, T_local, 2 * NKV * HS), fp32
 // dK/dV (own, two outgoing, two incoming) of the same shape, an fp32 output and dQ of (B,
-// T_local, NH * HS) and one partial output of the same shape: O(T / size).
+// T_local, NH * HS), one partial output of the same shape, D (2 x (B, NH, T_local)) and the
+// dQ accumulators of the kinds in use (the fp32 dQ's size for all the queries, half of it for
+// one half; under the causal zigzag those two): O(T / size).
 #pragma once
 #include <stddef.h>
 
@@ -60,3 +66,24 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p);
 // The backward of the last forward with the same p (attn_fused_qkv_grads set): dq, dk, dv of
 // the local tokens, OVERWRITTEN. Every rank of the ring must call it.
 void ring_attention_backward(RingAttention *ra, const AttnParams *p);
+
+// The kinds of device work in the ring's calls, for benchmarks (ring_attention_time).
+typedef enum {
+    RING_PACK = 0,    // the own K/V block packed from the fused layout
+    RING_KERNEL = 1,  // attention calls (backward: with D and the dQ conversion where they run)
+    RING_MERGE = 2,   // the forward's merges of the parts into the fp32 output
+    RING_FILL = 3,    // fills and zeroings of accumulators (lse, dK/dV, dQ)
+    RING_ADD = 4,     // the returned dK/dV parts added into the own
+    RING_STORE = 5,   // the fp32 accumulators stored in the dtype (the dQ accumulators' too)
+    RING_N_PHASES = 6
+} RingPhase;
+extern const char *const RING_PHASE_NAMES[RING_N_PHASES];
+
+typedef struct {
+    double ms[2][RING_N_PHASES];  // [0] forward, [1] backward: device milliseconds, summed
+    long ops[2][RING_N_PHASES];   // how many ops they were
+} RingTimes;
+
+// From now on every forward and backward adds the device time of each of its ops to *t (a
+// backend mark after each op, all waited for at the end of the call); NULL stops it.
+void ring_attention_time(RingAttention *ra, RingTimes *t);

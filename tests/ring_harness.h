@@ -27,6 +27,7 @@ typedef struct {
     int P, c, window, alibi;        // ranks, tokens per chunk, attention.window (-1: none), ALiBi
     int B;                          // batch rows (with 1, a block of which one chunk is read,
                                     // and its dK/dV part, travel as that chunk alone)
+    int deterministic;              // attention.deterministic: the ring adds dQ per call
     Backend *(*make_backend)(DType);  // one per rank thread, of dtype
     DType dtype;
     int T;                          // 2 * P * c
@@ -49,6 +50,7 @@ static AttnParams ring_fused(const RingCase *r, const void *qkv, void *out, floa
     p.window_right = -1;
     p.alibi_slopes = r->alibi ? slopes : NULL;
     p.impl = ATTN_IMPL_FLASH;
+    p.deterministic = r->deterministic;
     return p;
 }
 

@@ -2,7 +2,9 @@
 // (attn_merge_cpu) and accumulated backward over key chunks, against one attention call over all
 // keys and a float64 oracle, over odd chunk lengths (7, 19, 37: no tile boundary lines up), in
 // every order, with causal masks, sliding windows, ALiBi, GQA and a chunk wholly in the causal
-// future (fully masked rows: lse +inf, merged as "nothing").
+// future (fully masked rows: lse +inf, merged as "nothing"). The backward over the chunks runs
+// twice: each call on its own, and with the calls' per-query work shared (D computed by the first
+// call, dQ summed in one accumulator and stored once: attention.h's dsum, dq_accum).
 //
 // Tolerance: the merged result is another fp32 rounding of the same sums, so its error against
 // float64 must stay within a few times the single call's own error (4x, plus 8 ulps of 2^-24
@@ -134,6 +136,22 @@ static AttnParams problem(const Case *c, const float *q, const float *k, const f
     return p;
 }
 
+// The backward of chunk ch (keys [start[ch], start[ch] + CHUNK[ch])) from out and lse,
+// accumulating into fp32 dq (B, TQ, NH, HS) and the chunk's rows of dk, dv (B, TK, NKV, HS).
+static AttnParams chunk_backward(const Case *c, const float *q, const float *k, const float *v,
+                                 const float *dout, const float *slopes, float *out, float *lse,
+                                 const int *start, int ch, float *dq, float *dk, float *dv) {
+    AttnParams p = problem(c, q, k, v, start[ch], CHUNK[ch], out, lse, slopes);
+    p.dout = dout;
+    p.dq = dq;
+    p.dk = dk + (size_t)start[ch] * NKV * HS;
+    p.dv = dv + (size_t)start[ch] * NKV * HS;
+    p.do_st = p.dq_st = p.o_st;
+    p.dk_st = p.dv_st = p.k_st;
+    p.accumulate = 1;
+    return p;
+}
+
 static void check(const AttnParams *p, int backward) {
     char err[512];
     if (attn_check(p, DEVICE_CPU, backward, err, sizeof err) != 0) fatal(EXIT_RUNTIME, "%s", err);
@@ -144,6 +162,45 @@ static void expect_close(const char *what, const Case *c, const char *order, dou
     const double bound = 4.0 * single + 8.0 * 0x1p-24;
     EXPECT(got <= bound, "%s, %s, chunk order %s: rel err %.3g vs float64 above %.3g (single call "
            "%.3g)", c->name, what, order, got, bound, single);
+}
+
+// The backward over the chunks in `order` again, the calls sharing D (the first computes it) and
+// one dQ accumulator stored once at the end: dQ within the tolerance, dK and dV bitwise those of
+// the calls on their own (they depend on D alone, which is the same floats). The
+// store with accumulate adds into an fp32 dq: twice the stored dQ, exactly.
+static void backward_shared(const Case *c, const char *order, const float *q, const float *k,
+                            const float *v, const float *dout, const float *slopes, float *out,
+                            float *lse, const int *chunks, const int *start, const float *dk,
+                            const float *dv, const double *dq64, double e_dq) {
+    const size_t nq = (size_t)B * TQ * NH * HS, nk = (size_t)B * TK * NKV * HS;
+    float *dq2 = xmalloc(nq * sizeof(float)), *dk2 = xcalloc(nk, sizeof(float));
+    float *dv2 = xcalloc(nk, sizeof(float)), *dsum = xmalloc((size_t)B * NH * TQ * sizeof(float));
+    memset(dq2, 0xff, nq * sizeof(float));  // NaN: the calls leave dq alone, the store writes it
+    AttnParams p;
+    float *acc = NULL;
+    for (int n = 0; n < NCHUNK; n++) {
+        p = chunk_backward(c, q, k, v, dout, slopes, out, lse, start, chunks[n], dq2, dk2, dv2);
+        if (!acc) acc = xcalloc(attn_dq_accum_floats(&p), sizeof(float));
+        p.dsum = dsum;
+        p.dsum_ready = n > 0;
+        p.dq_accum = acc;
+        check(&p, 1);
+        attn_backward_cpu(&p);
+    }
+    p.accumulate = 0;
+    check(&p, 1);
+    attn_dq_accum_store_cpu(&p);
+    expect_close("dq, shared", c, order, rel_f64(dq2, dq64, nq), e_dq);
+    EXPECT(memcmp(dk2, dk, nk * sizeof(float)) == 0 && memcmp(dv2, dv, nk * sizeof(float)) == 0,
+           "%s, order %s: dK/dV with D computed once differ from the calls' own", c->name, order);
+    float *once = xmalloc(nq * sizeof(float));
+    memcpy(once, dq2, nq * sizeof(float));
+    p.accumulate = 1;
+    attn_dq_accum_store_cpu(&p);
+    int doubled = 1;
+    for (size_t i = 0; i < nq; i++) doubled &= dq2[i] == 2.0f * once[i];
+    EXPECT(doubled, "%s, order %s: the store with accumulate must add the dQ to dq", c->name, order);
+    free(acc); free(once); free(dq2); free(dk2); free(dv2); free(dsum);
 }
 
 static void run_case(const Case *c) {
@@ -222,21 +279,16 @@ static void run_case(const Case *c) {
             }
         memset(dv, 0, nk * sizeof(float));
         for (int n = 0; n < NCHUNK; n++) {
-            const int ch = ORDERS[o][n];
-            AttnParams p = problem(c, q, k, v, start[ch], CHUNK[ch], acc_out, lse_dense, slopes);
-            p.dout = dout;
-            p.dq = dq;
-            p.dk = dk + (size_t)start[ch] * NKV * HS;
-            p.dv = dv + (size_t)start[ch] * NKV * HS;
-            p.do_st = p.dq_st = p.o_st;
-            p.dk_st = p.dv_st = p.k_st;
-            p.accumulate = 1;
+            AttnParams p = chunk_backward(c, q, k, v, dout, slopes, acc_out, lse_dense, start,
+                                          ORDERS[o][n], dq, dk, dv);
             check(&p, 1);
             attn_backward_cpu(&p);
         }
         expect_close("dq", c, order, rel_f64(dq, dq64, nq), e_dq);
         expect_close("dk", c, order, rel_f64(dk, dk64, nk), e_dk);
         expect_close("dv", c, order, rel_f64(dv, dv64, nk), e_dv);
+        backward_shared(c, order, q, k, v, dout, slopes, acc_out, lse_dense, ORDERS[o], start, dk,
+                        dv, dq64, e_dq);
     }
     free(q); free(k); free(v); free(dout); free(o64); free(l64); free(dq64); free(dk64); free(dv64);
     free(out1); free(lse1); free(dq1); free(dk1); free(dv1); free(acc_out); free(acc_lse);
@@ -288,7 +340,37 @@ static void test_refusals(void) {
     p.dout = p.dq = p.dk = p.dv = x;
     EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) != 0 && strstr(err, "flash"),
            "the naive backward must refuse accumulate: %s", err);
+    p.impl = ATTN_IMPL_FLASH;
     p.accumulate = 0;
+    p.do_st = p.dq_st = p.o_st;
+    p.dk_st = p.dv_st = p.k_st;
+    p.dsum_ready = 1;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) != 0 && strstr(err, "dsum"),
+           "dsum_ready without dsum must be refused: %s", err);
+    p.dsum = x;
+    p.impl = ATTN_IMPL_NAIVE;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) != 0 && strstr(err, "flash backward"),
+           "the naive backward must refuse dsum: %s", err);
+    p.impl = ATTN_IMPL_FLASH;
+    EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) != 0 && strstr(err, "bf16 or fp16"),
+           "cuda's fp32 (materialised) backward must refuse dsum: %s", err);
+    p.dq_accum = x + 1;  // 4 bytes past an aligned address
+    p.dtype = DTYPE_BF16;
+    EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) != 0 && strstr(err, "16-byte"),
+           "a misaligned dq_accum must be refused on cuda: %s", err);
+    p.dtype = DTYPE_F32;
+    p.deterministic = 1;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) != 0 && strstr(err, "deterministic"),
+           "dq_accum with the deterministic backward must be refused: %s", err);
+    p.deterministic = 0;
+    p.dq_accum = NULL;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "dsum alone is accepted: %s", err);
+    AttnContext *ctx = attn_context_create(DEVICE_CPU, NULL, ATTN_KERNEL_AUTO, err, sizeof err);
+    EXPECT(attn_dq_accum_store(ctx, &p, err, sizeof err) != 0 && strstr(err, "dq_accum"),
+           "the store without dq_accum must be refused: %s", err);
+    attn_context_destroy(ctx);
+    p.dsum = NULL;
+    p.dsum_ready = 0;
     p.lse_head_stride = TQ - 1;  // rows of lse overlap
     EXPECT(attn_check(&p, DEVICE_CPU, 0, err, sizeof err) != 0 && strstr(err, "lse strides"),
            "overlapping lse strides must be refused: %s", err);

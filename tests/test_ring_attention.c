@@ -3,7 +3,8 @@
 // the whole sequence. Rings of 2, 3 and 4 ranks, chunks of 7, 5, 3 and 33 tokens (odd), causal
 // with and without a sliding window (pairs neither computed nor sent: the blocks are counted),
 // ALiBi, GQA; batches of 2 and 1 (where blocks of which one chunk is read travel as that
-// chunk). The MPI path
+// chunk); the calls of a span kind sharing D and a dQ accumulator, and (deterministic) adding dQ
+// per call. The MPI path
 // is tests/test_context_parallel.py's; the CUDA one tests/gpu/test_ring_attention_gpu.c.
 //
 // Tolerance: the ring computes the same sums in another order (chunks merged through their
@@ -19,8 +20,8 @@ static Backend *cpu_one_thread(DType dtype) {
     return backend_cpu_create();
 }
 
-static void run_ring(int P, int c, int B, int window, int alibi) {
-    RingCase rc = {.P = P, .c = c, .B = B, .window = window, .alibi = alibi,
+static void run_ring(int P, int c, int B, int window, int alibi, int det) {
+    RingCase rc = {.P = P, .c = c, .B = B, .window = window, .alibi = alibi, .deterministic = det,
                    .make_backend = cpu_one_thread};
     ring_inputs(&rc, NULL, 11 + (uint64_t)(P * 100 + c));
     const int sent = ring_results(&rc), all = 3 * P * (P - 1);
@@ -42,14 +43,17 @@ static void run_ring(int P, int c, int B, int window, int alibi) {
 }
 
 int main(void) {
-    TEST_CASE("2 ranks, chunks of 7, causal", run_ring(2, 7, 2, -1, 0));
-    TEST_CASE("3 ranks, chunks of 5, causal", run_ring(3, 5, 2, -1, 0));
-    TEST_CASE("4 ranks, chunks of 3, causal", run_ring(4, 3, 2, -1, 0));
-    TEST_CASE("4 ranks, chunks of 5, causal, batch 1", run_ring(4, 5, 1, -1, 0));
-    TEST_CASE("3 ranks, chunks of 5, window 4 (pairs skipped)", run_ring(3, 5, 2, 4, 0));
-    TEST_CASE("3 ranks, chunks of 7, window 9, batch 1", run_ring(3, 7, 1, 9, 0));
-    TEST_CASE("4 ranks, chunks of 7, window 9, alibi", run_ring(4, 7, 2, 9, 1));
-    TEST_CASE("4 ranks, chunks of 8, window 3 (blocks not sent)", run_ring(4, 8, 2, 3, 0));
-    TEST_CASE("2 ranks, chunks of 33 (tiles of 64 split), window 40", run_ring(2, 33, 2, 40, 0));
+    TEST_CASE("2 ranks, chunks of 7, causal", run_ring(2, 7, 2, -1, 0, 0));
+    TEST_CASE("3 ranks, chunks of 5, causal", run_ring(3, 5, 2, -1, 0, 0));
+    TEST_CASE("4 ranks, chunks of 3, causal", run_ring(4, 3, 2, -1, 0, 0));
+    TEST_CASE("4 ranks, chunks of 5, causal, batch 1", run_ring(4, 5, 1, -1, 0, 0));
+    TEST_CASE("3 ranks, chunks of 5, window 4 (pairs skipped)", run_ring(3, 5, 2, 4, 0, 0));
+    TEST_CASE("3 ranks, chunks of 7, window 9, batch 1", run_ring(3, 7, 1, 9, 0, 0));
+    TEST_CASE("4 ranks, chunks of 7, window 9, alibi", run_ring(4, 7, 2, 9, 1, 0));
+    TEST_CASE("4 ranks, chunks of 8, window 3 (blocks not sent)", run_ring(4, 8, 2, 3, 0, 0));
+    TEST_CASE("2 ranks, chunks of 33 (tiles of 64 split), window 40", run_ring(2, 33, 2, 40, 0, 0));
+    TEST_CASE("4 ranks, chunks of 5, causal, deterministic (dQ added per call)",
+              run_ring(4, 5, 2, -1, 0, 1));
+    TEST_CASE("3 ranks, chunks of 7, window 9, deterministic", run_ring(3, 7, 2, 9, 0, 1));
     return TEST_SUMMARY();
 }

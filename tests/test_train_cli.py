@@ -341,6 +341,28 @@ def test_bench_attention_times_one_layer(tmp_path, sets):
     assert not os.path.exists(cfg["log"]["dir"])
 
 
+RING_PHASE = re.compile(r"^  (pack|kernel|merge|fill|add|store) +([0-9.]+) \( *([0-9.]+)\) +([0-9.]+) \( *([0-9.]+)\)$")
+
+
+def test_bench_attention_ring_breakdown(tmp_path):
+    # dist.context_parallel = 2: the ring's summed line, then its device time by phase (forward,
+    # backward; ops in brackets): every call's kernel merged once forward, one output store per
+    # rank, and the totals beside the unsplit call.
+    cfg = tiny(tmp_path)
+    r = run(["bench", "-c", write_config(tmp_path, cfg), "--steps", "2", "--attention", "--device", "cpu",
+             "--set", "dist.context_parallel=2"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert "context parallelism 2" in lines[1] and "by phase" in lines[2], r.stdout
+    phases = {m.group(1): m for m in map(RING_PHASE.match, lines[3:9]) if m}
+    assert sorted(phases) == sorted(["pack", "kernel", "merge", "fill", "add", "store"]), r.stdout
+    kernel, merge, store = phases["kernel"], phases["merge"], phases["store"]
+    assert float(kernel.group(2)) > 0 and float(kernel.group(4)) > 0, r.stdout
+    assert kernel.group(3) == merge.group(3) and float(kernel.group(3)) > 0, r.stdout
+    assert float(store.group(3)) == 2 and float(merge.group(5)) == 0, r.stdout
+    assert lines[9].startswith("  total") and lines[10].startswith("  unsplit"), r.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # scripts/long_copy_proof.sh (issue 7's proof that long context is learned)
 

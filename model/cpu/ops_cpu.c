@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/timer.h"
 #include "model/cpu/ops_cpu.h"
 
 // Cache-line aligned so OpenMP chunks of COL_CHUNK floats never share a line across buffers.
@@ -82,6 +83,13 @@ static void *cpu_capture_end(Backend *be, char *err, size_t errlen) {
 static int cpu_graph_launch(Backend *be, void *graph) { return -1; }
 static void cpu_graph_free(Backend *be, void *graph) {}
 
+static void *cpu_mark_create(Backend *be) { return xcalloc(1, sizeof(double)); }
+static void cpu_mark_record(Backend *be, void *mark) { *(double *)mark = now_seconds(); }
+static double cpu_mark_elapsed_ms(Backend *be, void *a, void *b) {
+    return 1e3 * (*(const double *)b - *(const double *)a);
+}
+static void cpu_mark_free(Backend *be, void *mark) { free(mark); }
+
 static void cpu_destroy(Backend *be) {
     attn_context_destroy(be->attn);
     free(be);
@@ -140,5 +148,9 @@ Backend *backend_cpu_create(void) {
     be->graph_launch = cpu_graph_launch;
     be->graph_free = cpu_graph_free;
     be->add_layernorm_forward = cpu_add_layernorm_forward;
+    be->mark_create = cpu_mark_create;
+    be->mark_record = cpu_mark_record;
+    be->mark_elapsed_ms = cpu_mark_elapsed_ms;
+    be->mark_free = cpu_mark_free;
     return be;
 }

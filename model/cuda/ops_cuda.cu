@@ -169,6 +169,22 @@ static int cu_memory(Backend *be, size_t *free_bytes, size_t *used_bytes) {
     return 1;
 }
 
+static void *cu_mark_create(Backend *be) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return (void *)e;
+}
+static void cu_mark_record(Backend *be, void *mark) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)mark, cuda_ctx(be)->stream));
+}
+static double cu_mark_elapsed_ms(Backend *be, void *a, void *b) {
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return ms;
+}
+static void cu_mark_free(Backend *be, void *mark) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)mark)); }
+
 #define FILL_THREADS 256  // one thread per element
 
 __global__ void fill_f32_kernel(float *p, float value, size_t n) {
@@ -239,5 +255,9 @@ Backend *backend_cuda_create(DType dtype, int device, AttnKernel kernel) {
     be->graph_launch = cuda_graph_launch;
     be->graph_free = cuda_graph_free;
     be->add_layernorm_forward = cuda_add_layernorm_forward;
+    be->mark_create = cu_mark_create;
+    be->mark_record = cu_mark_record;
+    be->mark_elapsed_ms = cu_mark_elapsed_ms;
+    be->mark_free = cu_mark_free;
     return be;
 }

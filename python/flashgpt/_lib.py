@@ -45,6 +45,7 @@ class AttnParams(C.Structure):
         ("sparse_q_offsets", C.c_void_p), ("sparse_q_blocks", C.c_void_p),
         ("sparse_k_offsets", C.c_void_p), ("sparse_k_blocks", C.c_void_p),
         ("offset_dev", C.c_void_p),
+        ("dsum", C.c_void_p), ("dsum_ready", C.c_int), ("dq_accum", C.c_void_p),
     ]
 
 

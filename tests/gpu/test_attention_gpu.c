@@ -601,11 +601,72 @@ static AttnParams chunk_params(const AttnParams *p, int q0, int q1, int k0, int 
     return c;
 }
 
+// run_chunks' backward again from the same start values, the calls of each query chunk sharing
+// D (computed by its first call, read by its second: attention.h's dsum) and, without the
+// deterministic backward, one dQ accumulator (dq_accum) added into the fp32 dq once by
+// attn_dq_accum_store. dK and dV depend on D alone, the same floats, so they equal run_chunks'
+// (grads[g]->h: the calls' share) bitwise, and so does the deterministic dQ; the accumulated dQ
+// sums in another order and keeps run_chunks' bound against float64.
+static void chunks_shared(AttnContext *ctx, const ChunkCase *c, const AttnParams *p, const int qb[3],
+                          const int kb[3], Buf *const grads[3], float *const start[3],
+                          const double *const ref[3], const double *const lowp[3]) {
+    char err[ERR_LEN];
+    const int B = c->B, NH = c->NH, NKV = c->NKV, HS = c->HS;
+    float *dsum_d[2], *acc_d[2] = {NULL, NULL};
+    for (int qc = 0; qc < 2; qc++) {
+        const AttnParams pp = chunk_params(p, qb[qc], qb[qc + 1], kb[0], kb[1]);
+        CUDA_OK(cudaMalloc((void **)&dsum_d[qc], (size_t)B * NH * pp.T_q * sizeof(float)));
+        if (c->deterministic) continue;
+        CUDA_OK(cudaMalloc((void **)&acc_d[qc], attn_dq_accum_floats(&pp) * sizeof(float)));
+        CUDA_OK(cudaMemset(acc_d[qc], 0, attn_dq_accum_floats(&pp) * sizeof(float)));
+    }
+    for (int g = 0; g < 3; g++) upload(grads[g]->d, start[g], grads[g]->n, DTYPE_F32);
+    for (int kc = 0; kc < 2; kc++)
+        for (int qc = 0; qc < 2; qc++) {
+            AttnParams pp = chunk_params(p, qb[qc], qb[qc + 1], kb[kc], kb[kc + 1]);
+            pp.dsum = dsum_d[qc];
+            pp.dsum_ready = kc > 0;
+            pp.dq_accum = acc_d[qc];
+            EXPECT(attn_backward(ctx, &pp, err, sizeof err) == 0, "%s: shared backward of chunk pair "
+                   "(%d, %d) refused: %s", c->name, qc, kc, err);
+        }
+    for (int qc = 0; qc < 2 && !c->deterministic; qc++) {
+        AttnParams pp = chunk_params(p, qb[qc], qb[qc + 1], kb[0], kb[1]);
+        pp.dq_accum = acc_d[qc];
+        EXPECT(attn_dq_accum_store(ctx, &pp, err, sizeof err) == 0, "%s: dQ store refused: %s", c->name, err);
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    printf("  %-34s shared:", "");
+    const char *names[3] = {"dq", "dk", "dv"};
+    const int Hs[3] = {NH, NKV, NKV};
+    for (int g = 0; g < 3; g++) {
+        float *h = malloc(grads[g]->n * sizeof(float));
+        download(h, grads[g]->d, grads[g]->n, DTYPE_F32);
+        for (size_t e = 0; e < grads[g]->n; e++) h[e] -= start[g][e];
+        if (g > 0 || c->deterministic)
+            EXPECT(memcmp(h, grads[g]->h, grads[g]->n * sizeof(float)) == 0,
+                   "%s: %s with D shared differs from the calls' own", c->name, names[g]);
+        Buf got = *grads[g];
+        got.h = h;
+        const double e_gpu = err_vs(&got, ref[g], ref[g], B, c->T, Hs[g], HS);
+        const double bound = 2 * err_d(lowp[g], ref[g], grads[g]->n) + ATOL;
+        printf(" %s %.1e/%.1e", names[g], e_gpu, bound);
+        EXPECT(e_gpu <= bound, "%s: shared %s error vs float64 %.3e > bound %.3e", c->name, names[g], e_gpu, bound);
+        free(h);
+    }
+    printf("\n");
+    for (int qc = 0; qc < 2; qc++) {
+        CUDA_OK(cudaFree(dsum_d[qc]));
+        if (acc_d[qc]) CUDA_OK(cudaFree(acc_d[qc]));
+    }
+}
+
 // Forward over the four pairs (each pair's out into its key chunk's own tensor, its lse into its
 // key chunk's plane of (2, B, NH, T) by the lse strides), merged on the host through the lse;
 // then the backward of every pair with accumulate, from the merged out and lse, adding into fp32
 // dq, dk, dv that start from random values. Merged out and lse and the summed gradients must
-// match the unsplit problem's float64 reference within the bounds of run_case.
+// match the unsplit problem's float64 reference within the bounds of run_case. Then the same
+// backward again with the calls' per-query work shared (chunks_shared).
 static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
     char err[ERR_LEN];
     const int B = c->B, T = c->T, NH = c->NH, NKV = c->NKV, HS = c->HS;
@@ -710,9 +771,10 @@ static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
         const double bound = 2 * err_d(lowp[g], ref[g], g ? nk : nq) + ATOL;
         printf(" %s %.1e/%.1e", names[g], e_gpu, bound);
         EXPECT(e_gpu <= bound, "%s: summed %s error vs float64 %.3e > bound %.3e", c->name, names[g], e_gpu, bound);
-        free(start[g]);
     }
     printf(" lse %.1e\n", lse_err);
+    chunks_shared(ctx, c, &p, qb, kb, grads, start, ref, lowp);
+    for (int g = 0; g < 3; g++) free(start[g]);
 
     free(lse_parts);
     free(lse);

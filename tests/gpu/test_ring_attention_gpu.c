@@ -13,9 +13,9 @@
 
 static Backend *cuda_rank(DType dtype) { return backend_cuda_create(dtype, 0, ATTN_KERNEL_AUTO); }
 
-static void run_ring(DType dt, int P, int c, int B, int window, int alibi) {
-    RingCase rc = {.P = P, .c = c, .B = B, .window = window, .alibi = alibi, .make_backend = cuda_rank,
-                   .dtype = dt};
+static void run_ring(DType dt, int P, int c, int B, int window, int alibi, int det) {
+    RingCase rc = {.P = P, .c = c, .B = B, .window = window, .alibi = alibi, .deterministic = det,
+                   .make_backend = cuda_rank, .dtype = dt};
     Backend *gpu = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO), *cpu = backend_cpu_create();
     ring_inputs(&rc, gpu, 23 + (uint64_t)(P * 1000 + c));
     ring_results(&rc);
@@ -34,8 +34,8 @@ static void run_ring(DType dt, int P, int c, int B, int window, int alibi) {
     const RingErr e_one = ring_err(&whole, &w[0]);
     free(whole.lse[0]);
     const double slack = 0x1p-8;
-    printf("  %s P=%d c=%d B=%d window %d alibi %d: ring/unsplit rel err out %.2e/%.2e lse %.2e/%.2e dqkv %.2e/%.2e\n",
-           dtype_name(dt), P, c, B, window, alibi, e_ring.out, e_one.out, e_ring.lse, e_one.lse, e_ring.dqkv,
+    printf("  %s P=%d c=%d B=%d window %d alibi %d det %d: ring/unsplit rel err out %.2e/%.2e lse %.2e/%.2e dqkv %.2e/%.2e\n",
+           dtype_name(dt), P, c, B, window, alibi, det, e_ring.out, e_one.out, e_ring.lse, e_one.lse, e_ring.dqkv,
            e_one.dqkv);
     EXPECT(e_ring.out <= 2 * e_one.out + slack, "out %.3e > 2 x %.3e + 2^-8", e_ring.out, e_one.out);
     EXPECT(e_ring.lse <= 2 * e_one.lse + slack, "lse %.3e > 2 x %.3e + 2^-8", e_ring.lse, e_one.lse);
@@ -46,12 +46,15 @@ static void run_ring(DType dt, int P, int c, int B, int window, int alibi) {
 }
 
 int main(void) {
-    TEST_CASE("bf16, 2 ranks, chunks of 37, causal", run_ring(DTYPE_BF16, 2, 37, 2, -1, 0));
-    TEST_CASE("bf16, 3 ranks, chunks of 65, causal", run_ring(DTYPE_BF16, 3, 65, 2, -1, 0));
-    TEST_CASE("bf16, 4 ranks, chunks of 96, causal, batch 1", run_ring(DTYPE_BF16, 4, 96, 1, -1, 0));
-    TEST_CASE("bf16, 4 ranks, chunks of 50, window 70", run_ring(DTYPE_BF16, 4, 50, 2, 70, 0));
-    TEST_CASE("bf16, 4 ranks, chunks of 40, window 20 (blocks not sent)", run_ring(DTYPE_BF16, 4, 40, 2, 20, 0));
-    TEST_CASE("bf16, 2 ranks, chunks of 64, alibi", run_ring(DTYPE_BF16, 2, 64, 2, -1, 1));
-    TEST_CASE("fp16, 3 ranks, chunks of 129, causal", run_ring(DTYPE_F16, 3, 129, 2, -1, 0));
+    TEST_CASE("bf16, 2 ranks, chunks of 37, causal", run_ring(DTYPE_BF16, 2, 37, 2, -1, 0, 0));
+    TEST_CASE("bf16, 3 ranks, chunks of 65, causal", run_ring(DTYPE_BF16, 3, 65, 2, -1, 0, 0));
+    TEST_CASE("bf16, 4 ranks, chunks of 96, causal, batch 1", run_ring(DTYPE_BF16, 4, 96, 1, -1, 0, 0));
+    TEST_CASE("bf16, 4 ranks, chunks of 50, window 70", run_ring(DTYPE_BF16, 4, 50, 2, 70, 0, 0));
+    TEST_CASE("bf16, 4 ranks, chunks of 40, window 20 (blocks not sent)", run_ring(DTYPE_BF16, 4, 40, 2, 20, 0, 0));
+    TEST_CASE("bf16, 2 ranks, chunks of 64, alibi", run_ring(DTYPE_BF16, 2, 64, 2, -1, 1, 0));
+    TEST_CASE("fp16, 3 ranks, chunks of 129, causal", run_ring(DTYPE_F16, 3, 129, 2, -1, 0, 0));
+    TEST_CASE("bf16, 4 ranks, chunks of 70, causal, deterministic (dQ added per call)",
+              run_ring(DTYPE_BF16, 4, 70, 2, -1, 0, 1));
+    TEST_CASE("bf16, 3 ranks, chunks of 50, window 60, deterministic", run_ring(DTYPE_BF16, 3, 50, 2, 60, 0, 1));
     return TEST_SUMMARY();
 }
