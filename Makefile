@@ -91,7 +91,7 @@ Q :=
 say :=
 else
 Q := @
-say = @printf '  %-6s %s\n' $(1) $(2);
+say = @printf '  %-6s %s\n' $(1) '$(2)';
 endif
 
 .PHONY: all test test-docs test-gpu test-gpu-dist test-gpu-sanitize test-asan asan-run fuzz fuzz-bins fuzz-run \
@@ -164,7 +164,7 @@ test: check-deps $(BIN) $(TEST_BIN) $(TOOL_BIN) $(REPLAY_BIN) $(BUILD)/libattent
 # The commands README.md and docs/ show, each run on tiny inputs or listed with the reason it is
 # not (tests/test_doc_commands.py, part of make test), alone.
 test-docs: $(BIN) $(TOOL_BIN)
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_doc_commands.py
+	$(call say,PYTEST,tests/test_doc_commands.py)$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_doc_commands.py
 
 test-gpu: $(BIN) $(GPU_TEST_BIN) $(BUILD)/libattention.so
 	@$(LIBATTENTION_ENV) PYTHONPATH=$(CURDIR)/python bash tests/run_tests.sh --gpu $(GPU_TEST_BIN) \
@@ -213,10 +213,10 @@ fuzz-run: fuzz
 
 # Data parallelism on 2 GPUs of one host: NCCL under torchrun and mpirun, faults.
 test-gpu-dist: $(BIN)
-	$(PYTHON) -m pytest -s -q -p no:cacheprovider tests/gpu/test_dist_gpu.py
+	$(call say,PYTEST,tests/gpu/test_dist_gpu.py)$(PYTHON) -m pytest -s -q -p no:cacheprovider tests/gpu/test_dist_gpu.py
 
 bench: $(BIN)
-	./$(BIN) bench
+	$(call say,BENCH,$(BIN))./$(BIN) bench
 
 clean:
-	rm -rf $(BUILD) $(BIN)
+	$(call say,CLEAN,$(BUILD) $(BIN))rm -rf $(BUILD) $(BIN)

@@ -188,19 +188,17 @@ int convert_publish(const char *tmp, const char *out, char *err, size_t errlen) 
 // ----------------------------------------------------------------------------------------------
 // import
 
-// The tokenizer file must be llm.c's (magic, version 1 or 2) and cover the model's vocabulary.
+// The tokenizer file must load (data/tokenizer.h checks llm.c's format) and cover the model's
+// vocabulary.
 static int check_tokenizer(const char *path, int V, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return set_error(err, errlen, "--tokenizer '%s': cannot open: %s", path, strerror(errno));
-    int32_t h[256];
-    size_t got = fread(h, sizeof(int32_t), 256, f);
-    fclose(f);
-    if (got != 256 || h[0] != TOKENIZER_MAGIC || (h[1] != 1 && h[1] != 2))
-        return set_error(err, errlen, "--tokenizer '%s': not an llm.c tokenizer file (expected magic %d, "
-                                      "version 1 or 2)", path, TOKENIZER_MAGIC);
-    if (h[2] != V)
+    char why[ERR_LEN];
+    Tokenizer *t = tokenizer_load(path, why, sizeof why);
+    if (!t) return set_error(err, errlen, "--tokenizer: %s", why);
+    const int n = tokenizer_vocab_size(t);
+    tokenizer_free(t);
+    if (n != V)
         return set_error(err, errlen, "--tokenizer '%s' has %d tokens but the model's vocabulary has %d",
-                         path, h[2], V);
+                         path, n, V);
     return 0;
 }
 

@@ -28,14 +28,9 @@ HfTensor *hf_plan_add(HfPlan *p, const char *hf, const char *ours, int ndim, int
                       int row0, int transpose) {
     if (p->n == p->cap) p->t = xrealloc(p->t, (size_t)(p->cap = p->cap ? 2 * p->cap : 64) * sizeof *p->t);
     HfTensor *t = &p->t[p->n++];
-    memset(t, 0, sizeof *t);
+    *t = (HfTensor){.rows = rows, .width = width, .row0 = row0, .transpose = transpose, .ndim = ndim};
     snprintf(t->hf, sizeof t->hf, "%s", hf);
     snprintf(t->ours, sizeof t->ours, "%s", ours);
-    t->ndim = ndim;
-    t->rows = rows;
-    t->width = width;
-    t->row0 = row0;
-    t->transpose = transpose;
     return t;
 }
 

@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 
 #include "common/check.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
 
 #define LLMC_MAGIC 20240326
 #define LLMC_HEADER_INTS 256
@@ -34,9 +36,9 @@ static const char *const LAYER_KINDS[] = {
 // What other llm.c magics mean, so a user who passed the wrong file learns which one it was.
 static const char *magic_hint(int32_t magic) {
     switch (magic) {
-    case 20240520: return " (this is an llm.c token shard)";
-    case 20240801: return " (this is an llm.c token shard with uint32 tokens)";
-    case 20240328: return " (this is an llm.c tokenizer file)";
+    case SHARD_MAGIC_U16: return " (this is an llm.c token shard)";
+    case SHARD_MAGIC_U32: return " (this is an llm.c token shard with uint32 tokens)";
+    case TOKENIZER_MAGIC: return " (this is an llm.c tokenizer file)";
     case 20240327: return " (this is an llm.c debug state file)";
     default: return "";
     }

@@ -144,25 +144,39 @@ static void grouped_reduce(Comm *c, void *buf, const size_t *parts, DType t, cud
     wait_queued(c, ncclGroupEnd(), what);
 }
 
-// Equal segments use NCCL's in-place reduce-scatter; unequal ones (the last shard shorter) a
-// group of reductions, one to each segment's owner.
-static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, DType t) {
+// Reduce-scatter and all-gather over equal segments (counts[r] all alike): NCCL's in-place
+// collective between buf and this rank's segment. Returns 0, queueing nothing, when the
+// segments differ (the last shard shorter), for the caller's grouped form.
+static int equal_segments(Comm *c, void *buf, const size_t *counts, DType t, int gather) {
+    if (!equal_counts(c, counts)) return 0;
     NcclCtx *x = c->ctx;
-    const size_t es = dtype_size(t);
-    char *b = buf;
-    if (equal_counts(c, counts)) {
-        wait_queued(c,
-                    ncclReduceScatter(b, b + (size_t)c->rank * counts[0] * es, counts[0],
-                                      nccl_type(t), ncclSum, x->nccl, x->stream),
-                    "reduce-scatter");
-        return;
-    }
-    grouped_reduce(c, b, counts, t, x->stream, "reduce-scatter");
+    char *own = (char *)buf + (size_t)c->rank * counts[0] * dtype_size(t);
+    const ncclResult_t r =
+        gather ? ncclAllGather(own, buf, counts[0], nccl_type(t), x->nccl, x->stream)
+               : ncclReduceScatter(buf, own, counts[0], nccl_type(t), ncclSum, x->nccl, x->stream);
+    wait_queued(c, r, gather ? "all-gather" : "reduce-scatter");
+    return 1;
+}
+
+// Equal segments through equal_segments; unequal ones as a group of reductions, one to each
+// segment's owner.
+static void nccl_reduce_scatter(Comm *c, void *buf, const size_t *counts, DType t) {
+    if (!equal_segments(c, buf, counts, t, 0))
+        grouped_reduce(c, buf, counts, t, ((NcclCtx *)c->ctx)->stream, "reduce-scatter");
 }
 
 static void cuda_ok(const Comm *c, cudaError_t e, const char *what) {
     if (e != cudaSuccess)
         fatal(EXIT_RUNTIME, "rank %d: %s: %s", c->rank, what, cudaGetErrorString(e));
+}
+
+// What is queued on the side stream from now on runs after the work queued so far on the
+// comm's stream; the next wait() waits for it.
+static void side_after_stream(Comm *c) {
+    NcclCtx *x = c->ctx;
+    cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
+    cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
+    x->side_busy = 1;
 }
 
 // The range's part in each segment is reduced to that segment's owner on the side stream, once
@@ -172,9 +186,7 @@ static void nccl_reduce_scatter_start(Comm *c, void *buf, size_t offset, size_t 
     NcclCtx *x = c->ctx;
     size_t *parts = xmalloc((size_t)c->world * sizeof(size_t));  // (world)
     comm_range_parts(offset, count, counts, c->world, parts);
-    cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
-    cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
-    x->side_busy = 1;
+    side_after_stream(c);
     grouped_reduce(c, (char *)buf + offset * dtype_size(t), parts, t, x->side,
                    "gradient bucket reduce-scatter");
     free(parts);
@@ -252,9 +264,7 @@ static int nccl_sendrecv_start(Comm *c, const void *send, size_t send_bytes, int
                                size_t recv_bytes, int src) {
     NcclCtx *x = c->ctx;
     const int handle = x->next_handle++;
-    cuda_ok(c, cudaEventRecord(x->ready, x->stream), "cudaEventRecord");
-    cuda_ok(c, cudaStreamWaitEvent(x->side, x->ready, 0), "cudaStreamWaitEvent");
-    x->side_busy = 1;
+    side_after_stream(c);
     ncclGroupStart();
     if (send) ncclSend(send, send_bytes, ncclUint8, dst, x->nccl, x->side);
     if (recv) ncclRecv(recv, recv_bytes, ncclUint8, src, x->nccl, x->side);
@@ -293,20 +303,14 @@ static Comm *nccl_split(Comm *c, int color, int key, char *err, size_t errlen) {
     return nccl_wrap(sub, rank, world, x->stream, NULL, c->timeout_s);
 }
 
+// Equal segments through equal_segments; unequal ones as a group of broadcasts, each segment
+// from its owner.
 static void nccl_allgather(Comm *c, void *buf, const size_t *counts, DType t) {
+    if (equal_segments(c, buf, counts, t, 1)) return;
     NcclCtx *x = c->ctx;
-    const size_t es = dtype_size(t);
-    char *b = buf;
-    if (equal_counts(c, counts)) {
-        wait_queued(c,
-                    ncclAllGather(b + (size_t)c->rank * counts[0] * es, b, counts[0], nccl_type(t),
-                                  x->nccl, x->stream),
-                    "all-gather");
-        return;
-    }
     ncclGroupStart();
     for (int r = 0; r < c->world; r++) {
-        char *seg = b + offset_of(counts, r) * es;
+        char *seg = (char *)buf + offset_of(counts, r) * dtype_size(t);
         ncclBroadcast(seg, seg, counts[r], nccl_type(t), r, x->nccl, x->stream);
     }
     wait_queued(c, ncclGroupEnd(), "all-gather");

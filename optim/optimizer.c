@@ -1,5 +1,5 @@
-// optimizer: the Optimizer interface (optim/optim.h) over the host AdamW, and the one place
-// that picks the implementation for a device.
+// optimizer: the Optimizer interface (optim/optim.h) over the host AdamW, and the choice of the
+// implementation for a device.
 #include <stdlib.h>
 #include <string.h>
 

@@ -8,9 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-../shared/device/fetch-deps.sh "$tmp" libcjson1 libcjson-dev libpcre2-dev libpcre2-8-0 libopenblas0-pthread \
-    libopenblas-pthread-dev libopenblas-dev libgfortran5 libssl-dev libssl3 zlib1g zlib1g-dev libzstd1 \
-    libzstd-dev >/dev/null
+# The packages' files unpacked under $tmp (apt-get download needs no root; the index is updated
+# only when a package is not found in it).
+pkgs=(libcjson1 libcjson-dev libpcre2-dev libpcre2-8-0 libopenblas0-pthread libopenblas-pthread-dev
+      libopenblas-dev libgfortran5 libssl-dev libssl3 zlib1g zlib1g-dev libzstd1 libzstd-dev)
+mkdir "$tmp/debs"
+(cd "$tmp/debs" && apt-get download "${pkgs[@]}" >/dev/null 2>&1) ||
+    { apt-get update >/dev/null && (cd "$tmp/debs" && apt-get download "${pkgs[@]}" >/dev/null); }
+for deb in "$tmp"/debs/*.deb; do dpkg -x "$deb" "$tmp"; done
 rm -rf .deps
 mkdir -p .deps/include .deps/lib
 src=$tmp/usr

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The seed experiment of issue 7: the same GPT trained for a fixed number of steps at several
+"""The long-context experiment: the same GPT trained for a fixed number of steps at several
 sequence lengths with attention.impl = naive and = flash; one row per length with peak GPU memory,
 tokens/s and the speedup of flash over naive (OOM shown as OOM).
 

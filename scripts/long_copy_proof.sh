@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proof that long context is learned (issue 7): the `copy` task (the second half of each sequence
+# Proof that long context is learned: the `copy` task (the second half of each sequence
 # repeats the first, so every scored token's source lies exactly SEQ/2 tokens back), trained with
 # flash + RoPE, against a control whose sliding window cannot reach the sources.
 #

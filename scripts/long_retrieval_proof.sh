@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proof that long context is learned (issue 7): the `retrieval` task (16 key/value pairs open each
+# Proof that long context is learned: the `retrieval` task (16 key/value pairs open each
 # sequence; the same pairs, shuffled, close it, and only the closing values are scored, so every
 # scored token needs attention back over almost the whole sequence), trained with flash + RoPE,
 # against a control whose sliding window cannot reach the answers. Not robust (below); the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares tinyshakespeare as token shards in data_cache/shakespeare_<tokenizer>/ (default: char).
-# The text (and GPT-2's files) come through scripts/fetch_data.sh: from ../shared/data/ when
-# present, otherwise downloaded from their public sources.
+# The text (and GPT-2's files) come through scripts/fetch_data.sh: from a local copy when it finds
+# one, otherwise downloaded from their public sources.
 #   usage: scripts/prepare_shakespeare.sh [char|byte|gpt2]
 set -euo pipefail
 cd "$(dirname "$0")/.."

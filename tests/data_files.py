@@ -1,5 +1,5 @@
 """The data files the tests read, in data_cache/. scripts/fetch_data.sh puts them there (linked
-from ../shared/data/ when present, else downloaded); importing this module runs it when a file is
+from a local copy when it finds one, else downloaded); importing this module runs it when a file is
 missing, so the tests never skip for want of data: without the files they fail, saying why."""
 import os
 import subprocess

@@ -538,7 +538,9 @@ def test_export_and_import_bad_usage(trained, tmp_path):
                    tmp_path)
     expect_refusal(["import", "--from", "llmc", "x.bin", "--out", out], ["already exists"], tmp_path)
     tok = tmp_path / "tok.bin"
-    tok.write_bytes(np.array([20240328, 2, 99, 0] + [0] * 252, np.int32).tobytes())
+    # a valid llm.c tokenizer file (header, then each token's length byte and byte) of 99 tokens
+    tok.write_bytes(np.array([20240328, 2, 99, 0] + [0] * 252, np.int32).tobytes() +
+                    b"".join(bytes([1, i + 1]) for i in range(99)))
     d = LLMC
     model = str(tmp_path / "m.bin")
     write_llmc(model, llmc_params(1, **d), 3, **d)

@@ -364,7 +364,7 @@ def test_bench_attention_ring_breakdown(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/long_copy_proof.sh (issue 7's proof that long context is learned)
+# scripts/long_copy_proof.sh (the proof that long context is learned)
 
 COPY_PROOF = os.path.join(ROOT, "scripts", "long_copy_proof.sh")
 # The script runs ./train_gpt: not the binary under test when TRAIN_GPT names another build.
