@@ -85,9 +85,11 @@ typedef struct {
     DType dtype;                // element type of q, k, v, out, dout, dq, dk, dv
     AttnImpl impl;
     int deterministic;              // bitwise reproducible dq (and dk, dv)
-    // Filled by attn_forward / attn_backward from the context: its stream, and its own workspace
-    // unless the caller hands one in (workspace != NULL, at least attn_workspace_bytes(); device
-    // memory for CUDA, 16-byte aligned).
+    // The stream is the context's (attn_forward, attn_backward and attn_decode run on it; the
+    // caller's params are left as given). The workspace: NULL, the context's own, grown to the
+    // largest problem seen; or the caller's, which every entry point (forward, backward, decode)
+    // uses as it is: at least attn_workspace_bytes() for this problem (attn_check refuses less),
+    // device memory for CUDA, 16-byte aligned.
     void *stream;
     void *workspace;
     size_t workspace_bytes;
@@ -216,12 +218,13 @@ int attn_backward(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 // against a long key/value cache, with attn_forward's contract and result (out, lse, every
 // masking rule). On CUDA it runs the split-KV kernel (FlashDecoding): the visible key range is
 // cut into splits over the GPU's multiprocessors, each writing a partial output and its
-// log-sum-exp to the context's workspace, merged in fp32 by a second kernel; one block reads
-// each K/V head once for all the query heads of its GQA group. It takes bf16 and fp16, impl
-// flash, HS 64 or 128, no dropout, no documents, k and v 16-byte aligned with strides in
-// multiples of 8 elements; any other problem (and every problem on the CPU) runs exactly
-// attn_forward. A cache laid out (B, NKV, T_max, HS), k_st = {NKV * T_max * HS, HS, T_max * HS},
-// reads each head's keys contiguously.
+// log-sum-exp to the workspace (the caller's or the context's, as attn_forward), merged in fp32
+// by a second kernel; one block reads each K/V head once for all the query heads of its GQA
+// group. It takes bf16 and fp16, impl flash, HS 64 or 128, causal, windows and ALiBi; a problem
+// with what it lacks (dropout, documents, soft-capping, a block mask: the one routing table of
+// attention/route.c) and every problem on the CPU runs exactly attn_forward. A cache laid out
+// (B, NKV, T_max, HS), k_st = {NKV * T_max * HS, HS, T_max * HS}, reads each head's keys
+// contiguously.
 #define ATTN_DECODE_MAX_TQ 8
 int attn_decode(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 // The number of key splits attn_decode runs p (accepted by attn_check) with on ctx: >= 1 for
@@ -245,8 +248,11 @@ size_t attn_params_size(void);
 // are acceptable, otherwise writes a message a user can act on into err and returns -1.
 int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t errlen);
 
-// Scratch memory the chosen implementation needs for forward+backward of this problem (bytes).
-// Flash implementations need O(B*NH*T); naive needs O(B*NH*T_q*T_k).
+// Scratch memory (bytes) that forward, backward and attn_decode of this problem need, whichever
+// implementation each runs: the one workspace size a caller's buffer must have. Flash needs
+// O(B*NH*T); naive O(B*NH*T_q*T_k); the split-KV decode a partial output per split and query
+// row, its splits bounded for every GPU (a few MiB), so a decode whose cache grows step by step
+// needs the same workspace at every step.
 size_t attn_workspace_bytes(const AttnParams *p, Device dev);
 // Whether the problem runs the materialised (naive) path on dev: impl naive, or fp32 on CUDA,
 // which has no tensor-core flash kernel. On CUDA, softcap runs on the sm90 flash family only

@@ -11,6 +11,7 @@
 #include "attention/flash_tiles.cuh"
 #include "attention/mask.h"
 #include "attention/naive_cuda.cuh"
+#include "attention/route.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -65,21 +66,17 @@ static size_t sm80_bwd_smem_bytes(int HS) {
 // wgmma family's forward takes head sizes 64, 96, 128 and 256, its backward 64 and 128; the other
 // head sizes of the sm80 family (32, and the backward at 96 and 256) run that family on Hopper
 // too, whatever the context asked for.
-// fp32 (no tensor-core flash kernel) and impl naive run the materialised version
-// (attn_runs_naive; attn_check has refused the features the flash kernels lack). Only the sm90
+// fp32 (no tensor-core flash kernel) and impl naive run the materialised version, and the
+// feature instance (EXTRAS: soft-capping, ALiBi, dropout, a block mask) runs where the plain one
+// lacks a feature (attn_route, attention/route.c). Only the sm90
 // forward's tile depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents
 // why). Returns -1 with a message when nothing fits.
-// The kernels' feature instances (EXTRAS): soft-capping, ALiBi, dropout and a block mask. The
-// plain instances walk every key tile of the span and evaluate none of them.
-static bool needs_extras(const AttnParams &p) {
-    return p.alibi_slopes != NULL || p.dropout_p > 0.f || p.softcap > 0.f || attn_sparse(&p);
-}
-
 static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backward, AttnKernelChoice *c,
                               char *err, size_t errlen) {
+    const AttnRoute route = attn_route(&p, DEVICE_CUDA);
     c->hs = p.HS;
-    c->extras = needs_extras(p);
-    if (attn_runs_naive(&p, DEVICE_CUDA)) {
+    c->extras = route.extras;
+    if (route.naive) {
         c->family = FAMILY_NAIVE;
         return 0;
     }
@@ -311,10 +308,11 @@ static int plan_for(AttnGpu *g, const AttnParams &p, int backward, AttnKernelCho
     memset(&k, 0, sizeof k);   // padding too: keys are compared bytewise
     k.backward = backward;
     k.hs = p.HS;
-    k.extras = needs_extras(p);
+    const AttnRoute route = attn_route(&p, DEVICE_CUDA);
+    k.extras = route.extras;
     k.softcap = p.softcap > 0.f;
     k.deterministic = p.deterministic;
-    k.naive = attn_runs_naive(&p, DEVICE_CUDA);
+    k.naive = route.naive;
     k.long_q = p.T_q >= 4096;
     k.sparse = attn_sparse(&p);
     k.dtype = p.dtype;
@@ -356,15 +354,19 @@ static int attach_workspace(AttnGpu *g, AttnParams *p, size_t need, char *err, s
     return 0;
 }
 
+// A workspace the caller hands in must be 16-byte aligned (attn_check has checked its size).
+static int check_caller_workspace(const AttnParams *p, char *err, size_t errlen) {
+    if (!p->workspace || (uintptr_t)p->workspace % 16 == 0) return 0;
+    snprintf(err, errlen, "attention: the CUDA workspace must be 16-byte aligned (cudaMalloc's is)");
+    return -1;
+}
+
 extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, size_t errlen) {
     if (backward && !p->out) {
         snprintf(err, errlen, "attention: backward needs the forward output 'out' (for D = rowsum(dO * O))");
         return -1;
     }
-    if (p->workspace && (uintptr_t)p->workspace % 16 != 0) {
-        snprintf(err, errlen, "attention: the CUDA workspace must be 16-byte aligned (cudaMalloc's is)");
-        return -1;
-    }
+    if (check_caller_workspace(p, err, errlen) != 0) return -1;
     AttnKernelChoice c;
     if (plan_for(g, *p, backward, &c, err, errlen) != 0) return -1;
     AttnParams run = *p;   // the caller's params stay as they were given
@@ -401,16 +403,20 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
     return 0;
 }
 
-extern "C" int attn_gpu_decode_splits(const AttnGpu *g, const AttnParams *p) { return decode_splits(*p, g->sms); }
+extern "C" int attn_gpu_decode_splits(const AttnGpu *g, const AttnParams *p) {
+    return decode_plan(p, g->sms).splits;
+}
 
+// attn_workspace_bytes counts the split kernel's partials (decode_workspace_bytes), so the
+// caller's workspace, or the context's grown to that size, holds them.
 extern "C" int attn_gpu_decode(AttnGpu *g, AttnParams *p, char *err, size_t errlen) {
-    const int splits = decode_splits(*p, g->sms);
-    if (splits == 0) return attn_gpu_run(g, p, 0, err, errlen);
+    const DecodePlan d = decode_plan(p, g->sms);
+    if (d.splits == 0) return attn_gpu_run(g, p, 0, err, errlen);
+    if (check_caller_workspace(p, err, errlen) != 0) return -1;
     AttnParams run = *p;
     run.stream = g->stream;
-    run.workspace = NULL;   // the caller's was sized for attn_workspace_bytes
-    if (attach_workspace(g, &run, decode_workspace_bytes(run, g->sms), err, errlen) != 0) return -1;
-    return decode_run_cuda(run, splits, err, errlen);
+    if (attach_workspace(g, &run, attn_workspace_bytes(p, DEVICE_CUDA), err, errlen) != 0) return -1;
+    return decode_run_cuda(run, d, err, errlen);
 }
 
 extern "C" int attn_gpu_dq_accum_store(AttnGpu *g, const AttnParams *p, char *err, size_t errlen) {

@@ -7,7 +7,7 @@
 // query row exactly through their log-sum-exp, in fp32.
 //
 // GQA: a block holds the query rows of one K/V head's group (its NH / NKV heads times T_q
-// queries, up to DEC_ROWS of them), so each key and value is read once for all of them.
+// queries, up to 8 of them per block: decode_plan.h), so each key and value is read once for all of them.
 // Masking is mask.h's key range per row (causal with bottom-right alignment, windows,
 // explicit positions) and ALiBi its bias, the rules every other path uses. Every key is
 // checked against its row's range: a decode step is bound by reading the cache, and two
@@ -16,8 +16,10 @@
 // Work per warp step: lane j scores key j0 + j against every row (its key row read whole, in
 // 16-byte loads; the queries from shared memory, pre-scaled), the row maxima are reduced over
 // the warp, the probabilities go through shared memory, and for P @ V the lanes cover the head
-// dimension (one value row per key, coalesced).
+// dimension (one value row per key, coalesced). How a problem is cut (rows per block, splits)
+// is decode_plan.c's.
 #include "attention/decode_cuda.cuh"
+#include "attention/decode_plan.h"
 #include "attention/flash_common.cuh"
 #include "attention/mask.h"
 
@@ -25,40 +27,7 @@
 
 namespace {
 
-constexpr int DEC_WARPS = 4;           // warps per block, each with its own partial result
-constexpr int DEC_KEYS = 32;           // keys per warp step: one per lane
-constexpr int DEC_MIN_SPLIT = 256;     // fewest keys a split is given: two steps for each warp
-constexpr int DEC_BLOCKS_PER_SM = 8;   // blocks per multiprocessor the split count aims at
-constexpr int MERGE_WARPS = 8;         // query rows per block of the merge kernel
-
-// Query rows per block: the group's rows rounded up to 1, 4 or 8 (the kernel's template).
-int rows_per_block(const AttnParams &p) {
-    const int rows = p.NH / p.NKV * p.T_q;
-    return rows <= 1 ? 1 : rows <= 4 ? 4 : 8;
-}
-int row_chunks(const AttnParams &p) {
-    const int R = rows_per_block(p);
-    return (p.NH / p.NKV * p.T_q + R - 1) / R;
-}
-
-// The keys some query row sees: rows' ranges are monotone in i (mask.h), so the union is the
-// first row's lo to the last row's hi (the same for every batch row: no documents here).
-AttnKeyRange key_span(const AttnParams &p) {
-    AttnKeyRange r = {attn_key_range(&p, 0, 0).lo, attn_key_range(&p, 0, p.T_q - 1).hi};
-    if (r.hi < r.lo) r.hi = r.lo;
-    return r;
-}
-
-// Keys per split (a multiple of DEC_KEYS) for a given split count.
-int split_keys(const AttnParams &p, int splits) {
-    const AttnKeyRange r = key_span(p);
-    const int per = (r.hi - r.lo + splits - 1) / splits;
-    return (per + DEC_KEYS - 1) / DEC_KEYS * DEC_KEYS;
-}
-
-bool aligned16(const void *ptr, AttnStrides st) {
-    return (uintptr_t)ptr % 16 == 0 && st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;
-}
+constexpr int MERGE_WARPS = 8;   // query rows per block of the merge kernel
 
 // Two elements to fp32.
 __device__ __forceinline__ float2 pair_f32(uint32_t x, __nv_bfloat16) {
@@ -110,14 +79,14 @@ __device__ __forceinline__ DecRow dec_row(const AttnParams &p, int b, int kvh, i
 
 // grid (B * NKV, splits, row chunks): the batch rows in x, whose limit is 2^31 - 1. Partial p
 // of row index x: its output (HS floats) at part_o + (x * parts + p) * HS and its log-sum-exp
-// at part_lse[x * parts + p] (-inf when it saw no key), parts = splits * DEC_WARPS.
+// at part_lse[x * parts + p] (-inf when it saw no key), parts = splits * DECODE_WARPS.
 template <typename T, int HS, int ROWS>
-__global__ void __launch_bounds__(DEC_WARPS * 32)
+__global__ void __launch_bounds__(DECODE_WARPS * 32)
 decode_split_kernel(const AttnParams p, int keys_per_split, int k_begin, int k_end, float *part_o,
                     float *part_lse) {
     constexpr int EPL = HS / 32;   // value elements per lane in P @ V
     __shared__ __align__(16) float q_s[ROWS][HS];
-    __shared__ float p_s[DEC_WARPS][ROWS][DEC_KEYS];
+    __shared__ float p_s[DECODE_WARPS][ROWS][DECODE_KEYS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = blockIdx.x / p.NKV, kvh = blockIdx.x % p.NKV;
     const int row0 = blockIdx.z * ROWS, rows = min(ROWS, p.NH / p.NKV * p.T_q - row0);
@@ -160,7 +129,7 @@ decode_split_kernel(const AttnParams p, int keys_per_split, int k_begin, int k_e
 #pragma unroll
         for (int e = 0; e < EPL; e++) acc[r][e] = 0.f;
     }
-    for (int j0 = s0 + warp * DEC_KEYS; j0 < s1; j0 += DEC_WARPS * DEC_KEYS) {
+    for (int j0 = s0 + warp * DECODE_KEYS; j0 < s1; j0 += DECODE_WARPS * DECODE_KEYS) {
         const int j = j0 + lane;
         float s[ROWS];
 #pragma unroll
@@ -196,7 +165,7 @@ decode_split_kernel(const AttnParams p, int keys_per_split, int k_begin, int k_e
             p_s[warp][r][lane] = pr;
         }
         __syncwarp();
-        const int n = min(DEC_KEYS, s1 - j0);
+        const int n = min(DECODE_KEYS, s1 - j0);
 #pragma unroll 4
         for (int kk = 0; kk < n; kk++) {
             float vf[EPL];
@@ -211,7 +180,7 @@ decode_split_kernel(const AttnParams p, int keys_per_split, int k_begin, int k_e
         __syncwarp();   // p_s is rewritten by the next step
     }
 
-    const int parts = gridDim.y * DEC_WARPS, part = blockIdx.y * DEC_WARPS + warp;
+    const int parts = gridDim.y * DECODE_WARPS, part = blockIdx.y * DECODE_WARPS + warp;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         const float sum = warp_sum(l[r]);
@@ -253,71 +222,39 @@ decode_merge_kernel(const AttnParams p, int parts, const float *part_o, const fl
 }
 
 template <typename T, int HS, int ROWS>
-void launch_split(const AttnParams &p, int splits, float *part_o, float *part_lse, cudaStream_t s) {
-    const AttnKeyRange span = key_span(p);
-    const dim3 grid((unsigned)(p.B * p.NKV), (unsigned)splits, (unsigned)row_chunks(p));
-    decode_split_kernel<T, HS, ROWS><<<grid, DEC_WARPS * 32, 0, s>>>(p, split_keys(p, splits), span.lo,
-                                                                     span.hi, part_o, part_lse);
+void launch_split(const AttnParams &p, const DecodePlan &d, float *part_o, float *part_lse, cudaStream_t s) {
+    const dim3 grid((unsigned)(p.B * p.NKV), (unsigned)d.splits, (unsigned)d.row_chunks);
+    decode_split_kernel<T, HS, ROWS><<<grid, DECODE_WARPS * 32, 0, s>>>(p, d.keys_per_split, d.k_begin,
+                                                                        d.k_end, part_o, part_lse);
 }
 
 template <typename T, int HS>
-void launch_rows(const AttnParams &p, int splits, float *part_o, float *part_lse, cudaStream_t s) {
-    switch (rows_per_block(p)) {
-    case 1: launch_split<T, HS, 1>(p, splits, part_o, part_lse, s); break;
-    case 4: launch_split<T, HS, 4>(p, splits, part_o, part_lse, s); break;
-    default: launch_split<T, HS, 8>(p, splits, part_o, part_lse, s); break;
+void launch_rows(const AttnParams &p, const DecodePlan &d, float *part_o, float *part_lse, cudaStream_t s) {
+    switch (d.rows) {
+    case 1: launch_split<T, HS, 1>(p, d, part_o, part_lse, s); break;
+    case 4: launch_split<T, HS, 4>(p, d, part_o, part_lse, s); break;
+    default: launch_split<T, HS, 8>(p, d, part_o, part_lse, s); break;
     }
 }
 
 template <typename T>
-void launch_decode(const AttnParams &p, int splits, cudaStream_t s) {
-    const int parts = splits * DEC_WARPS;
+void launch_decode(const AttnParams &p, const DecodePlan &d, cudaStream_t s) {
+    const int parts = d.splits * DECODE_WARPS;
     float *part_o = static_cast<float *>(p.workspace);   // (B, NH, T_q, parts, HS)
     float *part_lse = part_o + (size_t)p.B * p.NH * p.T_q * parts * p.HS;   // (B, NH, T_q, parts)
-    if (p.HS == 64) launch_rows<T, 64>(p, splits, part_o, part_lse, s);
-    else launch_rows<T, 128>(p, splits, part_o, part_lse, s);
+    if (p.HS == 64) launch_rows<T, 64>(p, d, part_o, part_lse, s);
+    else launch_rows<T, 128>(p, d, part_o, part_lse, s);
     const int64_t rows = (int64_t)p.B * p.NH * p.T_q;
     decode_merge_kernel<T><<<(unsigned)((rows + MERGE_WARPS - 1) / MERGE_WARPS), MERGE_WARPS * 32, 0, s>>>(
         p, parts, part_o, part_lse);
 }
 
-// Splits that give the problem's blocks DEC_BLOCKS_PER_SM per multiprocessor, whatever T_k.
-int fill_splits(const AttnParams &p, int sms) {
-    const int64_t blocks = (int64_t)p.B * p.NKV * row_chunks(p);
-    const int64_t splits = ((int64_t)sms * DEC_BLOCKS_PER_SM + blocks - 1) / blocks;
-    return (int)(splits < 1 ? 1 : splits);
-}
-
 }  // namespace
 
-// The split count: fill_splits, but no split under DEC_MIN_SPLIT keys (a short cache needs few
-// splits, and every part adds a row to the merge).
-int decode_splits(const AttnParams &p, int sms) {
-    if (p.T_q > ATTN_DECODE_MAX_TQ || p.impl != ATTN_IMPL_FLASH || p.cu_seqlens || attn_sparse(&p) || p.dropout_p > 0.f ||
-        p.softcap > 0.f || (p.dtype != DTYPE_BF16 && p.dtype != DTYPE_F16) || (p.HS != 64 && p.HS != 128) ||
-        !aligned16(p.k, p.k_st) || !aligned16(p.v, p.v_st))
-        return 0;
-    const AttnKeyRange span = key_span(p);
-    int splits = fill_splits(p, sms);
-    const int most = (span.hi - span.lo + DEC_MIN_SPLIT - 1) / DEC_MIN_SPLIT;
-    if (splits > most) splits = most < 1 ? 1 : most;
-    // Round the split size to whole warp steps, then drop the splits that would start past the
-    // end (never more splits than before).
-    const int per = split_keys(p, splits);
-    if (per > 0) splits = (span.hi - span.lo + per - 1) / per;
-    return splits < 1 ? 1 : splits;
-}
-
-// Sized for fill_splits, the most decode_splits returns for this shape, so that a decode whose
-// cache grows step by step sizes the workspace once.
-size_t decode_workspace_bytes(const AttnParams &p, int sms) {
-    return (size_t)p.B * p.NH * p.T_q * fill_splits(p, sms) * DEC_WARPS * (p.HS + 1) * sizeof(float);
-}
-
-int decode_run_cuda(const AttnParams &p, int splits, char *err, size_t errlen) {
+int decode_run_cuda(const AttnParams &p, const DecodePlan &d, char *err, size_t errlen) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-    if (p.dtype == DTYPE_BF16) launch_decode<__nv_bfloat16>(p, splits, s);
-    else launch_decode<__half>(p, splits, s);
+    if (p.dtype == DTYPE_BF16) launch_decode<__nv_bfloat16>(p, d, s);
+    else launch_decode<__half>(p, d, s);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         snprintf(err, errlen, "attention: the split-KV decode kernels' launch failed: %s", cudaGetErrorString(e));

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "attention/decode_plan.h"
+#include "attention/route.h"
 #include "common/check.h"
 
 #define ATTN_CPU_MAX_HS 1024
@@ -149,7 +151,7 @@ static int check_sparse(const AttnParams *p, Device dev, int backward, char *err
 }
 
 // The feature combinations the CUDA flash kernels do not have on any GPU; the naive CUDA path
-// has them all (attn_runs_naive decides which path a problem takes). Softcap itself runs on
+// has them all (attn_route decides which path a problem takes). Softcap itself runs on
 // the sm90 family only: attn_select_kernel (attention_cuda.cu) refuses it elsewhere.
 static int cuda_flash_lacks(const AttnParams *p, int backward, char *err, size_t errlen) {
     if (p->softcap > 0.0f && backward && p->deterministic)
@@ -288,14 +290,14 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     return 0;
 }
 
+int attn_runs_naive(const AttnParams *p, Device dev) { return attn_route(p, dev).naive; }
+
 // CPU: 0, each thread allocates its O(T + tile * (tile + HS)) scratch itself. CUDA (layouts in
 // attention_cuda.cu, flash_mask.cuh and naive_cuda.cu): D = rowsum(dO * O) (B, NH, T_q) and the
 // fp32 dQ accumulator (B, NH, T_q and HS rounded up to 64); the naive kernels, which also run every
 // fp32 problem, add fp32 per-query-head dK and dV (B, NH, T_k, HS) under GQA and two
-// (B, NH, T_q, T_k) fp32 matrices (scores / P, then P_drop / dP).
-int attn_runs_naive(const AttnParams *p, Device dev) {
-    return dev == DEVICE_CUDA && (p->impl == ATTN_IMPL_NAIVE || p->dtype == DTYPE_F32);
-}
+// (B, NH, T_q, T_k) fp32 matrices (scores / P, then P_drop / dP). A problem attn_decode runs on
+// the split-KV kernel needs its partials instead (decode_plan.h), never both at once.
 
 size_t attn_workspace_bytes(const AttnParams *p, Device dev) {
     if (dev == DEVICE_CPU) return 0;
@@ -305,7 +307,8 @@ size_t attn_workspace_bytes(const AttnParams *p, Device dev) {
         if (p->NKV < p->NH) floats += 2 * rows_k * (size_t)p->HS;
         floats += 2 * rows_q * (size_t)p->T_k;
     }
-    return floats * sizeof(float);
+    const size_t split = decode_workspace_bytes(p);
+    return floats * sizeof(float) > split ? floats * sizeof(float) : split;
 }
 
 // One size on every device: the CUDA kernels' tiled layout (flash_mask.cuh), of which the CPU

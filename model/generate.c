@@ -50,12 +50,17 @@ int gpt_generate_batch(GPT *m, int B, int pos0, const int *prompt, int n_prompt,
                        float temperature, int top_k, Rng *rngs, int *out) {
     const GPTConfig *cfg = gpt_cfg(m);
     float *logits = xmalloc((size_t)B * cfg->V * sizeof(float));   // (B, V)
-    int *tokens = xmalloc((size_t)B * sizeof(int));                 // (B) this step's
-    int pos = pos0;
-    for (; pos < pos0 + n_prompt && pos < cfg->maxT; pos++) {
-        for (int b = 0; b < B; b++) tokens[b] = prompt[pos - pos0];
-        gpt_decode_batch(m, tokens, B, pos, logits);
-    }
+    const int n_fed = n_prompt < cfg->maxT - pos0 ? n_prompt : cfg->maxT - pos0;
+    gpt_decode_prefill(m, prompt, n_fed, B, pos0, logits);
+    const int n = gpt_generate_from(m, B, pos0 + n_fed, logits, n_new, temperature, top_k, rngs, out);
+    free(logits);
+    return n;
+}
+
+int gpt_generate_from(GPT *m, int B, int pos, float *logits, int n_new, float temperature, int top_k,
+                      Rng *rngs, int *out) {
+    const GPTConfig *cfg = gpt_cfg(m);
+    int *tokens = xmalloc((size_t)B * sizeof(int));   // (B) this step's
     int n = 0;
     for (; n < n_new && pos < cfg->maxT; n++, pos++) {
         for (int b = 0; b < B; b++)
@@ -64,6 +69,5 @@ int gpt_generate_batch(GPT *m, int B, int pos0, const int *prompt, int n_prompt,
         if (pos + 1 < cfg->maxT && n + 1 < n_new) gpt_decode_batch(m, tokens, B, pos, logits);
     }
     free(tokens);
-    free(logits);
     return n;
 }

@@ -54,6 +54,11 @@
 // Logits per head chunk: 2 GiB, so a bf16 batch of 16 x 1024 tokens over GPT-2's vocabulary
 // (1.5 GiB of logits) is one chunk and recomputes nothing; 524,288 tokens run in 25 chunks.
 #define HEAD_CHUNK_BYTES ((size_t)2 << 30)
+// Prompt tokens per prefill chunk: GPT-2 124M's activations for them are about 110 MiB in
+// bf16, and 4096 queries give the flash kernels 32 query tiles per head to spread over the GPU.
+#define PREFILL_ROWS 4096
+// Where the attention is materialised, the score matrices of one prefill chunk stay within this.
+#define PREFILL_NAIVE_BYTES ((size_t)1 << 30)
 
 // The per-layer tensors, in the order they appear in the flat parameter vector.
 enum {
@@ -151,7 +156,13 @@ struct GPT {
     BlockActs dec;                // N = dec_B
     void *dec_x, *dec_scratch, *dec_lnf, *dec_logits;  // (B, C), (B, C), (B, C), (B, Vp)
     float *dec_lnf_mean, *dec_lnf_rstd;                // (B)
-    int *dec_token, *dec_pos;                          // (B) backend int32
+    int ids_cap;                  // max(dec_B, pre_cap)
+    int *ids, *ids_host;          // (2, ids_cap) backend int32 and its host staging: a step's or
+                                  // a prefill chunk's n tokens, then their n positions
+    int pre_rows, pre_cap;        // rows per prefill chunk (gpt_set_prefill_rows); rows its
+                                  // buffers hold
+    BlockActs pre;                // N = pre_cap: one prefill chunk of sequence 0
+    void *pre_x, *pre_scratch;    // (pre_cap, C)
     void *kv;                     // (L, 2, B, NKV, maxT, HS): per layer the keys, then the values;
                                   // a head's positions are contiguous (attn_decode's layout)
     int kv_len;                   // positions cached
@@ -404,6 +415,7 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
     const size_t head_rows = HEAD_CHUNK_BYTES / ((size_t)cfg->Vp * m->ds);
     m->head_cap = m->head_rows = (size_t)B * T < head_rows ? B * T : (int)head_rows;
     m->head_chunk = -1;
+    m->pre_cap = m->pre_rows = cfg->maxT < PREFILL_ROWS ? cfg->maxT : PREFILL_ROWS;
     alloc_activations(m);
     return m;
 }
@@ -416,6 +428,7 @@ void gpt_free(GPT *m) {
     free(m->allocs);
     free(m->acts);
     free(m->losses_host);
+    free(m->ids_host);
     free(m->doc_pos_host);
     free(m->cu_host);
     free(m->tensors);
@@ -437,6 +450,13 @@ void gpt_set_rng_base(GPT *m, uint64_t base) {
     if (!(m->attn_dropout > 0.0f || m->resid_dropout > 0.0f)) return;
     if (!m->rng_base) m->rng_base = balloc(m, sizeof(uint64_t));
     m->be->set_u64(m->be, m->rng_base, base * sites_per_step(m));
+}
+
+void gpt_set_prefill_rows(GPT *m, int rows) {
+    if (rows < 1 || rows > m->pre_cap)
+        fatal(EXIT_USAGE, "gpt_set_prefill_rows: %d rows per prefill chunk, need 1 to %d", rows,
+              m->pre_cap);
+    m->pre_rows = rows;
 }
 
 void gpt_set_head_rows(GPT *m, int rows) {
@@ -531,30 +551,37 @@ static void attention_backward(GPT *m, AttnParams *p) {
     else backend_attention(m->be, p, 1);
 }
 
-// Decoding: the keys and values of the N = dec_B new tokens in a->qkv into layer l's cache at
-// position pos, by head rows (copy_2d over the batch rows or over the heads, whichever is fewer
-// calls).
-static void kv_store(GPT *m, int l, const BlockActs *a, int pos) {
+// Decoding: the keys and values of a (B, T) batch in a->qkv into layer l's cache at positions
+// pos .. pos + T - 1 of its first B sequences, by head rows: for one token per sequence (a
+// step), copy_2d over the batch rows or over the heads, whichever is fewer calls; for a prefill
+// chunk, over each sequence's tokens, one call per head.
+static void kv_store(GPT *m, int l, const BlockActs *a, int pos, int B, int T) {
     const GPTConfig *g = &m->cfg;
-    const size_t ds = m->ds, B = m->dec_B, HS = g->HS, NKV = g->NKV, maxT = g->maxT;
+    const size_t ds = m->ds, HS = g->HS, NKV = g->NKV, maxT = g->maxT, OCq = m->OCq;
     const size_t head = maxT * HS, seq = NKV * head;   // cache elements per head, per sequence
     for (int kv = 0; kv < 2; kv++) {
-        char *dst = at(m->kv, ((size_t)(2 * l + kv) * B * seq + pos * HS), ds);
+        char *dst = at(m->kv, ((size_t)(2 * l + kv) * m->dec_B * seq + pos * HS), ds);
         const char *src = at(a->qkv, (size_t)(g->NH + kv * g->NKV) * HS, ds);
-        if (B <= NKV)
-            for (size_t b = 0; b < B; b++)
-                m->be->copy_2d(m->be, dst + b * seq * ds, head * ds, src + b * m->OCq * ds, HS * ds,
+        if (T == 1 && (size_t)B <= NKV)
+            for (size_t b = 0; b < (size_t)B; b++)
+                m->be->copy_2d(m->be, dst + b * seq * ds, head * ds, src + b * OCq * ds, HS * ds,
                                HS * ds, NKV);
-        else
+        else if (T == 1)
             for (size_t h = 0; h < NKV; h++)
-                m->be->copy_2d(m->be, dst + h * head * ds, seq * ds, src + h * HS * ds, m->OCq * ds,
+                m->be->copy_2d(m->be, dst + h * head * ds, seq * ds, src + h * HS * ds, OCq * ds,
                                HS * ds, B);
+        else
+            for (size_t b = 0; b < (size_t)B; b++)
+                for (size_t h = 0; h < NKV; h++)
+                    m->be->copy_2d(m->be, dst + (b * seq + h * head) * ds, HS * ds,
+                                   src + (b * T * OCq + h * HS) * ds, OCq * ds, HS * ds, T);
     }
 }
 
 // One block forward for N tokens: x_out = block(x_in) (x_out may alias x_in). `p` must describe
-// the attention with q/out/lse in `a`; with kv_pos >= 0 (decoding), the tokens' k and v are
-// first stored in the cache at that position (p's k and v already point into it). pos (N)
+// the attention with q/out/lse in `a`; with kv_pos >= 0 (decoding), the keys and values of the
+// (p->B, T) tokens are first stored in the cache from that position on (p's k and v already
+// point into it). pos (N)
 // backend int32 gives the RoPE positions (NULL: i % T). With drop, the last forward's residual
 // dropout masks apply to both branch outputs.
 static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x_out, void *scratch,
@@ -568,7 +595,7 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
                        N, C, m->OCq, EPI_NONE);
     if (m->rope)
         be->rope_forward(be, a->qkv, m->rope, pos, N, T, m->cfg.NH, m->cfg.NKV, m->cfg.HS);
-    if (kv_pos >= 0) kv_store(m, l, a, kv_pos);
+    if (kv_pos >= 0) kv_store(m, l, a, kv_pos, p->B, T);
     attention_forward(m, p, kv_pos >= 0);
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
@@ -623,12 +650,17 @@ static void head_backward(GPT *m, int N, float dscale) {
 }
 
 // Token ids must lie in [0, V); targets too, except negative ones, which mean "ignore".
-static void check_ids(const GPT *m, const int *ids, int B, int T, int is_target) {
-    for (int i = 0; i < B * T; i++)
+// Returns the number of ids >= 0 (of targets: the ones the loss counts).
+static int check_ids(const GPT *m, const int *ids, int B, int T, int is_target) {
+    int counted = 0;
+    for (int i = 0; i < B * T; i++) {
         if (ids[i] >= m->cfg.V || (ids[i] < 0 && !is_target))
             fatal(EXIT_USAGE, "%s %d at batch row %d, position %d is outside the vocabulary "
                               "[0, %d): the data does not match model.vocab_size",
                   is_target ? "target" : "token", ids[i], i / T, i % T, m->cfg.V);
+        counted += ids[i] >= 0;
+    }
+    return counted;
 }
 
 // The documents of a (B, T) batch: one starts at each row start and after each eot token
@@ -645,7 +677,8 @@ static int find_documents(const int *tokens, int B, int T, int eot, int *pos, in
     return n;
 }
 
-void gpt_check_batch(const GPT *m, const int *tokens, const int *targets, int B, int T) {
+// gpt_check_batch, returning the number of counted targets (0 without targets).
+static int check_batch(const GPT *m, const int *tokens, const int *targets, int B, int T) {
     if (B < 1 || T < 1 || B > m->B || T > m->T)
         fatal(EXIT_USAGE, "gpt_forward: batch %d x %d does not fit the %d x %d the model was built "
                           "for", B, T, m->B, m->T);
@@ -653,7 +686,11 @@ void gpt_check_batch(const GPT *m, const int *tokens, const int *targets, int B,
         fatal(EXIT_USAGE, "gpt_forward: under context parallelism every batch holds the %d local "
                           "tokens of each sequence, got %d", m->T, T);
     check_ids(m, tokens, B, T, 0);
-    if (targets) check_ids(m, targets, B, T, 1);
+    return targets ? check_ids(m, targets, B, T, 1) : 0;
+}
+
+void gpt_check_batch(const GPT *m, const int *tokens, const int *targets, int B, int T) {
+    check_batch(m, tokens, targets, B, T);
 }
 
 // The forward up to the logits over the batch in m->tokens (tokens: its host copy, for the
@@ -698,7 +735,7 @@ static void forward_logits(GPT *m, const int *tokens, int has_targets, int B, in
 
 float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     Backend *be = m->be;
-    gpt_check_batch(m, tokens, targets, B, T);
+    const int n_valid = check_batch(m, tokens, targets, B, T);
     const int N = B * T;
     m->tokens = m->own_tokens;
     m->targets = m->own_targets;
@@ -710,12 +747,9 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
     head_forward(m, N);
     be->download(be, m->losses_host, m->losses, (size_t)N * sizeof(float));
     double sum = 0;
-    m->n_valid = 0;
     for (int i = 0; i < N; i++)
-        if (targets[i] >= 0) {
-            sum += m->losses_host[i];
-            m->n_valid++;
-        }
+        if (targets[i] >= 0) sum += m->losses_host[i];
+    m->n_valid = n_valid;
     m->loss_sum = sum;
     m->n_loss = m->n_valid;
     return m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
@@ -723,16 +757,14 @@ float gpt_forward(GPT *m, const int *tokens, const int *targets, int B, int T) {
 
 int gpt_forward_async(GPT *m, const int *host, const int *dev, int B, int T, double *loss_acc) {
     const int N = B * T;
-    const int *targets = host + N;
-    gpt_check_batch(m, host, targets, B, T);
+    const int n_valid = check_batch(m, host, host + N, B, T);
     if (m->eot >= 0 || m->ring)
         fatal(EXIT_RUNTIME, "gpt_forward_async: attention.doc_mask and context parallelism need "
                             "gpt_forward");
     m->tokens = (int *)dev;
     m->targets = (int *)dev + N;
     forward_logits(m, host, 1, B, T);
-    m->n_valid = 0;
-    for (int i = 0; i < N; i++) m->n_valid += targets[i] >= 0;
+    m->n_valid = n_valid;
     m->n_loss = m->n_valid;
     m->loss_sum = NAN;   // on the device only
     head_forward(m, N);
@@ -890,14 +922,22 @@ void gpt_logits_f32(GPT *m, float *host) {
     free(chunk);
 }
 
-// Bytes of the decode buffers for B sequences: the KV cache and one block's activations.
-static size_t decode_bytes(const GPT *m, int B) {
+// Backend bytes of one token's BlockActs (alloc_block).
+static size_t block_bytes(const GPT *m) {
+    const size_t C = m->cfg.C;
+    return (13 * C + m->OCq) * m->ds + (4 + (size_t)m->cfg.NH) * sizeof(float);
+}
+
+// Bytes of the decode buffers for B sequences (in double: B may be absurd): per sequence the KV
+// cache and one step's activations, then the prefill chunk's activations and the token ids.
+static double decode_bytes(const GPT *m, int B) {
     const GPTConfig *g = &m->cfg;
     const size_t C = g->C, ds = m->ds;
     const size_t kv = (size_t)g->L * 2 * g->NKV * g->maxT * g->HS * ds;
-    const size_t acts = (8 * C + 4 * C * 2 + m->OCq + g->Vp) * ds + (4 + g->NH + 2) * sizeof(float) +
-                        2 * sizeof(int);
-    return (size_t)B * (kv + acts);
+    const size_t seq = kv + block_bytes(m) + (3 * C + g->Vp) * ds + 2 * sizeof(float);
+    const size_t pre = (size_t)m->pre_cap * (block_bytes(m) + 2 * C * ds);
+    const double ids = 2.0 * (B > m->pre_cap ? B : m->pre_cap) * sizeof(int);
+    return (double)B * seq + pre + ids;
 }
 
 int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen) {
@@ -906,11 +946,12 @@ int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen) {
         return set_error(err, errlen, "decode: the cache holds %d sequences, asked for %d", m->dec_B, B);
     }
     const GPTConfig *g = &m->cfg;
-    const size_t need = decode_bytes(m, B);
+    if (B < 1) return set_error(err, errlen, "decode: %d sequences: need at least 1", B);
+    const double need = decode_bytes(m, B);
     size_t avail = 0, used = 0;
     const int device = m->be->memory(m->be, &avail, &used);   // else host memory: all of it
     if (!device) avail = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
-    if (B < 1 || need / (size_t)B != decode_bytes(m, 1) || need > avail)
+    if (need > (double)avail)
         return set_error(err, errlen, "decode: %d sequences of up to %d positions need %.2f GiB for "
                                       "the KV cache and activations, more than the %.2f GiB %s: use fewer",
                          B, g->maxT, need / 1073741824.0, avail / 1073741824.0,
@@ -924,8 +965,12 @@ int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen) {
     m->dec_logits = balloc(m, B * (size_t)g->Vp * ds);
     m->dec_lnf_mean = balloc(m, B * sizeof(float));
     m->dec_lnf_rstd = balloc(m, B * sizeof(float));
-    m->dec_token = balloc(m, B * sizeof(int));
-    m->dec_pos = balloc(m, B * sizeof(int));
+    alloc_block(m, &m->pre, 1, m->pre_cap);
+    m->pre_x = balloc(m, (size_t)m->pre_cap * C * ds);
+    m->pre_scratch = balloc(m, (size_t)m->pre_cap * C * ds);
+    m->ids_cap = B > m->pre_cap ? B : m->pre_cap;
+    m->ids = balloc(m, 2 * (size_t)m->ids_cap * sizeof(int));
+    m->ids_host = xcalloc(2 * (size_t)m->ids_cap, sizeof(int));
     m->kv = balloc(m, (size_t)B * g->L * 2 * g->NKV * g->maxT * g->HS * ds);
     return 0;
 }
@@ -943,49 +988,134 @@ void gpt_decode_step(GPT *m, int token, int pos, float *logits_out) {
     gpt_decode_batch(m, &token, 1, pos, logits_out);
 }
 
-void gpt_decode_batch(GPT *m, const int *tokens, int B, int pos, float *logits_out) {
-    Backend *be = m->be;
+// The checks of a decode call feeding n_tokens tokens at n positions per sequence from pos, for
+// B sequences (exit 2 with a message), and the decode buffers for B.
+static void decode_begin(GPT *m, const int *tokens, int n_tokens, int n, int B, int pos) {
     const GPTConfig *g = &m->cfg;
-    const int C = g->C;
     char err[ERR_LEN];
-    for (int b = 0; b < B; b++)
-        if (tokens[b] < 0 || tokens[b] >= g->V)
-            fatal(EXIT_USAGE, "decode: token %d is outside the vocabulary [0, %d)", tokens[b], g->V);
-    if (pos < 0 || pos >= g->maxT)
-        fatal(EXIT_USAGE, "decode: position %d is beyond model.max_seq_len (%d)", pos, g->maxT);
+    for (int i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= g->V)
+            fatal(EXIT_USAGE, "decode: token %d is outside the vocabulary [0, %d)", tokens[i], g->V);
+    if (n < 1 || pos < 0 || pos + (int64_t)n > g->maxT)
+        fatal(EXIT_USAGE, "decode: %d position(s) from %d do not fit model.max_seq_len (%d)", n, pos,
+              g->maxT);
     if (pos > m->kv_len)
         fatal(EXIT_RUNTIME, "decode: position %d follows %d cached positions; feed positions "
                             "0, 1, 2, ... in order", pos, m->kv_len);
     if (gpt_decode_reserve(m, B, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
-    int *pos_host = xmalloc((size_t)B * sizeof(int));
-    for (int b = 0; b < B; b++) pos_host[b] = pos;
-    be->upload(be, m->dec_token, tokens, (size_t)B * sizeof(int));
-    be->upload(be, m->dec_pos, pos_host, (size_t)B * sizeof(int));
-    free(pos_host);
-    void *wpe = m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL;
-    be->embed_forward(be, m->dec_x, m->dec_token, m->dec_pos, tensor_ptr(m, m->params, m->wte_i), wpe,
-                      B, 1, C);
-    const int64_t head = (int64_t)g->maxT * g->HS;   // cache elements per (sequence, head)
-    for (int l = 0; l < g->L; l++) {
-        void *keys = at(m->kv, (size_t)2 * l * B * g->NKV * head, m->ds);   // (B, NKV, maxT, HS)
-        AttnParams p = attn_params(m, &m->dec, B, 1, l);
-        // One query per sequence against its pos+1 cached positions (bottom-right aligned: the
-        // query is the last position, so causal masking hides nothing here but a window still
-        // applies).
-        p.T_k = pos + 1;
-        p.k = keys;
-        p.v = at(keys, (size_t)B * g->NKV * head, m->ds);
-        p.k_st = p.v_st = (AttnStrides){g->NKV * head, g->HS, head};
-        sparse_lists_apply(m->sparse, &p, l);  // the blocks of position pos's query block
-        block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, B, 1, m->dec_pos, &p, pos, 0);
+}
+
+// n tokens and their positions pos + i * step into m->ids (tokens, then positions), one upload.
+static void upload_ids(GPT *m, const int *tokens, int n, int pos, int step) {
+    for (int i = 0; i < n; i++) {
+        m->ids_host[i] = tokens[i];
+        m->ids_host[n + i] = pos + i * step;
     }
-    be->layernorm_forward(be, m->dec_lnf, m->dec_lnf_mean, m->dec_lnf_rstd, m->dec_x,
+    m->be->upload(m->be, m->ids, m->ids_host, 2 * (size_t)n * sizeof(int));
+}
+
+// Layer l's attention for decoding the (B, T) tokens of `a` at positions pos .. pos + T - 1
+// against the cache of the first B sequences: T queries against their pos + T cached positions
+// (bottom-right aligned: the queries are the last positions, so causal masking hides the later
+// ones of the chunk, and a window still applies); on sparse layers the blocks of those queries'
+// blocks.
+static AttnParams decode_attn(GPT *m, BlockActs *a, int B, int T, int pos, int l) {
+    const GPTConfig *g = &m->cfg;
+    const int64_t head = (int64_t)g->maxT * g->HS;   // cache elements per (sequence, head)
+    void *keys = at(m->kv, (size_t)2 * l * m->dec_B * g->NKV * head, m->ds);   // (B, NKV, maxT, HS)
+    AttnParams p = attn_params(m, a, B, T, l);
+    p.T_k = pos + T;
+    p.k = keys;
+    p.v = at(keys, (size_t)m->dec_B * g->NKV * head, m->ds);
+    p.k_st = p.v_st = (AttnStrides){g->NKV * head, g->HS, head};
+    sparse_lists_apply(m->sparse, &p, l);
+    return p;
+}
+
+// The next-token logits of the B rows x (B, C) into logits_out (B, V) fp32 host.
+static void decode_logits(GPT *m, const void *x, int B, float *logits_out) {
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    be->layernorm_forward(be, m->dec_lnf, m->dec_lnf_mean, m->dec_lnf_rstd, x,
                           tensor_ptr(m, m->params, m->lnf_i), tensor_ptr(m, m->params, m->lnf_i + 1),
-                          B, C);
+                          B, g->C);
     be->matmul_forward(be, m->dec_logits, NULL, m->dec_lnf, tensor_ptr(m, m->params, m->wte_i), NULL,
-                       B, C, g->Vp, EPI_NONE);
+                       B, g->C, g->Vp, EPI_NONE);
     for (int b = 0; b < B; b++)
         be->download_f32(be, logits_out + (size_t)b * g->V, at(m->dec_logits, (size_t)b * g->Vp, m->ds),
                          (size_t)g->V);
+}
+
+static void *wpe_ptr(GPT *m) { return m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL; }
+
+void gpt_decode_batch(GPT *m, const int *tokens, int B, int pos, float *logits_out) {
+    decode_begin(m, tokens, B, 1, B, pos);
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    upload_ids(m, tokens, B, pos, 0);
+    const int *dec_pos = m->ids + B;
+    be->embed_forward(be, m->dec_x, m->ids, dec_pos, tensor_ptr(m, m->params, m->wte_i), wpe_ptr(m), B, 1,
+                      g->C);
+    for (int l = 0; l < g->L; l++) {
+        AttnParams p = decode_attn(m, &m->dec, B, 1, pos, l);
+        block_forward(m, l, &m->dec, m->dec_x, m->dec_x, m->dec_scratch, B, 1, dec_pos, &p, pos, 0);
+    }
+    decode_logits(m, m->dec_x, B, logits_out);
     m->kv_len = pos + 1;
+}
+
+// Rows of the prefill chunk from position pos of a prompt ending at end: up to pre_rows, fewer
+// where the attention is materialised (its two (NH, rows, T_k) fp32 score matrices within
+// PREFILL_NAIVE_BYTES). A chunk's query blocks (ATTN_SPARSE_BLOCK rows from its first) must each
+// lie within one of training's, so that a sparse layer reads their blocks: a chunk from inside
+// a block ends at that block's end, and one from a block's start ends on a block's start unless
+// the prompt or a chunk shorter than a block ends first.
+static int prefill_rows(const GPT *m, int pos, int end) {
+    int rows = end - pos < m->pre_rows ? end - pos : m->pre_rows;
+    const AttnParams kind = {.impl = m->impl, .dtype = m->be->dtype};
+    if (m->impl == ATTN_IMPL_NAIVE || attn_runs_naive(&kind, m->be->device)) {
+        const size_t per_row = 2 * (size_t)m->cfg.NH * (size_t)end * sizeof(float);
+        const size_t most = PREFILL_NAIVE_BYTES / per_row;
+        if ((size_t)rows > most) rows = most > 0 ? (int)most : 1;
+    }
+    const int into = pos % ATTN_SPARSE_BLOCK, cut = (pos + rows) / ATTN_SPARSE_BLOCK * ATTN_SPARSE_BLOCK;
+    if (into > 0 && rows > ATTN_SPARSE_BLOCK - into) rows = ATTN_SPARSE_BLOCK - into;
+    else if (into == 0 && pos + rows < end && cut > pos) rows = cut - pos;
+    return rows;
+}
+
+// The cached positions [pos, pos + n) of sequence 0 into sequences 1 .. dec_B - 1.
+static void replicate_cache(GPT *m, int pos, int n) {
+    const GPTConfig *g = &m->cfg;
+    const size_t ds = m->ds, head = (size_t)g->maxT * g->HS, seq = g->NKV * head;
+    for (int lk = 0; lk < 2 * g->L; lk++) {   // layer l's keys, then its values
+        const char *src = at(m->kv, (size_t)lk * m->dec_B * seq + (size_t)pos * g->HS, ds);
+        for (int b = 1; b < m->dec_B; b++)
+            m->be->copy_2d(m->be, (char *)src + b * seq * ds, head * ds, src, head * ds,
+                           (size_t)n * g->HS * ds, g->NKV);
+    }
+}
+
+void gpt_decode_prefill(GPT *m, const int *tokens, int n, int B, int pos, float *logits_out) {
+    decode_begin(m, tokens, n, n, B, pos);
+    Backend *be = m->be;
+    const GPTConfig *g = &m->cfg;
+    const size_t C = g->C;
+    int rows = 0;
+    for (int s = pos; s < pos + n; s += rows) {
+        rows = prefill_rows(m, s, pos + n);
+        upload_ids(m, tokens + (s - pos), rows, s, 1);
+        be->embed_forward(be, m->pre_x, m->ids, m->ids + rows, tensor_ptr(m, m->params, m->wte_i),
+                          wpe_ptr(m), 1, rows, (int)C);
+        for (int l = 0; l < g->L; l++) {
+            AttnParams p = decode_attn(m, &m->pre, 1, rows, s, l);
+            block_forward(m, l, &m->pre, m->pre_x, m->pre_x, m->pre_scratch, rows, rows, m->ids + rows, &p,
+                          s, 0);
+        }
+    }
+    replicate_cache(m, pos, n);
+    m->kv_len = pos + n;
+    decode_logits(m, at(m->pre_x, (size_t)(rows - 1) * C, m->ds), 1, logits_out);
+    for (int b = 1; b < B; b++)
+        memcpy(logits_out + (size_t)b * g->V, logits_out, (size_t)g->V * sizeof(float));
 }

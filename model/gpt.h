@@ -130,8 +130,24 @@ void gpt_set_head_rows(GPT *m, int rows);
 // ordinary tokens). gpt_decode_step is the batch of one.
 void gpt_decode_batch(GPT *m, const int *tokens, int B, int pos, float *logits_out);
 void gpt_decode_step(GPT *m, int token, int pos, float *logits_out);
-// Makes the decode buffers for B sequences, after checking that they fit the device's free
-// memory (the host's physical memory on the CPU): 0, or -1 with err naming the bytes needed
+// Prefill: feeds one prompt of n tokens to all B cached sequences at positions pos .. pos+n-1
+// (pos <= the positions cached, pos + n <= max_seq_len) as gpt_decode_batch would one position
+// at a time, but in a few forward passes: chunks of up to gpt_set_prefill_rows' rows, each
+// through the whole model, whose causal attention (the flash kernels, T_q the chunk's rows
+// against T_k = its last position + 1) reads the cache the chunk has just written its keys and
+// values into. Sequence 0's cache is computed and the others' copied from it. logits_out
+// (B, V) fp32 host receives the next-token logits of the last prompt token for every sequence.
+// The same results as the steps to rounding (the chunks' matmuls and attention sum in another
+// order); the chunks end on multiples of ATTN_SPARSE_BLOCK, so a block-sparse layer reads the
+// blocks of training's query blocks, as a step does.
+void gpt_decode_prefill(GPT *m, const int *tokens, int n, int B, int pos, float *logits_out);
+// Rows per prefill chunk: by default min(max_seq_len, 4096); fewer (1 up to that default) to
+// test or to save memory. Where the attention is materialised (attention.impl naive, or fp32 on
+// CUDA), the chunks also keep its score matrices within 1 GiB.
+void gpt_set_prefill_rows(GPT *m, int rows);
+// Makes the decode buffers for B sequences (the cache, one step's activations, the prefill
+// chunk's activations), after checking that they fit the device's free memory (the host's
+// physical memory on the CPU): 0, or -1 with err naming the bytes needed
 // and free, before anything is allocated. 0 when they already exist for B; -1 for another B.
 int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen);
 // A timing aid: marks the first pos positions of every sequence as cached without computing

@@ -1,11 +1,16 @@
 // Batched generation on the CPU backend: gpt_generate_batch over B sequences draws, for every
 // sequence b, the tokens gpt_generate draws alone with the same generator (seeded S + b), and
 // gpt_decode_batch's logits are those of gpt_decode_step per sequence, for learned, RoPE and
-// ALiBi positions with GQA and a sliding window, greedy and sampled. Then the refusals: a batch
+// ALiBi positions with GQA and a sliding window, greedy and sampled. The prefill
+// (gpt_decode_prefill: the prompt in chunks of forward passes) gives the logits of feeding the
+// prompt step by step, and the same greedy tokens after it, in one chunk and in many, from
+// position 0 and after a seek, and on block-sparse layers (chunks cut at the 128-token blocks);
+// prefilled for B sequences, every sequence's cache is sequence 0's. Then the refusals: a batch
 // beyond memory is refused before anything is allocated, and a cache keeps its batch size.
 //
-// Tolerance: the batched and the single-row logits are the same sums, summed in another order by
-// sgemm (B rows instead of one): fp32 rounding only, 1e-5 relative as the op tests use.
+// Tolerance: the batched and the single-row logits, and the prefilled and the stepped ones, are
+// the same sums, summed in another order (sgemm over B or a chunk's rows instead of one, the
+// attention over a chunk's query tile): fp32 rounding only, 1e-5 relative as the op tests use.
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,19 +30,110 @@ static GPTConfig tiny_config(PosEmbedding pos) {
                        .HS = 16, .pos = pos, .rope_theta = 10000.0f};
 }
 
-// A CPU model with GPT-2's initialisation from seed, attention.window on every other layer.
-static GPT *tiny_model(Backend *be, PosEmbedding pos, int window) {
+// A CPU model of max_seq_len maxT with GPT-2's initialisation from seed, attention.window on
+// every other layer, the run's attention.sparse (none unless the caller sets it).
+static GPT *model_with(Backend *be, PosEmbedding pos, int maxT, const Config *run) {
     GPTConfig g = tiny_config(pos);
-    Config run;
-    config_defaults(&run);
-    run.attention.window = window;
-    run.attention.window_every = 2;
-    GPT *m = gpt_create(&g, be, 1, g.maxT, &run);
+    g.maxT = maxT;
+    GPT *m = gpt_create(&g, be, 1, 1, run);
     float *params = xmalloc(gpt_num_params(m) * sizeof(float));
     gpt_init_weights_host(m, params, 99);
     gpt_set_params_f32(m, params);
     free(params);
     return m;
+}
+
+static GPT *tiny_model(Backend *be, PosEmbedding pos, int window) {
+    Config run;
+    config_defaults(&run);
+    run.attention.window = window;
+    run.attention.window_every = 2;
+    return model_with(be, pos, tiny_config(pos).maxT, &run);
+}
+
+enum { PREFILL_NEW = 20, MAX_PROMPT = 700 };
+
+// A prompt of n tokens fed at pos0 by gpt_decode_prefill in chunks of `rows` (0: the default)
+// against the same prompt fed by gpt_decode_step, on two models made by make(): the logits after
+// it, then PREFILL_NEW greedy tokens of each.
+typedef struct {
+    PosEmbedding pos;
+    int window, maxT, sparse;   // sparse: bigbird (band 2 blocks, 1 global, 2 random)
+    int n, pos0, rows;
+} PrefillCase;
+
+static GPT *prefill_model(Backend *be, const PrefillCase *c) {
+    Config run;
+    config_defaults(&run);
+    run.attention.window = c->window;
+    run.attention.window_every = 2;
+    if (c->sparse) {
+        run.attention.sparse = ATTN_SPARSE_BIGBIRD;
+        run.attention.sparse_band = 256;
+        run.attention.sparse_global = 128;
+        run.attention.sparse_random = 2;
+        run.attention.sparse_seed = 3;
+    }
+    GPT *m = model_with(be, c->pos, c->maxT, &run);
+    char err[ERR_LEN];
+    EXPECT(gpt_decode_reserve(m, 1, err, sizeof err) == 0, "%s", err);
+    gpt_decode_seek(m, c->pos0);
+    return m;
+}
+
+static void test_prefill_equals_steps(PrefillCase c) {
+    Backend *be = backend_cpu_create();
+    GPT *pre = prefill_model(be, &c), *step = prefill_model(be, &c);
+    const int V = gpt_cfg(pre)->V;
+    if (c.rows > 0) gpt_set_prefill_rows(pre, c.rows);
+    int prompt[MAX_PROMPT];
+    Rng r;
+    rng_seed(&r, 11 + (uint64_t)c.n);
+    for (int i = 0; i < c.n; i++) prompt[i] = (int)rng_below(&r, (uint64_t)V);
+    float *lp = xmalloc((size_t)V * sizeof(float)), *ls = xmalloc((size_t)V * sizeof(float));
+    gpt_decode_prefill(pre, prompt, c.n, 1, c.pos0, lp);
+    for (int i = 0; i < c.n; i++) gpt_decode_step(step, prompt[i], c.pos0 + i, ls);
+    const double e = rel_err_f32(lp, ls, (size_t)V);
+    EXPECT(e < LOGIT_TOL, "prefilled logits rel err %g against the steps'", e);
+    int got_pre[PREFILL_NEW], got_step[PREFILL_NEW];
+    Rng unused;
+    rng_seed(&unused, 0);
+    const int np = gpt_generate_from(pre, 1, c.pos0 + c.n, lp, PREFILL_NEW, 0.0f, 0, &unused, got_pre);
+    const int ns = gpt_generate_from(step, 1, c.pos0 + c.n, ls, PREFILL_NEW, 0.0f, 0, &unused, got_step);
+    EXPECT(np == ns && np == PREFILL_NEW, "drew %d and %d tokens", np, ns);
+    EXPECT(memcmp(got_pre, got_step, (size_t)np * sizeof(int)) == 0,
+           "greedy tokens after the prefill differ from those after the steps");
+    free(lp);
+    free(ls);
+    gpt_free(pre);
+    gpt_free(step);
+    be->destroy(be);
+}
+
+// Prefilled for B sequences, each sequence's logits are the single prefill's, and so are those
+// of the next step (every cache a copy of sequence 0's).
+static void test_prefill_batch(void) {
+    enum { B = 3, N = 23 };
+    Backend *be = backend_cpu_create();
+    GPT *one = tiny_model(be, POS_ROPE, 7), *many = tiny_model(be, POS_ROPE, 7);
+    const int V = gpt_cfg(one)->V;
+    int prompt[N], tokens[B] = {5, 5, 5};
+    for (int i = 0; i < N; i++) prompt[i] = (7 * i + 3) % V;
+    float *l1 = xmalloc((size_t)V * sizeof(float)), *lb = xmalloc((size_t)B * V * sizeof(float));
+    gpt_set_prefill_rows(many, 6);
+    gpt_decode_prefill(one, prompt, N, 1, 0, l1);
+    gpt_decode_prefill(many, prompt, N, B, 0, lb);
+    for (int b = 0; b < B; b++)
+        EXPECT(rel_err_f32(lb + (size_t)b * V, l1, (size_t)V) < LOGIT_TOL, "sequence %d's prefill logits", b);
+    gpt_decode_step(one, 5, N, l1);
+    gpt_decode_batch(many, tokens, B, N, lb);
+    for (int b = 0; b < B; b++)
+        EXPECT(rel_err_f32(lb + (size_t)b * V, l1, (size_t)V) < LOGIT_TOL, "sequence %d's next step", b);
+    free(l1);
+    free(lb);
+    gpt_free(one);
+    gpt_free(many);
+    be->destroy(be);
 }
 
 static void test_batch_equals_single(PosEmbedding pos, int window, float temperature, int top_k, int B) {
@@ -102,6 +198,20 @@ int main(void) {
         snprintf(name, sizeof name, "batch of 2 top-k 5 = single (%s)", names[i]);
         TEST_CASE(name, test_batch_equals_single(poss[i], -1, 0.8f, 5, 2));
     }
+    for (int i = 0; i < 3; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "prefill = steps, one chunk, window 7 (%s)", names[i]);
+        TEST_CASE(name, test_prefill_equals_steps((PrefillCase){poss[i], 7, 40, 0, 20, 0, 0}));
+    }
+    TEST_CASE("prefill = steps, chunks of 3 (rope)",
+              test_prefill_equals_steps((PrefillCase){POS_ROPE, -1, 40, 0, 19, 0, 3}));
+    TEST_CASE("prefill = steps, chunks of 4 after a seek to 5 (learned)",
+              test_prefill_equals_steps((PrefillCase){POS_LEARNED, 7, 40, 0, 14, 5, 4}));
+    TEST_CASE("prefill = steps, bigbird, 128-token chunks (rope)",
+              test_prefill_equals_steps((PrefillCase){POS_ROPE, -1, MAX_PROMPT, 1, 650, 0, 200}));
+    TEST_CASE("prefill = steps, bigbird, from 37, one chunk to the block edge (alibi)",
+              test_prefill_equals_steps((PrefillCase){POS_ALIBI, -1, MAX_PROMPT, 1, 600, 37, 0}));
+    TEST_CASE("prefill of 3 sequences = 3 copies of one", test_prefill_batch());
     TEST_CASE("batch beyond memory and another batch size refused", test_refusals());
     return TEST_SUMMARY();
 }

@@ -3,9 +3,12 @@
 // KV cache laid out (B, NKV, T_max, HS) as the model's, for T_k in {1, 17, 1000, 4097, 70000},
 // GQA groups of 1, 4 and 12 heads, 1 to 8 queries, bf16 and fp16, HS 64 and 128, windows, ALiBi
 // and fully masked rows (more queries than keys). Every case checks that the split kernel ran
-// (attn_decode_splits), with more than one split for long caches. Then the model: a small bf16
-// and fp16 RoPE GPT decoding greedily with the split kernel and without it (gpt_set_decode_split)
-// picks the same tokens, and three sequences decoded together give the single sequence's logits.
+// (attn_decode_splits), with more than one split for long caches, and that a caller's workspace
+// of attn_workspace_bytes gives the very bits of the context's (a smaller one is refused). Then
+// the model: a small bf16 and fp16 RoPE GPT decoding greedily with the split kernel and without
+// it (gpt_set_decode_split) picks the same tokens, three sequences decoded together give the
+// single sequence's logits, and a 1000-token prompt prefilled (gpt_decode_prefill, in one chunk
+// and in chunks of 384) gives the logits of feeding it step by step and the same greedy tokens.
 //
 // Tolerance (STYLE.md): the split kernel's rms error against float64 stays within 2x the flash
 // path's (a same-precision implementation; the flash kernel also rounds P to the element type,
@@ -15,8 +18,8 @@
 // accumulated in fp32 is good to a few 1e-6 relative.
 //
 // Model tolerance: the two decode paths differ by the attention output's rounding (an ulp of
-// the element type, 2^-8 for bf16, 2^-11 for fp16), and the batched one by the matmuls' sum
-// order, each rounding carried through two layers and the head; their logits stay within 8 unit
+// the element type, 2^-8 for bf16, 2^-11 for fp16), and the batched one and the prefill by the
+// matmuls' and the attention's sum order, each rounding carried through two layers and the head; their logits stay within 8 unit
 // roundoffs (rms, relative: two layers of 4 roundings each between the attention output and
 // the next residual), and greedy tokens may differ only where the top two logits are closer
 // than that (then the sequences part, and the test stops).
@@ -169,6 +172,21 @@ static void run_case(Backend *be, const Case *c, Rng *rng) {
                     ref_row(&p, &q, &k, &v, slopes, b, h, i,
                             ref + (size_t)b * p.o_st.batch + i * p.o_st.row + h * p.o_st.head);
     Result split = run(be, &p, 1, n_q, n_lse), flash = run(be, &p, 0, n_q, n_lse);
+    // The caller's workspace of attn_workspace_bytes: the same kernel, the same bits.
+    p.workspace_bytes = attn_workspace_bytes(&p, DEVICE_CUDA);
+    CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+    Result own = run(be, &p, 1, n_q, n_lse);
+    EXPECT(memcmp(own.out, split.out, n_q * sizeof(float)) == 0 && memcmp(own.lse, split.lse, n_lse * sizeof(float)) == 0,
+           "attn_decode in the caller's workspace differs from the context's");
+    char err[512] = "";
+    p.workspace_bytes -= 16;
+    EXPECT(attn_decode(be->attn, &p, err, sizeof err) != 0 && strstr(err, "needs a workspace"),
+           "a workspace 16 bytes short was accepted: %s", err);
+    CUDA_OK(cudaFree(p.workspace));
+    p.workspace = NULL;
+    p.workspace_bytes = 0;
+    free(own.out);
+    free(own.lse);
     const double e_split = rel_err(split.out, ref, n_q), e_flash = rel_err(flash.out, ref, n_q);
     EXPECT(e_split <= 2 * e_flash + 1e-4, "out rms error %.3g against float64, flash path %.3g", e_split, e_flash);
     int lse_bad = 0, masked_bad = 0;
@@ -233,17 +251,38 @@ static int argmax(const float *x, int n, float *gap) {
     return best;
 }
 
+// The greedy tokens of the logits ls and lp (V) of two paths at position pos: 1 when they agree
+// (the token in *token), 0 when they part, which is allowed only at a near tie (the top-two gap
+// of ls under tol of its largest magnitude).
+static int same_greedy(const float *ls, const float *lp, int V, double tol, int pos, int *token) {
+    float gap_s, gap_p;
+    const int ts = argmax(ls, V, &gap_s), tp = argmax(lp, V, &gap_p);
+    if (ts != tp) {
+        float mx = 0;
+        for (int i = 0; i < V; i++) mx = fmaxf(mx, fabsf(ls[i]));
+        EXPECT(gap_s < tol * mx, "greedy tokens %d and %d at position %d, top-2 gap %g of %g", ts, tp, pos,
+               gap_s, mx);
+        return 0;
+    }
+    *token = ts;
+    return 1;
+}
+
+// The logit tolerance of two paths whose attention outputs each round once to the dtype: they
+// may differ by a rounding u per element; each of the L layers carries that through C-wide
+// reductions (projection, LayerNorm, MLP, classifier), where independent roundings grow as
+// sqrt(C): logits within L * sqrt(C) * u of each other (32u here).
+static double model_tol(const GPT *m, DType dt) {
+    return gpt_cfg(m)->L * sqrt((double)gpt_cfg(m)->C) * dtype_unit_roundoff(dt);
+}
+
 static void test_model(DType dt) {
     enum { PROMPT = 1000, NEW = 60, NB = 3 };
     Backend *be = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
     GPT *split = small_model(be), *plain = small_model(be), *batched = small_model(be);
     gpt_set_decode_split(plain, 0);
     const int V = gpt_cfg(split)->V;
-    // The split and unsplit attention outputs each round once to the dtype, so they may differ
-    // by a rounding u per element; each of the L layers carries that through C-wide reductions
-    // (projection, LayerNorm, MLP, classifier), where independent roundings grow as sqrt(C):
-    // logits within L * sqrt(C) * u of each other (32u here).
-    const double tol = gpt_cfg(split)->L * sqrt((double)gpt_cfg(split)->C) * dtype_unit_roundoff(dt);
+    const double tol = model_tol(split, dt);
     float *ls = malloc((size_t)V * sizeof(float)), *lp = malloc((size_t)V * sizeof(float));
     float *lb = malloc((size_t)NB * V * sizeof(float));
     Rng rng;
@@ -262,18 +301,11 @@ static void test_model(DType dt) {
             token = (int)rng_below(&rng, V);
             continue;
         }
-        float gap_s, gap_p;
-        const int ts = argmax(ls, V, &gap_s), tp = argmax(lp, V, &gap_p);
-        if (ts != tp) {   // allowed only at a near tie
-            float mx = 0;
-            for (int i = 0; i < V; i++) mx = fmaxf(mx, fabsf(ls[i]));
-            EXPECT(gap_s < tol * mx, "greedy tokens %d and %d at position %d, top-2 gap %g of %g", ts, tp,
-                   pos, gap_s, mx);
+        if (!same_greedy(ls, lp, V, tol, pos, &token)) {
             parted = 1;
             break;
         }
         same++;
-        token = ts;
     }
     EXPECT(worst < tol, "split and unsplit decode logits differ by %.3g (tolerance %.3g)", worst, tol);
     EXPECT(worst_batch < tol, "batched and single decode logits differ by %.3g", worst_batch);
@@ -285,6 +317,46 @@ static void test_model(DType dt) {
     gpt_free(split);
     gpt_free(plain);
     gpt_free(batched);
+    be->destroy(be);
+}
+
+// A PROMPT-token prompt prefilled (chunks of `rows`, 0: the default) against the same prompt fed
+// step by step: the logits after it, then greedy tokens until NEW or a near tie.
+static void test_prefill(DType dt, int rows) {
+    enum { PROMPT = 1000, NEW = 60 };
+    Backend *be = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
+    GPT *pre = small_model(be), *step = small_model(be);
+    if (rows > 0) gpt_set_prefill_rows(pre, rows);
+    const int V = gpt_cfg(pre)->V;
+    const double tol = model_tol(pre, dt);
+    int *prompt = malloc(PROMPT * sizeof(int));
+    Rng rng;
+    rng_seed(&rng, 78);
+    for (int i = 0; i < PROMPT; i++) prompt[i] = (int)rng_below(&rng, V);
+    float *lp = malloc((size_t)V * sizeof(float)), *ls = malloc((size_t)V * sizeof(float));
+    gpt_decode_prefill(pre, prompt, PROMPT, 1, 0, lp);
+    for (int i = 0; i < PROMPT; i++) gpt_decode_step(step, prompt[i], i, ls);
+    double worst = rel_err_f32(ls, lp, (size_t)V);
+    int same = 0, parted = 0, token = 0;
+    for (int pos = PROMPT; pos < PROMPT + NEW; pos++) {
+        if (!same_greedy(ls, lp, V, tol, pos, &token)) {
+            parted = 1;
+            break;
+        }
+        same++;
+        gpt_decode_step(pre, token, pos, lp);
+        gpt_decode_step(step, token, pos, ls);
+        const double e = rel_err_f32(ls, lp, (size_t)V);
+        worst = e > worst ? e : worst;
+    }
+    EXPECT(worst < tol, "prefilled and stepped logits differ by %.3g (tolerance %.3g)", worst, tol);
+    printf("  %s, chunks of %d: %d greedy tokens the same%s; logits differ by %.3g\n", dtype_name(dt),
+           rows > 0 ? rows : 4096, same, parted ? " then a near tie" : "", worst);
+    free(prompt);
+    free(lp);
+    free(ls);
+    gpt_free(pre);
+    gpt_free(step);
     be->destroy(be);
 }
 
@@ -327,6 +399,10 @@ int main(int argc, char **argv) {
         char name[64];
         snprintf(name, sizeof name, "greedy decode, split = unsplit, batch = single (%s)", dtype_name(dts[di]));
         TEST_CASE(name, test_model(dts[di]));
+        snprintf(name, sizeof name, "prefill = steps, one chunk (%s)", dtype_name(dts[di]));
+        TEST_CASE(name, test_prefill(dts[di], 0));
+        snprintf(name, sizeof name, "prefill = steps, chunks of 384 (%s)", dtype_name(dts[di]));
+        TEST_CASE(name, test_prefill(dts[di], 384));
     }
     return TEST_SUMMARY();
 }
