@@ -30,14 +30,14 @@ int cli_bench_main(int argc, char **argv) {
     Config c;
     const char *device = NULL;
     long steps = 5;
-    int n = 0, breakdown = 0, attention = 0;
+    int n = 0, breakdown = 0, attention = 0, dense = 1;
     char err[ERR_LEN];
     char **rest = xmalloc((size_t)(argc + 1) * sizeof(char *));
     rest[n++] = argv[0];
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             printf("usage: train_gpt bench -c CONFIG.json [--set key=value ...] [--steps N] [--breakdown]\n"
-                   "                       [--attention] [--device cpu|cuda]\n"
+                   "                       [--attention [--no-dense]] [--device cpu|cuda]\n"
                    "Times N training steps (after one warm-up step) of the config's model on random tokens\n"
                    "and prints ms/step and tokens/s. No data, logs or checkpoints are touched.\n"
                    "--breakdown then times N more steps phase by phase (forward+backward, the gradient\n"
@@ -46,7 +46,8 @@ int cli_bench_main(int argc, char **argv) {
                    "--attention times the attention of one layer instead (batch x seq, the model's heads,\n"
                    "causal, attention.window / dropout / impl / deterministic; ALiBi left out): N forward\n"
                    "calls, then N backward calls, in ms and TFLOP/s; with attention.sparse, the same for\n"
-                   "the block-sparse pattern after the dense one, with its density and speedup.\n"
+                   "the block-sparse pattern after the dense one, with its density and speedup; --no-dense\n"
+                   "times the sparse pattern alone (dense attention at a million tokens takes seconds per call).\n"
                    "Under torchrun, mpirun or srun every rank trains on batch_size sequences of its own\n"
                    "(data parallel, as `train`), and rank 0 prints the tokens/s of all ranks together.\n");
             free(rest);
@@ -55,16 +56,20 @@ int cli_bench_main(int argc, char **argv) {
         if (strcmp(argv[i], "--steps") == 0) steps = cli_parse_long("--steps", cli_opt_value(argc, argv, &i), 1, 1000000);
         else if (strcmp(argv[i], "--breakdown") == 0) breakdown = 1;
         else if (strcmp(argv[i], "--attention") == 0) attention = 1;
+        else if (strcmp(argv[i], "--no-dense") == 0) dense = 0;
         else rest[n++] = argv[i];
     }
     cli_parse_train_args(n, rest, &c, &device);
     free(rest);
+    if (!dense && (!attention || !c.attention.sparse))
+        fatal(EXIT_USAGE, "bench: --no-dense times the block-sparse attention alone: it needs --attention and "
+                          "attention.sparse set");
     LaunchInfo li;
     if (launch_detect(&li, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     Backend *be = cli_open_backend(device, c.precision.dtype, (AttnKernel)c.attention.kernel,
                                    li.local_rank);
     if (attention) {   // each rank times its own device; rank 0 prints
-        cli_bench_attention(&c, be, steps, li.rank == 0);
+        cli_bench_attention(&c, be, steps, dense, li.rank == 0);
         be->destroy(be);
         return EXIT_OK;
     }

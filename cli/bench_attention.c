@@ -5,7 +5,9 @@
 // (query, key) pair forward (FlashAttention's convention: about half the square when causal) and
 // 2.5 times that backward. With attention.sparse, the block-sparse call and the dense one on
 // the same inputs, their times and TFLOP/s over each one's own visible pairs, the sparse call's
-// dense-equivalent TFLOP/s (the dense pairs over its time) and the blocks' density. With
+// dense-equivalent TFLOP/s (the dense pairs over its time) and the blocks' density; without the
+// dense call (dense 0: at a million tokens it alone takes seconds per pass), the sparse line
+// alone, its dense-equivalent TFLOP/s still counted from the dense pairs. With
 // dist.context_parallel > 1, also the ring's work for the same sequence split over that many
 // ranks (bench_ring).
 #include "cli/cli.h"
@@ -180,7 +182,8 @@ static void bench_ring(const Config *c, Backend *be, Rng *r, long steps, double 
     }
 }
 
-// Sparse layers: the pattern's lists on p, the same call timed again, and one more line.
+// Sparse layers: the pattern's lists on p, the same call timed again, and one more line (the
+// speed-ups against dense only where dense_fwd > 0, that is where dense was timed).
 static void bench_sparse(const Config *c, Backend *be, AttnParams *p, long steps, double dense_fwd,
                          double dense_bwd, double dense_flops, int print) {
     const int B = c->train.batch_size, T = c->train.seq_len, HS = c->model.n_embd / c->model.n_head;
@@ -194,29 +197,38 @@ static void bench_sparse(const Config *c, Backend *be, AttnParams *p, long steps
     char err[256];
     if (attn_block_mask_build(&m, &spec, T, T, 1, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
     const double flops = 4.0 * B * c->model.n_head * HS * sparse_pairs(&m, T, c->attention.window);
-    if (print)
-        printf("bench attention: sparse %s (%.4f of the blocks, %d present): forward %.3f ms (%.3g TFLOP/s, "
-               "%.3g dense-equivalent, %.2fx dense), backward %.3f ms (%.3g TFLOP/s, %.3g dense-equivalent, "
-               "%.2fx dense)\n", config_choice_name("attention.sparse", c->attention.sparse),
-               attn_block_mask_density(&m), m.nnz, fwd * 1e3, flops / fwd / 1e12, dense_flops / fwd / 1e12,
-               dense_fwd / fwd, bwd * 1e3, 2.5 * flops / bwd / 1e12, 2.5 * dense_flops / bwd / 1e12,
-               dense_bwd / bwd);
+    if (print) {
+        char fwd_x[32] = "", bwd_x[32] = "";
+        if (dense_fwd > 0) {
+            snprintf(fwd_x, sizeof fwd_x, ", %.2fx dense", dense_fwd / fwd);
+            snprintf(bwd_x, sizeof bwd_x, ", %.2fx dense", dense_bwd / bwd);
+        }
+        printf("bench attention: sparse %s (%.4f of the blocks, %d present), batch %d x seq %d: forward %.3f ms "
+               "(%.3g TFLOP/s, %.3g dense-equivalent%s), backward %.3f ms (%.3g TFLOP/s, %.3g dense-equivalent%s)\n",
+               config_choice_name("attention.sparse", c->attention.sparse), attn_block_mask_density(&m), m.nnz, B,
+               T, fwd * 1e3, flops / fwd / 1e12, dense_flops / fwd / 1e12, fwd_x, bwd * 1e3,
+               2.5 * flops / bwd / 1e12, 2.5 * dense_flops / bwd / 1e12, bwd_x);
+    }
     attn_block_mask_free(&m);
     sparse_lists_free(s);
 }
 
-void cli_bench_attention(const Config *c, Backend *be, long steps, int print) {
+void cli_bench_attention(const Config *c, Backend *be, long steps, int dense, int print) {
     const int B = c->train.batch_size, T = c->train.seq_len, NH = c->model.n_head;
     const int NKV = c->model.n_kv_head ? c->model.n_kv_head : NH, HS = c->model.n_embd / NH;
     Rng r;
     rng_seed(&r, (uint64_t)c->train.seed);
     BenchProblem b = bench_problem(c, be, &r, B, T);
     AttnParams *p = &b.p;
-    backend_attention(be, p, 0);   // warm-up (and the workspace)
-    backend_attention(be, p, 1);
-    const double fwd = time_calls(be, p, 0, steps), bwd = time_calls(be, p, 1, steps);
     const double flops = 4.0 * B * NH * HS * visible_pairs(T, c->attention.window);
-    if (print) {
+    double fwd = 0, bwd = 0;
+    if (dense) {
+        backend_attention(be, p, 0);   // warm-up (and the workspace)
+        backend_attention(be, p, 1);
+        fwd = time_calls(be, p, 0, steps);
+        bwd = time_calls(be, p, 1, steps);
+    }
+    if (print && dense) {
         printf("bench attention: %s backend (%s), %s, batch %d x seq %d, %d heads (%d kv) of %d, "
                "causal", be->name, dtype_name(be->dtype),
                config_choice_name("attention.impl", c->attention.impl), B, T, NH, NKV, HS);

@@ -22,8 +22,9 @@ int cli_bench_main(int argc, char **argv);
 int cli_export_main(int argc, char **argv);   // cli/convert.c
 int cli_import_main(int argc, char **argv);
 // `bench --attention` (cli/bench_attention.c): times one layer's attention forward and backward
-// through be for steps calls each; prints one line when print is set.
-void cli_bench_attention(const Config *c, Backend *be, long steps, int print);
+// through be for steps calls each; prints one line when print is set. dense 0 (attention.sparse
+// set) times the block-sparse call alone.
+void cli_bench_attention(const Config *c, Backend *be, long steps, int dense, int print);
 
 // ---- options ----
 int cli_is_help(const char *a);

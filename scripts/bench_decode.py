@@ -13,8 +13,9 @@ batch): microseconds per layer and the attention-only tokens/s of 12 layers, B /
 Part 2, the whole model through `train_gpt sample`: a random GPT-2 124M RoPE checkpoint
 (configs/gpt2_124m.json, model.pos_embedding rope, max_seq_len the largest context plus the
 tokens, one training step on synthetic data), then `sample --context C --batch B --tokens N
---temperature 0`, with and without --no-split; tokens/s is the line sample prints on stderr
-(generated tokens over the time of the prompt token and the N steps). --context starts the
+--temperature 0`, with and without --no-split; tokens/s is the first rate sample prints on
+stderr (generated tokens over the time of the N decode steps; the prompt's prefill is timed
+apart). --context starts the
 decode at position C over a cache left empty, which costs what a filled one costs.
 
 usage: python3 scripts/bench_decode.py [--contexts 1024,32768,131072] [--batches 1,8]

@@ -2,7 +2,7 @@
 sequence (a band or global tokens beyond train.seq_len, more random blocks than blocks) and the
 naive implementation are refused by `train` and `bench` with exit code 2 and a message naming the
 key, before anything is written; a sparse checkpoint samples greedily the same text with and
-without --no-split."""
+without --no-split; `bench --attention --no-dense` times the sparse call alone."""
 import json
 import os
 import subprocess
@@ -74,3 +74,15 @@ def test_sparse_greedy_sample_is_the_same_without_the_split(ckpt):
     assert one.count("<") >= 400
     assert sample(ckpt, "--tokens", "400", "--no-split") == one
 
+
+
+def test_bench_attention_no_dense(tmp_path):
+    """--no-dense times the sparse call alone (the dense one takes seconds per pass at 1M tokens)."""
+    path = write_config(tmp_path)
+    r = run(["bench", "-c", str(path), "--device", "cpu", "--attention", "--no-dense", "--steps", "1"])
+    assert r.returncode == 0, r.stderr
+    assert "sparse bigbird" in r.stdout and "batch 1 x seq 512" in r.stdout and "dense forward" not in r.stdout
+    assert "x dense" not in r.stdout, r.stdout
+    r = run(["bench", "-c", str(path), "--device", "cpu", "--attention", "--no-dense", "--steps", "1",
+             "--set", "attention.sparse=none"])
+    assert r.returncode == 2 and "--no-dense" in r.stderr, r.stderr

@@ -8,7 +8,8 @@
 // the model: a small bf16 and fp16 RoPE GPT decoding greedily with the split kernel and without
 // it (gpt_set_decode_split) picks the same tokens, three sequences decoded together give the
 // single sequence's logits, and a 1000-token prompt prefilled (gpt_decode_prefill, in one chunk
-// and in chunks of 384) gives the logits of feeding it step by step and the same greedy tokens.
+// and in chunks of 384, dense and on bigbird layers) gives the logits of feeding it step by step and the same greedy tokens;
+// a batch whose cache does not fit the GPU's free memory is refused before anything is made.
 //
 // Tolerance (STYLE.md): the split kernel's rms error against float64 stays within 2x the flash
 // path's (a same-precision implementation; the flash kernel also rounds P to the element type,
@@ -223,12 +224,19 @@ static void run_case(Backend *be, const Case *c, Rng *rng) {
 }
 
 // A 2-layer RoPE GPT with GQA (4 query heads, 2 K/V heads of 64) and GPT-2's initialisation
-// with the weights scaled up so that the logits are far from uniform.
-static GPT *small_model(Backend *be) {
+// with the weights scaled up so that the logits are far from uniform; sparse: bigbird layers
+// (band 2 blocks, 1 global, 2 random), which a 1000-token prompt crosses.
+static GPT *sparse_model(Backend *be, int sparse) {
     GPTConfig g = {.V = 101, .Vp = 128, .maxT = 1100, .L = 2, .NH = 4, .NKV = 2, .C = 256, .HS = 64,
                    .pos = POS_ROPE, .rope_theta = 10000.0f};
     Config run;
     config_defaults(&run);
+    if (sparse) {
+        run.attention.sparse = ATTN_SPARSE_BIGBIRD;
+        run.attention.sparse_band = 256;
+        run.attention.sparse_global = 128;
+        run.attention.sparse_random = 2;
+    }
     GPT *m = gpt_create(&g, be, 1, 64, &run);
     float *params = malloc(gpt_num_params(m) * sizeof(float));
     gpt_init_weights_host(m, params, 5);
@@ -237,6 +245,8 @@ static GPT *small_model(Backend *be) {
     free(params);
     return m;
 }
+
+static GPT *small_model(Backend *be) { return sparse_model(be, 0); }
 
 static int argmax(const float *x, int n, float *gap) {
     int best = 0, second = -1;
@@ -322,10 +332,10 @@ static void test_model(DType dt) {
 
 // A PROMPT-token prompt prefilled (chunks of `rows`, 0: the default) against the same prompt fed
 // step by step: the logits after it, then greedy tokens until NEW or a near tie.
-static void test_prefill(DType dt, int rows) {
+static void test_prefill(DType dt, int rows, int sparse) {
     enum { PROMPT = 1000, NEW = 60 };
     Backend *be = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
-    GPT *pre = small_model(be), *step = small_model(be);
+    GPT *pre = sparse_model(be, sparse), *step = sparse_model(be, sparse);
     if (rows > 0) gpt_set_prefill_rows(pre, rows);
     const int V = gpt_cfg(pre)->V;
     const double tol = model_tol(pre, dt);
@@ -350,13 +360,26 @@ static void test_prefill(DType dt, int rows) {
         worst = e > worst ? e : worst;
     }
     EXPECT(worst < tol, "prefilled and stepped logits differ by %.3g (tolerance %.3g)", worst, tol);
-    printf("  %s, chunks of %d: %d greedy tokens the same%s; logits differ by %.3g\n", dtype_name(dt),
-           rows > 0 ? rows : 4096, same, parted ? " then a near tie" : "", worst);
+    printf("  %s%s, chunks of %d: %d greedy tokens the same%s; logits differ by %.3g\n", dtype_name(dt),
+           sparse ? " bigbird" : "", rows > 0 ? rows : 4096, same, parted ? " then a near tie" : "", worst);
     free(prompt);
     free(lp);
     free(ls);
     gpt_free(pre);
     gpt_free(step);
+    be->destroy(be);
+}
+
+// 2^20 sequences of 1100 positions (about 2 TiB of cache) do not fit any GPU: refused with the
+// bytes needed and free, and nothing allocated (a batch of 2 still fits afterwards).
+static void test_batch_beyond_memory(void) {
+    Backend *be = backend_cuda_create(DTYPE_BF16, 0, ATTN_KERNEL_AUTO);
+    GPT *m = small_model(be);
+    char err[512] = "";
+    EXPECT(gpt_decode_reserve(m, 1 << 20, err, sizeof err) == -1 && strstr(err, "GiB free on the GPU"),
+           "a cache beyond the GPU's memory: %s", err);
+    EXPECT(gpt_decode_reserve(m, 2, err, sizeof err) == 0, "2 sequences after the refusal: %s", err);
+    gpt_free(m);
     be->destroy(be);
 }
 
@@ -400,9 +423,12 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "greedy decode, split = unsplit, batch = single (%s)", dtype_name(dts[di]));
         TEST_CASE(name, test_model(dts[di]));
         snprintf(name, sizeof name, "prefill = steps, one chunk (%s)", dtype_name(dts[di]));
-        TEST_CASE(name, test_prefill(dts[di], 0));
+        TEST_CASE(name, test_prefill(dts[di], 0, 0));
         snprintf(name, sizeof name, "prefill = steps, chunks of 384 (%s)", dtype_name(dts[di]));
-        TEST_CASE(name, test_prefill(dts[di], 384));
+        TEST_CASE(name, test_prefill(dts[di], 384, 0));
+        snprintf(name, sizeof name, "prefill = steps, bigbird, chunks of 384 (%s)", dtype_name(dts[di]));
+        TEST_CASE(name, test_prefill(dts[di], 384, 1));
     }
+    TEST_CASE("a batch beyond the GPU's memory refused", test_batch_beyond_memory());
     return TEST_SUMMARY();
 }
