@@ -249,7 +249,8 @@ def check_layouts_and_stream():
         got = with_grads(run, [x.detach().contiguous().requires_grad_() for x in qkv.unbind(2)], dout)
     side.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(got, ref)), "side stream"
-    assert (_lib.DEVICE_CUDA, torch.cuda.current_device(), side.cuda_stream) in _lib.default_library()._contexts
+    assert (_lib.DEVICE_CUDA, torch.cuda.current_device(), side.cuda_stream, _lib.KERNEL_AUTO) in \
+        _lib.default_library()._contexts
 
 
 CHECKS.append(("packed views, strided last dimension, side stream: bitwise", check_layouts_and_stream))
