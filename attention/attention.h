@@ -135,7 +135,7 @@ typedef struct {
 } AttnParams;
 
 // The block size of block-sparse attention: a multiple of every flash tile along both axes
-// (sm80: 64 and 128, sm90: 64 and 128; the sm90 forward's 192-row tile is not used with a
+// (sm80: 32, 64 and 128, sm90: 64 and 128; the sm90 forward's 192-row tile is not used with a
 // block mask) and of the CPU reference's 64.
 #define ATTN_SPARSE_BLOCK 128
 
