@@ -12,6 +12,7 @@
 #include "data/gpt2_bpe.h"
 #include "trainer/checkpoint.h"
 #include "model/generate.h"
+#include "model/sparse_lists.h"
 
 int cli_is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
 
@@ -213,13 +214,31 @@ void cli_parse_train_args(int argc, char **argv, Config *c, const char **device)
     if (config_validate(c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s: %s", config_path, err);
 }
 
+// The share of the causal square's blocks that the attention of the layers reads, averaged over
+// the layers: 1 when dense; with attention.sparse, its layers (attention.sparse_every) read the
+// present blocks of the causal block lists out of the n (n + 1) / 2 of the causal square.
+static double attention_share(const Config *c) {
+    if (c->attention.sparse == ATTN_SPARSE_NONE) return 1.0;
+    const AttnSparseSpec spec = sparse_lists_spec(c);
+    AttnBlockMask m;
+    char err[ERR_LEN];
+    const int T = c->train.seq_len;
+    if (attn_block_mask_build(&m, &spec, T, T, 1, err, sizeof err) != 0) return 1.0;  // config_validate checked it
+    const double square = (double)m.n_qb * (m.n_qb + 1) / 2.0, share = m.nnz / square;
+    attn_block_mask_free(&m);
+    const int L = c->model.n_layer, every = c->attention.sparse_every > 0 ? c->attention.sparse_every : 1;
+    const int sparse_layers = (L + every - 1) / every;  // layers l with l % every == 0
+    return ((L - sparse_layers) + sparse_layers * share) / L;
+}
+
 // Model FLOPs per training token (forward + backward = 3x forward, recomputation not counted):
 // 6 per parameter (one multiply-add each, forward; the embedding tables counted as llm.c and
 // nanoGPT do), plus attention scores and the weighted sum, 2 * 2 * T * C per token and layer over
-// the full square, halved by the causal mask: 6 * L * T * C.
+// the full square, halved by the causal mask: 6 * L * T * C, times the share of it a block-sparse
+// attention reads (attention_share).
 double cli_flops_per_token(const Config *c, size_t n_params) {
     const double attn = 6.0 * c->model.n_layer * (double)c->train.seq_len * c->model.n_embd;
-    return 6.0 * (double)n_params + attn;
+    return 6.0 * (double)n_params + attn * attention_share(c);
 }
 
 // GPU memory in use (GiB; the CUDA context included), or -1 on the CPU. The model, optimizer and
