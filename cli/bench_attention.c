@@ -45,12 +45,17 @@ static double sparse_pairs(const AttnBlockMask *m, int T, int window) {
     return n;
 }
 
-// n values of N(0, 1) uploaded into a new backend buffer of the compute dtype.
+// n values of N(0, 1) in a new backend buffer of the compute dtype: the first RANDOM_BLOCK of them
+// drawn, and repeated beyond it. The attention's time does not depend on the values, and at a
+// million tokens drawing every one would cost about a minute of host time and 12 GB of host memory.
+enum { RANDOM_BLOCK = 1 << 22 };
 static void *random_buffer(Backend *be, Rng *r, size_t n) {
-    float *host = xmalloc(n * sizeof(float));  // (n)
-    for (size_t i = 0; i < n; i++) host[i] = rng_normal(r);
-    void *d = be->alloc(be, n * dtype_size(be->dtype));
-    be->upload_f32(be, d, host, n);
+    const size_t m = n < RANDOM_BLOCK ? n : RANDOM_BLOCK, ds = dtype_size(be->dtype);
+    float *host = xmalloc(m * sizeof(float));  // (m)
+    for (size_t i = 0; i < m; i++) host[i] = rng_normal(r);
+    void *d = be->alloc(be, n * ds);
+    for (size_t off = 0; off < n; off += m)
+        be->upload_f32(be, (char *)d + off * ds, host, n - off < m ? n - off : m);
     free(host);
     return d;
 }
