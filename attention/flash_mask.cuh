@@ -158,7 +158,6 @@ __device__ __forceinline__ int span_first_from(const AttnTileSpan &s, int BN, in
 }
 struct TileRuns {
     int lo, hi, n;  // walk positions [lo, hi) of n are full
-    __device__ __forceinline__ bool partial(int w) const { return w < lo || w >= hi; }
 };
 __device__ __forceinline__ TileRuns tile_runs(const QueryBlock &q, int BN) {
     const int n = q.n_tiles();
@@ -202,6 +201,9 @@ __device__ __forceinline__ BwdPairs bwd_pairs(const AttnParams &p, int b, int kv
     w.G = p.NH / p.NKV;
     w.kvh = kvh;
     const int mb_begin = q_begin / BM;
+    // The dense span in this order keeps the plain kernels' PTX what it was before block masks:
+    // computed through attn_tile_span, the sm90 backward at D 64 measured 3-5% slower
+    // (docs/PERFORMANCE.md, "Refactors measured").
     if constexpr (SPARSE) {
         const int mb_end = q_end > q_begin ? (q_end + BM - 1) / BM : mb_begin;
         w.queries = attn_tile_span(p.sparse_k_offsets, p.sparse_k_blocks, n0 / ATTN_SPARSE_BLOCK, mb_begin, mb_end, BM);
