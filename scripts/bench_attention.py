@@ -11,12 +11,14 @@ and cuDNN backends, and our ratio to flash. FLOPs by the FlashAttention conventi
 GPT-2-small attention layer (B=8, 12 heads, head dim 64, causal), naive against flash.
 
 A/B mode (--ab OTHER.so): two builds of the library, loaded side by side in this process, timed
-on the same inputs in interleaved rounds: round r times every shape with library A (--lib), then
-every shape with library B (--ab); each time is the median of --reps CUDA-event timings after two
-warm-up calls. After --rounds rounds it prints, per shape, the median over rounds of A's and B's
-TFLOP/s, the ratio B/A (the median of the per-round ratios: each ratio pairs A and B measured
-in the same round, so a slow drift of the GPU's clock cancels) and the lowest and highest
-per-round ratio (the spread). PyTorch's backends and the memory table are not timed in this mode.
+on the same inputs in interleaved rounds: in round r each shape is timed with library A (--lib)
+and library B (--ab) back to back, A first where r plus the shape's index is even and B first
+where it is odd, so neither library is always the one timed on a GPU that has just been busy;
+each time is the median of --reps CUDA-event timings after two warm-up calls. After --rounds
+rounds it prints, per shape, the median over rounds of A's and B's TFLOP/s, the ratio B/A (the
+median of the per-round ratios: each ratio pairs A and B measured back to back, so a slow drift
+of the GPU's clock cancels) and the lowest and highest per-round ratio (the spread); an even
+number of rounds gives each library the first place equally often for every shape. PyTorch's backends and the memory table are not timed in this mode.
 Both libraries must take this checkout's AttnParams layout (attention/attention.h, mirrored by
 the package); a build from before attention contexts is refused with a message.
 To measure a change, build the commit before it in a worktree and pass that build as A, the
@@ -267,7 +269,8 @@ def bench_memory(ours, dtype, seqs):
 
 def bench_ab(libs, dtype, seqs, reps, rounds):
     """Interleaved A/B of two builds (or of one without and with features): each round times
-    every shape with libs[0], then with libs[1].
+    every shape with both libraries back to back, libs[0] first where the round plus the shape's
+    index is even, libs[1] first where it is odd.
 
     Shapes as in bench_speed (D 64 and 128, causal and full, B*N = 16K tokens, H*D = 2048). Every
     (round, library, shape) gets fresh inputs from the same seed, its own workspace, two warm-up
@@ -277,8 +280,9 @@ def bench_ab(libs, dtype, seqs, reps, rounds):
     shapes = [(D, causal, N) for D in (64, 128) for causal in (True, False) for N in seqs]
     res = {sh: {"fwd": ([], []), "bwd": ([], [])} for sh in shapes}
     for r in range(rounds):
-        for li, lib in enumerate(libs):
-            for (D, causal, N) in shapes:
+        for si, (D, causal, N) in enumerate(shapes):
+            for li in ((0, 1) if (r + si) % 2 == 0 else (1, 0)):
+                lib = libs[li]
                 H, B = 2048 // D, max(1, 16384 // N)
                 torch.manual_seed(0)
                 q, k, v, dout = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(4))
