@@ -164,6 +164,7 @@ static void open_run(Run *r, const char *device) {
         return;
     }
     if (mkdir_p(c->log.dir, err, sizeof err) != 0) fatal(EXIT_USAGE, "log.dir: %s", err);
+    checkpoint_remove_leftovers(c->log.dir);
     char path[CFG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.json", c->log.dir);
     char *json = config_to_json(c);
