@@ -452,19 +452,19 @@ void gpt_set_rng_base(GPT *m, uint64_t base) {
     m->be->set_u64(m->be, m->rng_base, base * sites_per_step(m));
 }
 
-void gpt_set_prefill_rows(GPT *m, int rows) {
+int gpt_set_prefill_rows(GPT *m, int rows, char *err, size_t errlen) {
     if (rows < 1 || rows > m->pre_cap)
-        fatal(EXIT_USAGE, "gpt_set_prefill_rows: %d rows per prefill chunk, need 1 to %d", rows,
-              m->pre_cap);
+        return set_error(err, errlen, "%d rows per prefill chunk: need 1 to %d", rows, m->pre_cap);
     m->pre_rows = rows;
+    return 0;
 }
 
-void gpt_set_head_rows(GPT *m, int rows) {
+int gpt_set_head_rows(GPT *m, int rows, char *err, size_t errlen) {
     if (rows < 1 || rows > m->head_cap)
-        fatal(EXIT_USAGE, "gpt_set_head_rows: %d rows per classifier chunk, need 1 to %d", rows,
-              m->head_cap);
+        return set_error(err, errlen, "%d rows per classifier chunk: need 1 to %d", rows, m->head_cap);
     m->head_rows = rows;
     m->head_chunk = -1;
+    return 0;
 }
 
 void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed) {

@@ -119,8 +119,9 @@ void gpt_losses_f32(GPT *m, float *host);
 // forward itself never holds the whole batch's logits).
 void gpt_logits_f32(GPT *m, float *host);
 // Rows per classifier chunk (logits, loss and their gradient): by default as many as 2 GiB of
-// logits hold, at most B*T; fewer (1 up to that default) to test or to save memory.
-void gpt_set_head_rows(GPT *m, int rows);
+// logits hold, at most B*T; fewer (1 up to that default) to test or to save memory. Returns 0,
+// or -1 with err set (nothing changed) for rows outside that range.
+int gpt_set_head_rows(GPT *m, int rows, char *err, size_t errlen);
 
 // Incremental decoding with a KV cache: feed B sequences' tokens (B) at position pos (0, 1,
 // 2, ..., the same for every sequence), receive logits (B, V) fp32 host for their next tokens.
@@ -143,8 +144,9 @@ void gpt_decode_step(GPT *m, int token, int pos, float *logits_out);
 void gpt_decode_prefill(GPT *m, const int *tokens, int n, int B, int pos, float *logits_out);
 // Rows per prefill chunk: by default min(max_seq_len, 4096); fewer (1 up to that default) to
 // test or to save memory. Where the attention is materialised (attention.impl naive, or fp32 on
-// CUDA), the chunks also keep its score matrices within 1 GiB.
-void gpt_set_prefill_rows(GPT *m, int rows);
+// CUDA), the chunks also keep its score matrices within 1 GiB. Returns 0, or -1 with err set
+// (nothing changed) for rows outside that range.
+int gpt_set_prefill_rows(GPT *m, int rows, char *err, size_t errlen);
 // Makes the decode buffers for B sequences (the cache, one step's activations, the prefill
 // chunk's activations), after checking that they fit the device's free memory (the host's
 // physical memory on the CPU): 0, or -1 with err naming the bytes needed

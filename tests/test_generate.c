@@ -85,7 +85,9 @@ static void test_prefill_equals_steps(PrefillCase c) {
     Backend *be = backend_cpu_create();
     GPT *pre = prefill_model(be, &c), *step = prefill_model(be, &c);
     const int V = gpt_cfg(pre)->V;
-    if (c.rows > 0) gpt_set_prefill_rows(pre, c.rows);
+    char err[ERR_LEN];
+    if (c.rows > 0)
+        EXPECT(gpt_set_prefill_rows(pre, c.rows, err, sizeof err) == 0, "%d rows refused: %s", c.rows, err);
     int prompt[MAX_PROMPT];
     Rng r;
     rng_seed(&r, 11 + (uint64_t)c.n);
@@ -120,7 +122,8 @@ static void test_prefill_batch(void) {
     int prompt[N], tokens[B] = {5, 5, 5};
     for (int i = 0; i < N; i++) prompt[i] = (7 * i + 3) % V;
     float *l1 = xmalloc((size_t)V * sizeof(float)), *lb = xmalloc((size_t)B * V * sizeof(float));
-    gpt_set_prefill_rows(many, 6);
+    char err[ERR_LEN];
+    EXPECT(gpt_set_prefill_rows(many, 6, err, sizeof err) == 0, "6 rows refused: %s", err);
     gpt_decode_prefill(one, prompt, N, 1, 0, l1);
     gpt_decode_prefill(many, prompt, N, B, 0, lb);
     for (int b = 0; b < B; b++)
@@ -182,6 +185,10 @@ static void test_refusals(void) {
     EXPECT(gpt_decode_reserve(m, 3, err, sizeof err) == 0, "the same batch again refused: %s", err);
     EXPECT(gpt_decode_reserve(m, 2, err, sizeof err) == -1 && strstr(err, "holds 3 sequences"),
            "another batch size: %s", err);
+    EXPECT(gpt_set_prefill_rows(m, 0, err, sizeof err) == -1 && strstr(err, "0 rows per prefill chunk: need 1 to"),
+           "0 prefill rows: %s", err);
+    EXPECT(gpt_set_prefill_rows(m, 1 << 30, err, sizeof err) == -1 && strstr(err, "need 1 to"),
+           "2^30 prefill rows: %s", err);
     gpt_free(m);
     be->destroy(be);
 }

@@ -34,8 +34,9 @@
 
 #include "attention/attention.h"
 #include "attention/mask.h"
-#include "common/rng.h"
+#include "common/check.h"
 #include "common/config.h"
+#include "common/rng.h"
 #include "model/backend.h"
 #include "model/gpt.h"
 #include "tests/testlib.h"
@@ -336,7 +337,8 @@ static void test_prefill(DType dt, int rows, int sparse) {
     enum { PROMPT = 1000, NEW = 60 };
     Backend *be = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
     GPT *pre = sparse_model(be, sparse), *step = sparse_model(be, sparse);
-    if (rows > 0) gpt_set_prefill_rows(pre, rows);
+    char err[ERR_LEN];
+    if (rows > 0) EXPECT(gpt_set_prefill_rows(pre, rows, err, sizeof err) == 0, "%d rows refused: %s", rows, err);
     const int V = gpt_cfg(pre)->V;
     const double tol = model_tol(pre, dt);
     int *prompt = malloc(PROMPT * sizeof(int));
