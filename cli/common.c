@@ -138,6 +138,12 @@ int cli_start_token(const Tokenizer *tok) {
 
 char *cli_sample_text(GPT *m, const Tokenizer *tok, const int *prompt, int n_prompt, int n_new,
                          float temperature, int top_k, Rng *rng) {
+    // A cache of the positions this sample feeds, not max_seq_len's (which a long-context
+    // run could not hold beside its training state); later samples of the same length reuse it.
+    const long want = (long)n_prompt + n_new;
+    const int maxT = gpt_cfg(m)->maxT, positions = want < maxT ? (int)want : maxT;
+    char err[ERR_LEN];
+    if (gpt_decode_reserve(m, 1, positions, err, sizeof err) != 0) fatal(EXIT_USAGE, "sample: %s", err);
     int *out = xmalloc((size_t)(n_new > 0 ? n_new : 1) * sizeof(int));
     int n = gpt_generate(m, prompt, n_prompt, n_new, temperature, top_k, rng, out);
     char *text = cli_decode_text(tok, out, n);
