@@ -783,21 +783,21 @@ double gpt_loss_sum(const GPT *m, int *count) {
 
 void gpt_set_loss_tokens(GPT *m, long long n) { m->n_loss = n; }
 
-void gpt_set_ring(GPT *m, const RingLink *link) {
+int gpt_set_ring(GPT *m, const RingLink *link, char *err, size_t errlen) {
     const GPTConfig *g = &m->cfg;
     if (m->eot >= 0 || m->attn_dropout > 0.0f)
-        fatal(EXIT_USAGE, "context parallelism supports neither attention.doc_mask nor "
-                          "attention.dropout yet: set them to false and 0, or "
-                          "dist.context_parallel = 1");
+        return set_error(err, errlen, "context parallelism supports neither attention.doc_mask nor "
+                                      "attention.dropout yet: set them to false and 0, or "
+                                      "dist.context_parallel = 1");
     const AttnParams kind = {.impl = m->impl, .dtype = m->be->dtype};
     if (attn_runs_naive(&kind, m->be->device))
-        fatal(EXIT_USAGE, "context parallelism needs the flash attention: attention.impl = flash "
-                          "and, on the GPU, precision.dtype bf16 or fp16 (the naive attention, "
-                          "which fp32 runs on the GPU, materialises the whole score matrix and "
-                          "has no chunked backward)");
+        return set_error(err, errlen, "context parallelism needs the flash attention: attention.impl = "
+                                      "flash and, on the GPU, precision.dtype bf16 or fp16 (the naive "
+                                      "attention, which fp32 runs on the GPU, materialises the whole "
+                                      "score matrix and has no chunked backward)");
     if (m->T % 2 != 0 || (long long)m->T * link->size > g->maxT)
-        fatal(EXIT_USAGE, "context parallelism: %d ranks x %d local tokens must be an even split "
-                          "within model.max_seq_len (%d)", link->size, m->T, g->maxT);
+        return set_error(err, errlen, "context parallelism: %d ranks x %d local tokens must be an even "
+                                      "split within model.max_seq_len (%d)", link->size, m->T, g->maxT);
     CHECK(!m->ring);
     m->ring = ring_attention_create(m->be, link, m->B, m->T, g->NH, g->NKV, g->HS);
     int *pos = xmalloc((size_t)m->B * m->T * sizeof(int));  // (B, T)
@@ -807,6 +807,7 @@ void gpt_set_ring(GPT *m, const RingLink *link) {
     m->ring_pos = balloc(m, (size_t)m->B * m->T * sizeof(int));
     m->be->upload(m->be, m->ring_pos, pos, (size_t)m->B * m->T * sizeof(int));
     free(pos);
+    return 0;
 }
 
 void gpt_set_grad_ready_hook(GPT *m, GradReadyFn fn, void *ctx) {

@@ -82,9 +82,9 @@ void gpt_set_loss_tokens(GPT *m, long long n);
 // link->size (model/ring_attention.h's zigzag layout) of every sequence, T (gpt_create's) of
 // them, T even. Positions (learned, RoPE, ALiBi) become the tokens' global positions and every
 // training forward and backward runs its attention around the ring, so every rank of the ring
-// must make the same calls. Decoding stays local. Exits 2 with doc_mask, attention dropout or
-// the naive attention.
-void gpt_set_ring(GPT *m, const RingLink *link);
+// must make the same calls. Decoding stays local. Returns 0, or -1 with err set (and m as it
+// was) with doc_mask, attention dropout, the naive attention, or an odd or too long split.
+int gpt_set_ring(GPT *m, const RingLink *link, char *err, size_t errlen);
 // Backward of the last forward with targets; gradients ACCUMULATE into gpt_grads, scaled by
 // grad_scale (1/grad_accum times the loss scale). Returns nothing; call gpt_zero_grad first.
 void gpt_backward(GPT *m, float grad_scale);
