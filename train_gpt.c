@@ -127,7 +127,8 @@ static void open_run(Run *r, const char *device) {
     GPTConfig gc = gpt_config_from(c);
     r->model = gpt_create(&gc, r->be, B, cp_local_len(c), c);
     if (r->be->device == DEVICE_CUDA) probe_device(r->model, B, T);
-    r->trainer = trainer_create_dist(r->model, c, r->comm);
+    r->trainer = trainer_create_dist(r->model, c, r->comm, err, sizeof err);
+    if (!r->trainer) fatal(EXIT_USAGE, "%s", err);
     memset(&r->state, 0, sizeof r->state);
     r->state.world_size = world;
     rng_seed(&r->rng, (uint64_t)c->train.seed ^ 0x5A4D504C45ull);
@@ -164,6 +165,7 @@ static void open_run(Run *r, const char *device) {
         return;
     }
     if (mkdir_p(c->log.dir, err, sizeof err) != 0) fatal(EXIT_USAGE, "log.dir: %s", err);
+    checkpoint_remove_leftovers(c->log.dir);
     char path[CFG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.json", c->log.dir);
     char *json = config_to_json(c);

@@ -44,7 +44,8 @@ typedef struct {
     AttnStrides do_st, dq_st, dk_st, dv_st;
     // With accumulate set, dq, dk and dv are fp32 accumulators (float, by their strides, whatever
     // dtype is) to which this call's gradients are ADDED; without it they are of dtype and
-    // overwritten.
+    // overwritten. The flash backward only: attn_check refuses it for impl naive and for fp32
+    // on cuda (which runs the naive kernels).
     int accumulate;
 
     // --- sizes ---

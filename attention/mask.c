@@ -213,11 +213,13 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
     if (dev == DEVICE_CPU && p->dtype != DTYPE_F32)
         return set_error(err, errlen, "attention: the cpu implementation is fp32 only, got dtype %s: "
                                  "use fp32", dtype_name(p->dtype));
-    if (backward && p->accumulate && p->impl == ATTN_IMPL_NAIVE)
+    // The naive path (impl naive, and on cuda every fp32 problem) overwrites dq, dk and dv in
+    // dtype: it has no fp32 accumulators to add into.
+    if (backward && p->accumulate && (p->impl == ATTN_IMPL_NAIVE || attn_runs_naive(p, dev)))
         return set_error(err, errlen,
-                    "attention: accumulate (a sum over key chunks) needs the flash implementation, "
-                    "whose backward starts from the saved lse of all keys; the naive one "
-                    "renormalises over the keys it is given");
+                    "attention: accumulate (a sum over key chunks, as context parallelism's ring "
+                    "makes) needs the flash backward: impl flash, and on cuda dtype bf16 or fp16 "
+                    "(fp32 runs the naive kernels there, which overwrite dq, dk and dv)");
     if (backward && check_shared_rows(p, dev, err, errlen) != 0) return -1;
     if (p->pos_explicit && (p->q_pos0 < 0 || p->k_pos0 < 0 || p->q_pos0 + p->T_q > INT_MAX ||
                             p->k_pos0 + p->T_k > INT_MAX))

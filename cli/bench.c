@@ -77,7 +77,8 @@ int cli_bench_main(int argc, char **argv) {
     GPTConfig gc = gpt_config_from(&c);
     const int B = c.train.batch_size, T = c.train.seq_len;
     GPT *m = gpt_create(&gc, be, B, cp_local_len(&c), &c);   // context parallelism: a part of T
-    Trainer *t = trainer_create_dist(m, &c, comm);
+    Trainer *t = trainer_create_dist(m, &c, comm, err, sizeof err);
+    if (!t) fatal(EXIT_USAGE, "%s", err);
     float *host = xmalloc(gpt_num_params(m) * sizeof(float));
     gpt_init_weights_host(m, host, (uint64_t)c.train.seed);
     trainer_set_weights_f32(t, host);

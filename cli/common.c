@@ -65,18 +65,27 @@ static int gpu_of(int local_rank) {
 }
 #endif
 
+// Whether --device (NULL: not given) opens the CUDA backend: cuda, or no choice and a GPU found.
+static int picks_cuda(const char *device) {
+    if (device) return strcmp(device, "cuda") == 0;
+#ifdef FLASHGPT_CUDA
+    return backend_cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
 // --device cpu|cuda, or NULL for the default: cuda when this build has it and a GPU is present,
 // else cpu with a notice. The cuda backend computes in `dtype` (precision.dtype) on the GPU of
 // `local_rank` (the launch's rank on this host); the cpu backend is fp32 only and says so when
 // another dtype was asked for.
 Backend *cli_open_backend(const char *device, DType dtype, AttnKernel kernel, int local_rank) {
-    const int want_cuda = device && strcmp(device, "cuda") == 0;
 #ifdef FLASHGPT_CUDA
-    if (want_cuda || (!device && backend_cuda_device_count() > 0))
+    if (picks_cuda(device))
         return backend_cuda_create(dtype, gpu_of(local_rank), kernel);  // no GPU: exit 2
     if (!device) fprintf(stderr, "notice: no CUDA GPU found: running on the CPU backend (fp32)\n");
 #else
-    if (want_cuda)
+    if (picks_cuda(device))
         fatal(EXIT_USAGE, "--device cuda: this build has no CUDA backend (nvcc was not found when "
                           "it was built): rebuild with the CUDA toolkit, or use --device cpu");
     if (!device) fprintf(stderr, "notice: built without CUDA: running on the CPU backend (fp32)\n");
@@ -129,6 +138,12 @@ int cli_start_token(const Tokenizer *tok) {
 
 char *cli_sample_text(GPT *m, const Tokenizer *tok, const int *prompt, int n_prompt, int n_new,
                          float temperature, int top_k, Rng *rng) {
+    // A cache of the positions this sample feeds, not max_seq_len's (which a long-context
+    // run could not hold beside its training state); later samples of the same length reuse it.
+    const long want = (long)n_prompt + n_new;
+    const int maxT = gpt_cfg(m)->maxT, positions = want < maxT ? (int)want : maxT;
+    char err[ERR_LEN];
+    if (gpt_decode_reserve(m, 1, positions, err, sizeof err) != 0) fatal(EXIT_USAGE, "sample: %s", err);
     int *out = xmalloc((size_t)(n_new > 0 ? n_new : 1) * sizeof(int));
     int n = gpt_generate(m, prompt, n_prompt, n_new, temperature, top_k, rng, out);
     char *text = cli_decode_text(tok, out, n);
@@ -212,6 +227,11 @@ void cli_parse_train_args(int argc, char **argv, Config *c, const char **device)
         }
     }
     if (config_validate(c, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s: %s", config_path, err);
+    // fp32 on the GPU runs the naive attention, whose backward has no sum over key chunks.
+    if (c->dist.context_parallel > 1 && c->precision.dtype == DTYPE_F32 && picks_cuda(*device))
+        fatal(EXIT_USAGE, "%s: dist.context_parallel = %d on the GPU needs precision.dtype = bf16 or "
+                          "fp16: fp32 runs the naive attention there, which has no ring backward; "
+                          "use --device cpu for an fp32 ring", config_path, c->dist.context_parallel);
 }
 
 // The share of the causal square's blocks that the attention of the layers reads, averaged over

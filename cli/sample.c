@@ -28,7 +28,9 @@ int cli_sample_main(int argc, char **argv) {
                    "training attention kernels instead (for comparisons). Tokens/s goes to stderr: the new\n"
                    "tokens over the decode steps' time, then the prompt's over the prefill's.\n"
                    "--context N times decoding at a context length: the prompt starts at position N over\n"
-                   "a cache whose first N positions are left empty (zeros), so the text means nothing.\n");
+                   "a cache whose first N positions are left empty (zeros), so the text means nothing.\n"
+                   "The KV cache holds N + the prompt + the new tokens positions (at most the model's\n"
+                   "max_seq_len) per sequence; a --batch whose caches do not fit the memory exits 2.\n");
             return EXIT_OK;
         }
         if (strcmp(argv[i], "--checkpoint") == 0) ckpt = cli_opt_value(argc, argv, &i);
@@ -57,18 +59,22 @@ int cli_sample_main(int argc, char **argv) {
         ids = cli_encode_prompt(tok, prompt, &n_prompt);
     }
     char *head = cli_decode_text(tok, ids, n_prompt);
-    const int B = (int)batch;
-    char err[ERR_LEN];
-    if (gpt_decode_reserve(m, B, err, sizeof err) != 0) fatal(EXIT_USAGE, "sample: --batch %d: %s", B, err);
-    gpt_set_decode_split(m, split);
-    if (context >= gpt_cfg(m)->maxT)
+    const int B = (int)batch, maxT = gpt_cfg(m)->maxT;
+    if (context >= maxT)
         fatal(EXIT_USAGE, "sample: --context %ld leaves no room in model.max_seq_len (%d)", context,
-              gpt_cfg(m)->maxT);
+              maxT);
+    // The cache holds what this sample feeds: the context, the prompt and the new tokens.
+    const long want = context + n_prompt + n_new;
+    const int positions = want < maxT ? (int)want : maxT;
+    char err[ERR_LEN];
+    if (gpt_decode_reserve(m, B, positions, err, sizeof err) != 0)
+        fatal(EXIT_USAGE, "sample: --batch %d: %s", B, err);
+    gpt_set_decode_split(m, split);
     gpt_decode_seek(m, (int)context);
     Rng *rngs = xmalloc((size_t)B * sizeof(Rng));
     for (int b = 0; b < B; b++) rng_seed(&rngs[b], (uint64_t)seed + (uint64_t)b);
     int *out = xmalloc((size_t)B * (n_new > 0 ? n_new : 1) * sizeof(int));   // (B, n_new)
-    const int n_fed = n_prompt < gpt_cfg(m)->maxT - (int)context ? n_prompt : gpt_cfg(m)->maxT - (int)context;
+    const int n_fed = n_prompt < positions - (int)context ? n_prompt : positions - (int)context;
     float *logits = xmalloc((size_t)B * gpt_cfg(m)->V * sizeof(float));   // (B, V)
     const double t0 = now_seconds();
     gpt_decode_prefill(m, ids, n_fed, B, (int)context, logits);

@@ -50,7 +50,8 @@ int gpt_generate_batch(GPT *m, int B, int pos0, const int *prompt, int n_prompt,
                        float temperature, int top_k, Rng *rngs, int *out) {
     const GPTConfig *cfg = gpt_cfg(m);
     float *logits = xmalloc((size_t)B * cfg->V * sizeof(float));   // (B, V)
-    const int n_fed = n_prompt < cfg->maxT - pos0 ? n_prompt : cfg->maxT - pos0;
+    const int room = gpt_decode_positions(m) - pos0;
+    const int n_fed = n_prompt < room ? n_prompt : room;
     gpt_decode_prefill(m, prompt, n_fed, B, pos0, logits);
     const int n = gpt_generate_from(m, B, pos0 + n_fed, logits, n_new, temperature, top_k, rngs, out);
     free(logits);
@@ -60,13 +61,14 @@ int gpt_generate_batch(GPT *m, int B, int pos0, const int *prompt, int n_prompt,
 int gpt_generate_from(GPT *m, int B, int pos, float *logits, int n_new, float temperature, int top_k,
                       Rng *rngs, int *out) {
     const GPTConfig *cfg = gpt_cfg(m);
+    const int end = gpt_decode_positions(m);
     int *tokens = xmalloc((size_t)B * sizeof(int));   // (B) this step's
     int n = 0;
-    for (; n < n_new && pos < cfg->maxT; n++, pos++) {
+    for (; n < n_new && pos < end; n++, pos++) {
         for (int b = 0; b < B; b++)
             tokens[b] = out[(size_t)b * n_new + n] =
                 sample_token(logits + (size_t)b * cfg->V, cfg->V, temperature, top_k, &rngs[b]);
-        if (pos + 1 < cfg->maxT && n + 1 < n_new) gpt_decode_batch(m, tokens, B, pos, logits);
+        if (pos + 1 < end && n + 1 < n_new) gpt_decode_batch(m, tokens, B, pos, logits);
     }
     free(tokens);
     return n;

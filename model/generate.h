@@ -9,7 +9,8 @@
 int sample_token(const float *logits, int V, float temperature, int top_k, Rng *rng);
 
 // Feeds the prompt (n_prompt >= 1 tokens, gpt_decode_prefill) and draws up to n_new tokens into
-// out; stops early at the model's max_seq_len. Returns the number of tokens drawn. The batch of
+// out; stops early at the end of the cache (gpt_decode_positions: max_seq_len unless
+// gpt_decode_reserve made it shorter). Returns the number of tokens drawn. The batch of
 // one of:
 int gpt_generate(GPT *m, const int *prompt, int n_prompt, int n_new, float temperature, int top_k,
                  Rng *rng, int *out);
@@ -22,6 +23,7 @@ int gpt_generate_batch(GPT *m, int B, int pos0, const int *prompt, int n_prompt,
                        float temperature, int top_k, Rng *rngs, int *out);
 // The drawing half: B sequences whose caches hold positions [0, pos) and whose next-token
 // logits (B, V) fp32 host are in logits (overwritten step by step) draw up to n_new tokens each
-// into out (B, n_new) as gpt_generate_batch does, stopping at max_seq_len; returns the count.
+// into out (B, n_new) as gpt_generate_batch does, stopping at the end of the cache; returns
+// the count.
 int gpt_generate_from(GPT *m, int B, int pos, float *logits, int n_new, float temperature, int top_k,
                       Rng *rngs, int *out);

@@ -156,6 +156,8 @@ struct GPT {
     BlockActs dec;                // N = dec_B
     void *dec_x, *dec_scratch, *dec_lnf, *dec_logits;  // (B, C), (B, C), (B, C), (B, Vp)
     float *dec_lnf_mean, *dec_lnf_rstd;                // (B)
+    float *dec_logits_host;       // (B, Vp) host: a step's logits in one download, when B > 1
+                                  // and V < Vp; else NULL
     int ids_cap;                  // max(dec_B, pre_cap)
     int *ids, *ids_host;          // (2, ids_cap) backend int32 and its host staging: a step's or
                                   // a prefill chunk's n tokens, then their n positions
@@ -163,8 +165,9 @@ struct GPT {
                                   // buffers hold
     BlockActs pre;                // N = pre_cap: one prefill chunk of sequence 0
     void *pre_x, *pre_scratch;    // (pre_cap, C)
-    void *kv;                     // (L, 2, B, NKV, maxT, HS): per layer the keys, then the values;
+    void *kv;                     // (L, 2, B, NKV, kv_T, HS): per layer the keys, then the values;
                                   // a head's positions are contiguous (attn_decode's layout)
+    int kv_T;                     // positions per sequence the cache holds (<= maxT)
     int kv_len;                   // positions cached
     int decode_unsplit;           // decode attention through attn_forward, not attn_decode
                                   // (gpt_set_decode_split(m, 0))
@@ -429,6 +432,7 @@ void gpt_free(GPT *m) {
     free(m->acts);
     free(m->losses_host);
     free(m->ids_host);
+    free(m->dec_logits_host);
     free(m->doc_pos_host);
     free(m->cu_host);
     free(m->tensors);
@@ -452,19 +456,19 @@ void gpt_set_rng_base(GPT *m, uint64_t base) {
     m->be->set_u64(m->be, m->rng_base, base * sites_per_step(m));
 }
 
-void gpt_set_prefill_rows(GPT *m, int rows) {
+int gpt_set_prefill_rows(GPT *m, int rows, char *err, size_t errlen) {
     if (rows < 1 || rows > m->pre_cap)
-        fatal(EXIT_USAGE, "gpt_set_prefill_rows: %d rows per prefill chunk, need 1 to %d", rows,
-              m->pre_cap);
+        return set_error(err, errlen, "%d rows per prefill chunk: need 1 to %d", rows, m->pre_cap);
     m->pre_rows = rows;
+    return 0;
 }
 
-void gpt_set_head_rows(GPT *m, int rows) {
+int gpt_set_head_rows(GPT *m, int rows, char *err, size_t errlen) {
     if (rows < 1 || rows > m->head_cap)
-        fatal(EXIT_USAGE, "gpt_set_head_rows: %d rows per classifier chunk, need 1 to %d", rows,
-              m->head_cap);
+        return set_error(err, errlen, "%d rows per classifier chunk: need 1 to %d", rows, m->head_cap);
     m->head_rows = rows;
     m->head_chunk = -1;
+    return 0;
 }
 
 void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed) {
@@ -557,8 +561,8 @@ static void attention_backward(GPT *m, AttnParams *p) {
 // chunk, over each sequence's tokens, one call per head.
 static void kv_store(GPT *m, int l, const BlockActs *a, int pos, int B, int T) {
     const GPTConfig *g = &m->cfg;
-    const size_t ds = m->ds, HS = g->HS, NKV = g->NKV, maxT = g->maxT, OCq = m->OCq;
-    const size_t head = maxT * HS, seq = NKV * head;   // cache elements per head, per sequence
+    const size_t ds = m->ds, HS = g->HS, NKV = g->NKV, OCq = m->OCq;
+    const size_t head = (size_t)m->kv_T * HS, seq = NKV * head;   // cache elements per head, per sequence
     for (int kv = 0; kv < 2; kv++) {
         char *dst = at(m->kv, ((size_t)(2 * l + kv) * m->dec_B * seq + pos * HS), ds);
         const char *src = at(a->qkv, (size_t)(g->NH + kv * g->NKV) * HS, ds);
@@ -779,21 +783,21 @@ double gpt_loss_sum(const GPT *m, int *count) {
 
 void gpt_set_loss_tokens(GPT *m, long long n) { m->n_loss = n; }
 
-void gpt_set_ring(GPT *m, const RingLink *link) {
+int gpt_set_ring(GPT *m, const RingLink *link, char *err, size_t errlen) {
     const GPTConfig *g = &m->cfg;
     if (m->eot >= 0 || m->attn_dropout > 0.0f)
-        fatal(EXIT_USAGE, "context parallelism supports neither attention.doc_mask nor "
-                          "attention.dropout yet: set them to false and 0, or "
-                          "dist.context_parallel = 1");
+        return set_error(err, errlen, "context parallelism supports neither attention.doc_mask nor "
+                                      "attention.dropout yet: set them to false and 0, or "
+                                      "dist.context_parallel = 1");
     const AttnParams kind = {.impl = m->impl, .dtype = m->be->dtype};
     if (attn_runs_naive(&kind, m->be->device))
-        fatal(EXIT_USAGE, "context parallelism needs the flash attention: attention.impl = flash "
-                          "and, on the GPU, precision.dtype bf16 or fp16 (the naive attention, "
-                          "which fp32 runs on the GPU, materialises the whole score matrix and "
-                          "has no chunked backward)");
+        return set_error(err, errlen, "context parallelism needs the flash attention: attention.impl = "
+                                      "flash and, on the GPU, precision.dtype bf16 or fp16 (the naive "
+                                      "attention, which fp32 runs on the GPU, materialises the whole "
+                                      "score matrix and has no chunked backward)");
     if (m->T % 2 != 0 || (long long)m->T * link->size > g->maxT)
-        fatal(EXIT_USAGE, "context parallelism: %d ranks x %d local tokens must be an even split "
-                          "within model.max_seq_len (%d)", link->size, m->T, g->maxT);
+        return set_error(err, errlen, "context parallelism: %d ranks x %d local tokens must be an even "
+                                      "split within model.max_seq_len (%d)", link->size, m->T, g->maxT);
     CHECK(!m->ring);
     m->ring = ring_attention_create(m->be, link, m->B, m->T, g->NH, g->NKV, g->HS);
     int *pos = xmalloc((size_t)m->B * m->T * sizeof(int));  // (B, T)
@@ -803,6 +807,7 @@ void gpt_set_ring(GPT *m, const RingLink *link) {
     m->ring_pos = balloc(m, (size_t)m->B * m->T * sizeof(int));
     m->be->upload(m->be, m->ring_pos, pos, (size_t)m->B * m->T * sizeof(int));
     free(pos);
+    return 0;
 }
 
 void gpt_set_grad_ready_hook(GPT *m, GradReadyFn fn, void *ctx) {
@@ -928,36 +933,45 @@ static size_t block_bytes(const GPT *m) {
     return (13 * C + m->OCq) * m->ds + (4 + (size_t)m->cfg.NH) * sizeof(float);
 }
 
-// Bytes of the decode buffers for B sequences (in double: B may be absurd): per sequence the KV
-// cache and one step's activations, then the prefill chunk's activations and the token ids.
-static double decode_bytes(const GPT *m, int B) {
+// Bytes of the decode buffers for B sequences of T positions (in double: B may be absurd): per
+// sequence the KV cache and one step's activations, then the prefill chunk's activations (of
+// pre rows) and the token ids.
+static double decode_bytes(const GPT *m, int B, int T, int pre_rows) {
     const GPTConfig *g = &m->cfg;
     const size_t C = g->C, ds = m->ds;
-    const size_t kv = (size_t)g->L * 2 * g->NKV * g->maxT * g->HS * ds;
+    const size_t kv = (size_t)g->L * 2 * g->NKV * (size_t)T * g->HS * ds;
     const size_t seq = kv + block_bytes(m) + (3 * C + g->Vp) * ds + 2 * sizeof(float);
-    const size_t pre = (size_t)m->pre_cap * (block_bytes(m) + 2 * C * ds);
-    const double ids = 2.0 * (B > m->pre_cap ? B : m->pre_cap) * sizeof(int);
+    const size_t pre = (size_t)pre_rows * (block_bytes(m) + 2 * C * ds);
+    const double ids = 2.0 * (B > pre_rows ? B : pre_rows) * sizeof(int);
     return (double)B * seq + pre + ids;
 }
 
-int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen) {
-    if (m->kv) {
-        if (B == m->dec_B) return 0;
-        return set_error(err, errlen, "decode: the cache holds %d sequences, asked for %d", m->dec_B, B);
-    }
+int gpt_decode_reserve(GPT *m, int B, int T, char *err, size_t errlen) {
     const GPTConfig *g = &m->cfg;
+    if (m->kv) {
+        if (B == m->dec_B && T <= m->kv_T) return 0;
+        return set_error(err, errlen, "decode: the cache holds %d sequences of %d positions, asked "
+                                      "for %d of %d", m->dec_B, m->kv_T, B, T);
+    }
     if (B < 1) return set_error(err, errlen, "decode: %d sequences: need at least 1", B);
-    const double need = decode_bytes(m, B);
+    if (T < 1 || T > g->maxT)
+        return set_error(err, errlen, "decode: a cache of %d positions: need 1 to model.max_seq_len "
+                                      "(%d)", T, g->maxT);
+    const int pre_cap = m->pre_cap < T ? m->pre_cap : T;   // a prefill chunk never exceeds T
+    const double need = decode_bytes(m, B, T, pre_cap);
     size_t avail = 0, used = 0;
     const int device = m->be->memory(m->be, &avail, &used);   // else host memory: all of it
     if (!device) avail = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
     if (need > (double)avail)
         return set_error(err, errlen, "decode: %d sequences of up to %d positions need %.2f GiB for "
                                       "the KV cache and activations, more than the %.2f GiB %s: use fewer",
-                         B, g->maxT, need / 1073741824.0, avail / 1073741824.0,
+                         B, T, need / 1073741824.0, avail / 1073741824.0,
                          device ? "free on the GPU" : "of host memory");
     size_t C = g->C, ds = m->ds;
     m->dec_B = B;
+    m->kv_T = T;
+    m->pre_cap = pre_cap;
+    if (m->pre_rows > pre_cap) m->pre_rows = pre_cap;
     alloc_block(m, &m->dec, B, 1);
     m->dec_x = balloc(m, B * C * ds);
     m->dec_scratch = balloc(m, B * C * ds);
@@ -971,14 +985,17 @@ int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen) {
     m->ids_cap = B > m->pre_cap ? B : m->pre_cap;
     m->ids = balloc(m, 2 * (size_t)m->ids_cap * sizeof(int));
     m->ids_host = xcalloc(2 * (size_t)m->ids_cap, sizeof(int));
-    m->kv = balloc(m, (size_t)B * g->L * 2 * g->NKV * g->maxT * g->HS * ds);
+    if (B > 1 && g->V < g->Vp) m->dec_logits_host = xmalloc((size_t)B * g->Vp * sizeof(float));
+    m->kv = balloc(m, (size_t)B * g->L * 2 * g->NKV * (size_t)T * g->HS * ds);
     return 0;
 }
 
+int gpt_decode_positions(const GPT *m) { return m->kv ? m->kv_T : m->cfg.maxT; }
+
 void gpt_decode_seek(GPT *m, int pos) {
-    if (!m->kv || pos < 0 || pos >= m->cfg.maxT)
+    if (!m->kv || pos < 0 || pos >= m->kv_T)
         fatal(EXIT_USAGE, "decode: seek to position %d needs the decode buffers and 0 <= pos < "
-                          "model.max_seq_len (%d)", pos, m->cfg.maxT);
+                          "the %d positions of the cache", pos, m->kv_T);
     m->kv_len = pos;
 }
 
@@ -989,7 +1006,8 @@ void gpt_decode_step(GPT *m, int token, int pos, float *logits_out) {
 }
 
 // The checks of a decode call feeding n_tokens tokens at n positions per sequence from pos, for
-// B sequences (exit 2 with a message), and the decode buffers for B.
+// B sequences (exit 2 with a message), and the decode buffers for B (of max_seq_len positions
+// when none were reserved).
 static void decode_begin(GPT *m, const int *tokens, int n_tokens, int n, int B, int pos) {
     const GPTConfig *g = &m->cfg;
     char err[ERR_LEN];
@@ -1002,7 +1020,11 @@ static void decode_begin(GPT *m, const int *tokens, int n_tokens, int n, int B, 
     if (pos > m->kv_len)
         fatal(EXIT_RUNTIME, "decode: position %d follows %d cached positions; feed positions "
                             "0, 1, 2, ... in order", pos, m->kv_len);
-    if (gpt_decode_reserve(m, B, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    if (gpt_decode_reserve(m, B, m->kv ? m->kv_T : g->maxT, err, sizeof err) != 0)
+        fatal(EXIT_USAGE, "%s", err);
+    if (pos + (int64_t)n > m->kv_T)
+        fatal(EXIT_USAGE, "decode: %d position(s) from %d do not fit the %d positions the cache "
+                          "was reserved for (gpt_decode_reserve)", n, pos, m->kv_T);
 }
 
 // n tokens and their positions pos + i * step into m->ids (tokens, then positions), one upload.
@@ -1021,8 +1043,8 @@ static void upload_ids(GPT *m, const int *tokens, int n, int pos, int step) {
 // blocks.
 static AttnParams decode_attn(GPT *m, BlockActs *a, int B, int T, int pos, int l) {
     const GPTConfig *g = &m->cfg;
-    const int64_t head = (int64_t)g->maxT * g->HS;   // cache elements per (sequence, head)
-    void *keys = at(m->kv, (size_t)2 * l * m->dec_B * g->NKV * head, m->ds);   // (B, NKV, maxT, HS)
+    const int64_t head = (int64_t)m->kv_T * g->HS;   // cache elements per (sequence, head)
+    void *keys = at(m->kv, (size_t)2 * l * m->dec_B * g->NKV * head, m->ds);   // (B, NKV, kv_T, HS)
     AttnParams p = attn_params(m, a, B, T, l);
     p.T_k = pos + T;
     p.k = keys;
@@ -1032,7 +1054,9 @@ static AttnParams decode_attn(GPT *m, BlockActs *a, int B, int T, int pos, int l
     return p;
 }
 
-// The next-token logits of the B rows x (B, C) into logits_out (B, V) fp32 host.
+// The next-token logits of the B rows x (B, C) into logits_out (B, V) fp32 host, in one
+// download (one wait for the device): straight into logits_out where its rows are those of
+// the (B, Vp) device buffer, else through the host staging rows.
 static void decode_logits(GPT *m, const void *x, int B, float *logits_out) {
     Backend *be = m->be;
     const GPTConfig *g = &m->cfg;
@@ -1041,9 +1065,14 @@ static void decode_logits(GPT *m, const void *x, int B, float *logits_out) {
                           B, g->C);
     be->matmul_forward(be, m->dec_logits, NULL, m->dec_lnf, tensor_ptr(m, m->params, m->wte_i), NULL,
                        B, g->C, g->Vp, EPI_NONE);
+    if (B == 1 || g->V == g->Vp) {
+        be->download_f32(be, logits_out, m->dec_logits, (size_t)B * g->V);
+        return;
+    }
+    be->download_f32(be, m->dec_logits_host, m->dec_logits, (size_t)B * g->Vp);
     for (int b = 0; b < B; b++)
-        be->download_f32(be, logits_out + (size_t)b * g->V, at(m->dec_logits, (size_t)b * g->Vp, m->ds),
-                         (size_t)g->V);
+        memcpy(logits_out + (size_t)b * g->V, m->dec_logits_host + (size_t)b * g->Vp,
+               (size_t)g->V * sizeof(float));
 }
 
 static void *wpe_ptr(GPT *m) { return m->wpe_i >= 0 ? tensor_ptr(m, m->params, m->wpe_i) : NULL; }
@@ -1087,7 +1116,7 @@ static int prefill_rows(const GPT *m, int pos, int end) {
 // The cached positions [pos, pos + n) of sequence 0 into sequences 1 .. dec_B - 1.
 static void replicate_cache(GPT *m, int pos, int n) {
     const GPTConfig *g = &m->cfg;
-    const size_t ds = m->ds, head = (size_t)g->maxT * g->HS, seq = g->NKV * head;
+    const size_t ds = m->ds, head = (size_t)m->kv_T * g->HS, seq = g->NKV * head;
     for (int lk = 0; lk < 2 * g->L; lk++) {   // layer l's keys, then its values
         const char *src = at(m->kv, (size_t)lk * m->dec_B * seq + (size_t)pos * g->HS, ds);
         for (int b = 1; b < m->dec_B; b++)

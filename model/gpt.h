@@ -82,9 +82,9 @@ void gpt_set_loss_tokens(GPT *m, long long n);
 // link->size (model/ring_attention.h's zigzag layout) of every sequence, T (gpt_create's) of
 // them, T even. Positions (learned, RoPE, ALiBi) become the tokens' global positions and every
 // training forward and backward runs its attention around the ring, so every rank of the ring
-// must make the same calls. Decoding stays local. Exits 2 with doc_mask, attention dropout or
-// the naive attention.
-void gpt_set_ring(GPT *m, const RingLink *link);
+// must make the same calls. Decoding stays local. Returns 0, or -1 with err set (and m as it
+// was) with doc_mask, attention dropout, the naive attention, or an odd or too long split.
+int gpt_set_ring(GPT *m, const RingLink *link, char *err, size_t errlen);
 // Backward of the last forward with targets; gradients ACCUMULATE into gpt_grads, scaled by
 // grad_scale (1/grad_accum times the loss scale). Returns nothing; call gpt_zero_grad first.
 void gpt_backward(GPT *m, float grad_scale);
@@ -119,14 +119,16 @@ void gpt_losses_f32(GPT *m, float *host);
 // forward itself never holds the whole batch's logits).
 void gpt_logits_f32(GPT *m, float *host);
 // Rows per classifier chunk (logits, loss and their gradient): by default as many as 2 GiB of
-// logits hold, at most B*T; fewer (1 up to that default) to test or to save memory.
-void gpt_set_head_rows(GPT *m, int rows);
+// logits hold, at most B*T; fewer (1 up to that default) to test or to save memory. Returns 0,
+// or -1 with err set (nothing changed) for rows outside that range.
+int gpt_set_head_rows(GPT *m, int rows, char *err, size_t errlen);
 
 // Incremental decoding with a KV cache: feed B sequences' tokens (B) at position pos (0, 1,
 // 2, ..., the same for every sequence), receive logits (B, V) fp32 host for their next tokens.
-// pos 0 resets the cache. The cache, per layer (B, NKV, maxT, HS) for the keys and the same for
-// the values, is made for the B of the first step (or gpt_decode_reserve) and keeps it; a step
-// with another B is refused. Positions are not split into documents here (eot tokens are
+// pos 0 resets the cache. The cache, per layer (B, NKV, T, HS) for the keys and the same for
+// the values, is made by gpt_decode_reserve (B sequences of T positions) or, without it, by the
+// first step (its B, T = max_seq_len) and keeps its size; a step with another B, or past its T
+// positions, is refused. Positions are not split into documents here (eot tokens are
 // ordinary tokens). gpt_decode_step is the batch of one.
 void gpt_decode_batch(GPT *m, const int *tokens, int B, int pos, float *logits_out);
 void gpt_decode_step(GPT *m, int token, int pos, float *logits_out);
@@ -143,17 +145,23 @@ void gpt_decode_step(GPT *m, int token, int pos, float *logits_out);
 void gpt_decode_prefill(GPT *m, const int *tokens, int n, int B, int pos, float *logits_out);
 // Rows per prefill chunk: by default min(max_seq_len, 4096); fewer (1 up to that default) to
 // test or to save memory. Where the attention is materialised (attention.impl naive, or fp32 on
-// CUDA), the chunks also keep its score matrices within 1 GiB.
-void gpt_set_prefill_rows(GPT *m, int rows);
-// Makes the decode buffers for B sequences (the cache, one step's activations, the prefill
-// chunk's activations), after checking that they fit the device's free memory (the host's
-// physical memory on the CPU): 0, or -1 with err naming the bytes needed
-// and free, before anything is allocated. 0 when they already exist for B; -1 for another B.
-int gpt_decode_reserve(GPT *m, int B, char *err, size_t errlen);
+// CUDA), the chunks also keep its score matrices within 1 GiB. Returns 0, or -1 with err set
+// (nothing changed) for rows outside that range.
+int gpt_set_prefill_rows(GPT *m, int rows, char *err, size_t errlen);
+// Makes the decode buffers for B sequences of up to T positions each (1 <= T <= max_seq_len: a
+// sample needs its context, prompt and new tokens), that is the cache, one step's activations
+// and the prefill chunk's (min(T, the chunk rows) rows), after checking that they fit the
+// device's free memory (the host's physical memory on the CPU): 0, or -1 with err naming the
+// bytes needed and free, before anything is allocated. 0 when they already exist for B and at
+// least T positions; -1 for another B or more positions.
+int gpt_decode_reserve(GPT *m, int B, int T, char *err, size_t errlen);
+// Positions per sequence the decode cache holds (or will hold when the first step makes it):
+// gpt_decode_reserve's T, else max_seq_len.
+int gpt_decode_positions(const GPT *m);
 // A timing aid: marks the first pos positions of every sequence as cached without computing
 // them (their keys and values are what the cache holds: zeros when it is new), so that the next
 // step may feed position pos and costs what a step at that context length costs. Needs the
-// buffers (gpt_decode_reserve); pos in [0, maxT).
+// buffers (gpt_decode_reserve); pos in [0, the cache's positions).
 void gpt_decode_seek(GPT *m, int pos);
 // Decode attention through attn_decode, the split-KV kernel on CUDA (on = 1, the default), or
 // through attn_forward as training's attention (on = 0): the same results to rounding.

@@ -10,6 +10,12 @@ and cuDNN backends, and our ratio to flash. FLOPs by the FlashAttention conventi
 4*B*H*N*N*D (halved when causal), backward 2.5x forward. Then the memory/time table of one
 GPT-2-small attention layer (B=8, 12 heads, head dim 64, causal), naive against flash.
 
+The shapes: for every head dim D of --heads (default 64,128; the flash kernels have 32, 64, 96,
+128 and 256), causal and full, every length N of --seqs, with B*N = 16K tokens and 2048 // D
+heads; then the rows --shapes names, causal, each exactly one model's training attention:
+  gpt2              GPT-2 124M: B 16 x 1024, 12 heads of 64
+  shakespeare_char  nanoGPT's shakespeare_char: B 64 x 256, 6 heads of 64, dropout 0.2
+
 A/B mode (--ab OTHER.so): two builds of the library, loaded side by side in this process, timed
 on the same inputs in interleaved rounds: in round r each shape is timed with library A (--lib)
 and library B (--ab) back to back, A first where r plus the shape's index is even and B first
@@ -37,8 +43,9 @@ call (ALiBi: the usual 2^(-8 (h + 1) / H) slopes), so B/A < 1 is what they cost:
     python3 scripts/bench_attention.py --softcap 50 --seqs 2048,8192 --rounds 3
 
 usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--seqs N,N,...]
-           [--no-memory] [--json OUT.json] [--reps 10] [--ab OTHER.so [--rounds 5]]
-           [--softcap CAP] [--dropout P] [--alibi] [--kernel auto|sm90|sm80]
+           [--heads D,D,...] [--shapes NAME,...] [--no-memory] [--json OUT.json] [--reps 10]
+           [--ab OTHER.so [--rounds 5]] [--softcap CAP] [--dropout P] [--alibi]
+           [--kernel auto|sm90|sm80]
 """
 import argparse
 import json
@@ -51,6 +58,38 @@ import sys
 # are checked.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 torch = F = SDPBackend = sdpa_kernel = _lib = interface = None
+
+FLASH_HEAD_DIMS = (32, 64, 96, 128, 256)   # the head dims with flash kernels
+SWEEP_TOKENS, SWEEP_WIDTH = 16384, 2048    # the D sweep: B*N tokens, about H*D = 2048
+# --shapes: (B, N, H, D, dropout) of a model's training attention, causal.
+NAMED_SHAPES = {
+    "gpt2": (16, 1024, 12, 64, 0.0),
+    "shakespeare_char": (64, 256, 6, 64, 0.2),
+}
+
+
+def speed_shapes(heads, seqs, names=()):
+    """The rows of the speed and A/B tables: the D sweep over heads x (causal, full) x seqs, then
+    the named shapes. Each a dict of name (None in the sweep), D, causal, N, B, H, dropout."""
+    rows = [{"name": None, "D": D, "causal": causal, "N": N, "B": max(1, SWEEP_TOKENS // N),
+             "H": max(1, SWEEP_WIDTH // D), "dropout": 0.0}
+            for D in heads for causal in (True, False) for N in seqs]
+    for name in names:
+        B, N, H, D, drop = NAMED_SHAPES[name]
+        rows.append({"name": name, "D": D, "causal": True, "N": N, "B": B, "H": H, "dropout": drop})
+    return rows
+
+
+def mask_text(sh):
+    """The table's mask cell: causal or full, and a named shape's name and dropout."""
+    text = "causal" if sh["causal"] else "full"
+    extra = [sh["name"]] * (sh["name"] is not None) + [f"dropout {sh['dropout']:g}"] * (sh["dropout"] > 0)
+    return f"{text} ({', '.join(extra)})" if extra else text
+
+
+def fwd_flops(sh):
+    """The forward's FLOPs of a shape (FlashAttention's convention; backward: 2.5x)."""
+    return 4 * sh["B"] * sh["H"] * sh["N"] * sh["N"] * sh["D"] / (2 if sh["causal"] else 1)
 
 
 class Ours:
@@ -93,11 +132,11 @@ class Ours:
         del ws
         return out, dq, dk, dv
 
-    def timings(self, q, k, v, dout, causal, reps):
+    def timings(self, q, k, v, dout, causal, reps, dropout=0.0):
         """Forward and backward times (ms) of the kernels alone, on preallocated buffers."""
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda", dtype=torch.float32)
-        p = self.params(q, k, v, out, lse, causal)
+        p = with_dropout(self.params(q, k, v, out, lse, causal), dropout)
         ws = self.workspace(p)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         fwd = time_ms(lambda: self.forward(p), reps)
@@ -137,6 +176,13 @@ class WithFeatures:
         self.base.backward(p, dout, dq, dk, dv)
 
 
+def with_dropout(p, dropout):
+    """p with a shape's attention dropout, unless the feature-cost mode set one already."""
+    if dropout > 0 and not p.dropout_p:
+        p.dropout_p, p.seed, p.offset = dropout, 1234, 0
+    return p
+
+
 def time_ms(fn, reps):
     """Median of `reps` CUDA-event timings after two warm-up calls."""
     fn()
@@ -156,9 +202,9 @@ def rel_err(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-def sdpa(q, k, v, causal):  # (B, T, H, D) in, (B, T, H, D) out
+def sdpa(q, k, v, causal, dropout=0.0):  # (B, T, H, D) in, (B, T, H, D) out
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
-                                       enable_gqa=q.shape[2] != k.shape[2])
+                                       dropout_p=dropout, enable_gqa=q.shape[2] != k.shape[2])
     return o.transpose(1, 2)
 
 
@@ -190,49 +236,48 @@ def check_correctness(run, dtype):
     return ok
 
 
-def bench_speed(timings, dtype, seqs, reps):
-    """The speed table's rows: ours (timings(q, k, v, dout, causal, reps) -> forward and backward
-    ms) beside PyTorch SDPA's flash, efficient and cuDNN backends."""
+def bench_speed(timings, dtype, shapes, reps):
+    """The speed table's rows, one per shape (speed_shapes): ours (timings(q, k, v, dout, causal,
+    reps, dropout) -> forward and backward ms) beside PyTorch SDPA's flash, efficient and cuDNN
+    backends."""
     rows = []
-    for D in (64, 128):
-        H = 2048 // D
-        for causal in (True, False):
-            for N in seqs:
-                B = max(1, 16384 // N)
-                torch.manual_seed(0)
-                q = torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True)
-                k = torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True)
-                v = torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True)
-                dout = torch.randn(B, N, H, D, device="cuda", dtype=dtype)
-                fwd_flops = 4 * B * H * N * N * D / (2 if causal else 1)
-                tf = lambda ms, mult=1.0: fwd_flops * mult / (ms * 1e-3) / 1e12
-                row = {"D": D, "causal": causal, "N": N, "B": B, "H": H}
-                ms_f, ms_b = timings(q, k, v, dout, causal, reps)
-                row["ours_fwd"], row["ours_bwd"] = tf(ms_f), tf(ms_b, 2.5)
-                for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("eff", SDPBackend.EFFICIENT_ATTENTION),
-                                 ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    try:
-                        with sdpa_kernel(be):
-                            row[name + "_fwd"] = tf(time_ms(lambda: sdpa(q, k, v, causal), reps))
-                            o = sdpa(q, k, v, causal)
-                            row[name + "_bwd"] = tf(time_ms(
-                                lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), reps), 2.5)
-                            del o
-                    except RuntimeError as e:
-                        row[name + "_fwd"] = row[name + "_bwd"] = float("nan")
-                        print(f"  {name} unavailable for D={D} N={N}: {str(e).splitlines()[0]}", file=sys.stderr)
-                rows.append(row)
-                del q, k, v, dout
-                torch.cuda.empty_cache()
+    for sh in shapes:
+        B, N, H, D, causal, drop = sh["B"], sh["N"], sh["H"], sh["D"], sh["causal"], sh["dropout"]
+        torch.manual_seed(0)
+        q = torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True)
+        v = torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True)
+        dout = torch.randn(B, N, H, D, device="cuda", dtype=dtype)
+        tf = lambda ms, mult=1.0: fwd_flops(sh) * mult / (ms * 1e-3) / 1e12
+        row = dict(sh)
+        ms_f, ms_b = timings(q, k, v, dout, causal, reps, drop)
+        row["ours_fwd"], row["ours_bwd"] = tf(ms_f), tf(ms_b, 2.5)
+        for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("eff", SDPBackend.EFFICIENT_ATTENTION),
+                         ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel(be):
+                    row[name + "_fwd"] = tf(time_ms(lambda: sdpa(q, k, v, causal, drop), reps))
+                    o = sdpa(q, k, v, causal, drop)
+                    row[name + "_bwd"] = tf(time_ms(
+                        lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), reps), 2.5)
+                    del o
+            except RuntimeError as e:
+                row[name + "_fwd"] = row[name + "_bwd"] = float("nan")
+                print(f"  {name} unavailable for D={D} N={N}: {str(e).splitlines()[0]}", file=sys.stderr)
+        rows.append(row)
+        del q, k, v, dout
+        torch.cuda.empty_cache()
     return rows
 
 
 def print_speed(speed, dtype_name):
-    print(f"\n{dtype_name}, B*N = 16K tokens, H*D = 2048; TFLOP/s (fwd 4BHN^2D, /2 causal; bwd 2.5x):")
-    print("| D | mask | N | ours fwd | flash | eff | cudnn | ours/flash | ours bwd | flash | eff | cudnn | ours/flash |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"\n{dtype_name}, TFLOP/s (fwd 4BHN^2D, /2 causal; bwd 2.5x); the D sweep at B*N = 16K tokens "
+          f"and 2048 // D heads:")
+    print("| D | mask | B x N | H | ours fwd | flash | eff | cudnn | ours/flash | ours bwd | flash | eff | cudnn | "
+          "ours/flash |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in speed:
-        print(f"| {r['D']} | {'causal' if r['causal'] else 'full'} | {r['N']} | {r['ours_fwd']:.0f} | "
+        print(f"| {r['D']} | {mask_text(r)} | {r['B']} x {r['N']} | {r['H']} | {r['ours_fwd']:.0f} | "
               f"{r['flash_fwd']:.0f} | {r['eff_fwd']:.0f} | {r['cudnn_fwd']:.0f} | {r['ours_fwd'] / r['flash_fwd']:.2f} | "
               f"{r['ours_bwd']:.0f} | {r['flash_bwd']:.0f} | {r['eff_bwd']:.0f} | {r['cudnn_bwd']:.0f} | "
               f"{r['ours_bwd'] / r['flash_bwd']:.2f} |")
@@ -267,42 +312,39 @@ def bench_memory(ours, dtype, seqs):
     return rows
 
 
-def bench_ab(libs, dtype, seqs, reps, rounds):
+def bench_ab(libs, dtype, shapes, reps, rounds):
     """Interleaved A/B of two builds (or of one without and with features): each round times
-    every shape with both libraries back to back, libs[0] first where the round plus the shape's
-    index is even, libs[1] first where it is odd.
+    every shape (speed_shapes) with both libraries back to back, libs[0] first where the round
+    plus the shape's index is even, libs[1] first where it is odd.
 
-    Shapes as in bench_speed (D 64 and 128, causal and full, B*N = 16K tokens, H*D = 2048). Every
-    (round, library, shape) gets fresh inputs from the same seed, its own workspace, two warm-up
-    calls and the median of `reps` timings, forward first (the backward needs its out and lse).
-    Returns one dict per shape: per pass, each library's median and per-round TFLOP/s and the
-    median, lowest and highest of the per-round ratios B/A."""
-    shapes = [(D, causal, N) for D in (64, 128) for causal in (True, False) for N in seqs]
-    res = {sh: {"fwd": ([], []), "bwd": ([], [])} for sh in shapes}
+    Every (round, library, shape) gets fresh inputs from the same seed, its own workspace, two
+    warm-up calls and the median of `reps` timings, forward first (the backward needs its out
+    and lse). Returns one dict per shape: the shape, and per pass each library's median and
+    per-round TFLOP/s and the median, lowest and highest of the per-round ratios B/A."""
+    res = [{"fwd": ([], []), "bwd": ([], [])} for _ in shapes]
     for r in range(rounds):
-        for si, (D, causal, N) in enumerate(shapes):
+        for si, sh in enumerate(shapes):
             for li in ((0, 1) if (r + si) % 2 == 0 else (1, 0)):
                 lib = libs[li]
-                H, B = 2048 // D, max(1, 16384 // N)
+                B, N, H, D = sh["B"], sh["N"], sh["H"], sh["D"]
                 torch.manual_seed(0)
                 q, k, v, dout = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(4))
                 out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
                 lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
-                p = lib.params(q, k, v, out, lse, causal)
+                p = with_dropout(lib.params(q, k, v, out, lse, sh["causal"]), sh["dropout"])
                 ws = lib.workspace(p)
-                fwd_flops = 4 * B * H * N * N * D / (2 if causal else 1)
                 ms_f = time_ms(lambda: lib.forward(p), reps)
                 ms_b = time_ms(lambda: lib.backward(p, dout, dq, dk, dv), reps)
-                res[(D, causal, N)]["fwd"][li].append(fwd_flops / (ms_f * 1e-3) / 1e12)
-                res[(D, causal, N)]["bwd"][li].append(2.5 * fwd_flops / (ms_b * 1e-3) / 1e12)
+                res[si]["fwd"][li].append(fwd_flops(sh) / (ms_f * 1e-3) / 1e12)
+                res[si]["bwd"][li].append(2.5 * fwd_flops(sh) / (ms_b * 1e-3) / 1e12)
                 del q, k, v, dout, out, dq, dk, dv, lse, ws
                 torch.cuda.empty_cache()
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
     rows = []
-    for (D, causal, N) in shapes:
-        row = {"D": D, "causal": causal, "N": N, "B": max(1, 16384 // N), "H": 2048 // D}
+    for sh, got in zip(shapes, res):
+        row = dict(sh)
         for pas in ("fwd", "bwd"):
-            a, b = res[(D, causal, N)][pas]
+            a, b = got[pas]
             per_round = [y / x for x, y in zip(a, b)]
             row[pas] = {"tflops_a": statistics.median(a), "tflops_b": statistics.median(b),
                         "b_over_a": statistics.median(per_round),
@@ -314,17 +356,18 @@ def bench_ab(libs, dtype, seqs, reps, rounds):
 
 def print_ab(rows, lib_a, lib_b, rounds, reps):
     print(f"\nA: {lib_a}\nB: {lib_b}")
-    print(f"bf16, B*N = 16K tokens, H*D = 2048; TFLOP/s, median of {rounds} interleaved rounds "
-          f"(each the median of {reps} timings); B/A and spread: median and range of the per-round B/A")
-    print("| D | mask | B x N | fwd A | fwd B | B/A | spread | bwd A | bwd B | B/A | spread |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"bf16, the D sweep at B*N = 16K tokens and 2048 // D heads; TFLOP/s, median of {rounds} "
+          f"interleaved rounds (each the median of {reps} timings); B/A and spread: median and range of "
+          f"the per-round B/A")
+    print("| D | mask | B x N | H | fwd A | fwd B | B/A | spread | bwd A | bwd B | B/A | spread |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         cells = []
         for pas in ("fwd", "bwd"):
             x = r[pas]
             cells.append(f"{x['tflops_a']:.0f} | {x['tflops_b']:.0f} | {x['b_over_a']:.3f} | "
                          f"{x['b_over_a_min']:.3f}-{x['b_over_a_max']:.3f}")
-        print(f"| {r['D']} | {'causal' if r['causal'] else 'full'} | {r['B']} x {r['N']} | {cells[0]} | {cells[1]} |")
+        print(f"| {r['D']} | {mask_text(r)} | {r['B']} x {r['N']} | {r['H']} | {cells[0]} | {cells[1]} |")
 
 
 def seq_list(text):
@@ -336,6 +379,27 @@ def seq_list(text):
     if not seqs or min(seqs) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got '{text}'")
     return seqs
+
+
+def head_list(text):
+    """argparse type of --heads: head dims with flash kernels, separated by commas."""
+    try:
+        heads = [int(x) for x in text.split(",")]
+    except ValueError:
+        heads = []
+    if not heads or any(D not in FLASH_HEAD_DIMS for D in heads):
+        raise argparse.ArgumentTypeError(f"expected head dims among {', '.join(map(str, FLASH_HEAD_DIMS))} "
+                                         f"separated by commas, got '{text}'")
+    return heads
+
+
+def shape_list(text):
+    """argparse type of --shapes: names of NAMED_SHAPES separated by commas."""
+    names = text.split(",")
+    if not all(n in NAMED_SHAPES for n in names):
+        raise argparse.ArgumentTypeError(f"expected names among {', '.join(NAMED_SHAPES)} separated by commas, "
+                                         f"got '{text}'")
+    return names
 
 
 def checked(cast, ok, expected):
@@ -374,6 +438,10 @@ def main():
     ap.add_argument("--lib", default="build/libattention.so", help="our library (A in --ab mode)")
     ap.add_argument("--quick", action="store_true", help="fewer sequence lengths")
     ap.add_argument("--seqs", type=seq_list, help="comma-separated sequence lengths for the speed table (overrides --quick)")
+    ap.add_argument("--heads", type=head_list, default=[64, 128],
+                    help="comma-separated head dims of the speed table's sweep (default 64,128)")
+    ap.add_argument("--shapes", type=shape_list, default=[],
+                    help=f"comma-separated model shapes added to the speed table: {', '.join(NAMED_SHAPES)}")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPT-2-small memory/time table")
     ap.add_argument("--json", help="write the raw numbers here")
     ap.add_argument("--reps", type=positive_int, default=10, help="timings per measurement (median)")
@@ -421,8 +489,9 @@ def main():
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
     if args.seqs:
         seqs = args.seqs
+    shapes = speed_shapes(args.heads, seqs, args.shapes)
     if len(libs) > 1:
-        rows = bench_ab(libs, dtype, seqs, args.reps, rounds)
+        rows = bench_ab(libs, dtype, shapes, args.reps, rounds)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"lib_a": args.lib, "lib_b": libs[1].path, "rounds": rounds, "reps": args.reps,
@@ -430,7 +499,7 @@ def main():
         print_ab(rows, args.lib, libs[1].path, rounds, args.reps)
         print(f"\ncorrectness: {'ok' if ok else 'FAIL'}")
         return 0 if ok else 1
-    speed = bench_speed(ours.timings, dtype, seqs, args.reps)
+    speed = bench_speed(ours.timings, dtype, shapes, args.reps)
     mem = [] if args.no_memory else bench_memory(ours, dtype, [2048, 8192] if args.quick else [2048, 8192, 32768])
     if args.json:
         with open(args.json, "w") as f:

@@ -648,6 +648,23 @@ static void test_check_bad_inputs(void) {
     p.workspace_bytes = 0;
     p.workspace = NULL;
     EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) == 0, "softcap on naive cuda rejected: %s", err);
+    // accumulate (the ring's sum over key chunks) needs the flash backward: refused where the
+    // naive path runs, fp32 on cuda included (its kernels overwrite dq, dk and dv).
+    p = cuda; p.accumulate = 1;
+    EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) == 0, "accumulate in bf16 on cuda rejected: %s", err);
+    p.dtype = DTYPE_F32;
+    p.workspace_bytes = 0;
+    p.workspace = NULL;
+    expect_rejected(&p, DEVICE_CUDA, 1, "accumulate", "accumulate in fp32 on cuda (the naive kernels)");
+    EXPECT(attn_check(&p, DEVICE_CUDA, 0, err, sizeof err) == 0, "fp32 cuda forward with accumulate set rejected: %s",
+           err);
+    p = cuda; p.accumulate = 1; p.impl = ATTN_IMPL_NAIVE; p.workspace_bytes = 0; p.workspace = NULL;
+    expect_rejected(&p, DEVICE_CUDA, 1, "accumulate", "accumulate with impl naive on cuda");
+    p = good; p.accumulate = 1;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "accumulate on the cpu flash backward rejected: %s",
+           err);
+    p.impl = ATTN_IMPL_NAIVE;
+    expect_rejected(&p, DEVICE_CPU, 1, "accumulate", "accumulate with impl naive on the cpu");
     p = cuda; p.alibi_slopes = slopes; p.alibi_batch_stride = 4;
     EXPECT(attn_check(&p, DEVICE_CUDA, 1, err, sizeof err) == 0, "per-batch slopes on cuda rejected: %s", err);
 

@@ -231,6 +231,17 @@ def test_bad_context_parallel_settings_exit_2(tmp_path, shards, sets, needles):
     assert not os.path.exists(run_dir)
 
 
+def test_fp32_context_parallel_on_the_gpu_exits_2(tmp_path, shards):
+    # fp32 on the GPU runs the naive attention, which has no ring backward: refused before
+    # anything is read or written (whether or not this build has CUDA), naming the keys.
+    path, run_dir = config(tmp_path, shards, "fp32gpu", dist={"context_parallel": 2})
+    args = [BIN, "train", "-c", path, "--device", "cuda", "--set", "precision.dtype=fp32"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=str(ROOT), env=env())
+    assert r.returncode == 2, r.stderr
+    assert "dist.context_parallel = 2 on the GPU needs precision.dtype = bf16 or fp16" in r.stderr, r.stderr
+    assert not os.path.exists(run_dir)
+
+
 @needs_mpi
 def test_context_parallel_not_dividing_the_world_exits_2(tmp_path, shards):
     path, run_dir = config(tmp_path, shards, "bad", dist={"context_parallel": 4}, train={"seq_len": 16})

@@ -1098,7 +1098,8 @@ static void test_head_chunks(int rows) {
     case_open(&c, POS_LEARNED, NULL, 41, 42);
     GPT *whole = c.m, *chunked = gpt_create(&c.g, c.be, MB, MT, NULL);
     gpt_set_params_f32(chunked, c.params);
-    gpt_set_head_rows(chunked, rows);
+    char err[ERR_LEN];
+    EXPECT(gpt_set_head_rows(chunked, rows, err, sizeof err) == 0, "%d rows refused: %s", rows, err);
     const size_t nl = (size_t)MB * MT * c.g.V;
     float *l0 = xmalloc(nl * sizeof(float)), *l1 = xmalloc(nl * sizeof(float));
     float p0[MB * MT], p1[MB * MT];
@@ -1131,10 +1132,21 @@ static void test_head_chunks(int rows) {
     case_close(&c);
 }
 
-static void head_rows_zero(void) {
+// Rows per classifier chunk outside [1, B*T] come back as an error, the process goes on, and
+// the chunking is as it was (the model still computes).
+static void test_head_rows_refused(void) {
     ModelCase c;
     case_open(&c, POS_LEARNED, NULL, 1, 2);
-    gpt_set_head_rows(c.m, 0);
+    char err[ERR_LEN] = "";
+    EXPECT(gpt_set_head_rows(c.m, 0, err, sizeof err) == -1 && strstr(err, "0 rows per classifier chunk: need 1 to"),
+           "0 rows: '%s'", err);
+    err[0] = '\0';
+    EXPECT(gpt_set_head_rows(c.m, MB * MT + 1, err, sizeof err) == -1 && strstr(err, "need 1 to"),
+           "%d rows: '%s'", MB * MT + 1, err);
+    EXPECT(gpt_set_head_rows(c.m, MB * MT, err, sizeof err) == 0, "%d rows refused: %s", MB * MT, err);
+    const float loss = gpt_forward(c.m, c.tokens, c.targets, MB, MT);
+    EXPECT(isfinite(loss), "forward after a refused chunk size: loss %g", loss);
+    case_close(&c);
 }
 
 // Runs fn in a child process with stderr silenced; returns its exit code (-1 if it crashed).
@@ -1280,7 +1292,7 @@ int main(void) {
         EXPECT(exit_code_of(create_bad_heads) == 2, "n_kv_head not dividing n_head");
         EXPECT(exit_code_of(forward_bad_token) == 2, "token id >= vocab_size");
         EXPECT(exit_code_of(forward_too_big) == 2, "batch larger than built for");
-        EXPECT(exit_code_of(head_rows_zero) == 2, "0 rows per classifier chunk");
     });
+    TEST_CASE("gpt_set_head_rows refuses a bad chunk size with an error", test_head_rows_refused());
     return TEST_SUMMARY();
 }

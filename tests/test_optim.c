@@ -237,7 +237,8 @@ static void test_trainer_skip(void) {
     for (int i = 0; i < gpt_num_tensors(m); i++)  // lnf.weight[0] = inf makes the gradients NaN
         if (strcmp(gpt_tensor(m, i)->name, "lnf.weight") == 0) w[gpt_tensor(m, i)->offset] = INFINITY;
     gpt_set_params_f32(m, w);
-    Trainer *t = trainer_create(m, &c);
+    Trainer *t = trainer_create(m, &c, err, sizeof err);
+    if (!t) fatal(EXIT_USAGE, "trainer_create: %s", err);
     int bt[2] = {16, 17};
     StepStats st = trainer_step(t, 0, fixed_batch, bt);
     gpt_get_params_f32(m, after);
@@ -267,11 +268,41 @@ static void test_trainer_skip(void) {
     free(after);
 }
 
+// What a trainer cannot serve comes back as an error (NULL and the message), the process goes
+// on, and the same model then makes a trainer: train.cuda_graph = on on the cpu backend, and
+// dist.context_parallel = 2 without a communicator of two ranks.
+static void test_trainer_refusals(void) {
+    Config c;
+    config_defaults(&c);
+    const char *sets[] = {"model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.vocab_size=17",
+                          "model.max_seq_len=8", "train.batch_size=2", "train.seq_len=8", "data.synthetic=copy"};
+    char err[ERR_LEN] = "";
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) CHECK(config_set(&c, sets[i], err, sizeof err) == 0);
+    const GPTConfig g = gpt_config_from(&c);
+    Backend *be = backend_cpu_create();
+    GPT *m = gpt_create(&g, be, 2, 8, &c);
+    Config on = c;
+    on.train.cuda_graph = CUDA_GRAPH_ON;
+    EXPECT(trainer_create(m, &on, err, sizeof err) == NULL && strstr(err, "train.cuda_graph = on, but the cpu backend"),
+           "cuda_graph = on on the cpu: '%s'", err);
+    Config cp = c;
+    cp.dist.context_parallel = 2;
+    err[0] = '\0';
+    EXPECT(trainer_create(m, &cp, err, sizeof err) == NULL && strstr(err, "dist.context_parallel = 2"),
+           "context parallelism on one process: '%s'", err);
+    Trainer *t = trainer_create(m, &c, err, sizeof err);
+    EXPECT(t != NULL, "the same model refused after the refusals: %s", err);
+    trainer_free(t);
+    gpt_free(m);
+    be->destroy(be);
+}
+
 int main(void) {
     TEST_CASE("lr schedule at warmup and decay boundaries", test_schedule());
     TEST_CASE("AdamW against a hand-computed step (decay only on decayed spans)", test_adamw());
     TEST_CASE("global norm, non-finite detection, clipping multiplier", test_grad_norm());
     TEST_CASE("loss scaler: growth, backoff, skip, fixed and unscaled modes", test_scaler());
     TEST_CASE("train step skips non-finite gradients, leaving weights and AdamW untouched", test_trainer_skip());
+    TEST_CASE("trainer_create refuses what it cannot serve with an error", test_trainer_refusals());
     return TEST_SUMMARY();
 }

@@ -3,7 +3,8 @@ with code 3; running the same command again resumes, and the losses of the stopp
 run equal an uninterrupted run's bitwise (one process, and two ranks under mpirun where only one
 rank gets the signal: both stop after the same step with a complete checkpoint). Copies of the
 signal within a second count as one; a second signal (a second or more after the first) ends the
-process at once, by that signal, and every complete checkpoint it leaves loads."""
+process at once, by that signal, and every ckpt_* directory it leaves is complete and loads (old
+ones are renamed to a trash name before they are deleted); leftovers are removed at the next start."""
 import json
 import os
 import signal
@@ -167,6 +168,29 @@ def test_second_signal_exits_at_once_and_checkpoints_stay_intact(tmp_path):
     r = subprocess.run(command(["train", "-c", path, "--set", "train.steps=%d" % (int(ckpts[-1][5:]) + 1)]),
                        capture_output=True, text=True, cwd=ROOT, timeout=300, env=env())
     assert r.returncode == 0 and "resuming from " + os.path.join(run_dir, ckpts[-1]) in r.stdout, r.stderr
+    assert not [d for d in os.listdir(run_dir) if d.startswith((".trash-", ".tmp-"))]   # cleared at start
+
+
+def test_leftover_trash_and_tmp_directories_are_ignored_and_removed(tmp_path):
+    # What a process ended while deleting an old checkpoint, or while writing one, leaves behind:
+    # named after later steps than any complete checkpoint and holding a broken state.json, they
+    # must not be resumed from (nor tried), and the next run removes them before it writes.
+    path, run_dir = config(tmp_path, "leftovers", steps=6, log={"checkpoint_every": 3, "keep_checkpoints": 2})
+    r = run(path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(d for d in os.listdir(run_dir) if d.startswith("ckpt_")) == ["ckpt_00000003", "ckpt_00000006"]
+    for name in (".trash-ckpt_00000099", ".tmp-ckpt_00000098"):
+        os.makedirs(os.path.join(run_dir, name, "sub"))
+        with open(os.path.join(run_dir, name, "state.json"), "w") as f:
+            f.write("{ half a file")
+    r = subprocess.run(command(["train", "-c", path, "--device", "cpu", "--set", "train.steps=8"]),
+                       capture_output=True, text=True, cwd=ROOT, timeout=300, env=env())
+    assert r.returncode == 0, r.stderr
+    assert "resuming from " + os.path.join(run_dir, "ckpt_00000006") + " (step 6)" in r.stdout
+    assert "trying the checkpoint before it" not in r.stderr   # nothing else was read
+    left = sorted(os.listdir(run_dir))
+    assert not [d for d in left if d.startswith((".trash-", ".tmp-"))], left
+    assert [d for d in left if d.startswith("ckpt_")] == ["ckpt_00000006", "ckpt_00000008"], left
 
 
 SLURM_SRUN = r"""#!/usr/bin/env python3

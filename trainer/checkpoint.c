@@ -18,6 +18,8 @@
 #include "trainer/ckpt_state.h"
 
 #define CKPT_PREFIX "ckpt_"
+#define TMP_PREFIX ".tmp-" CKPT_PREFIX   // a checkpoint being written
+#define TRASH_PREFIX ".trash-"            // a directory being deleted
 
 // weights (host fp32, gpt_num_params) or NULL for the model's own parameters.
 static int write_model(const char *dir, GPT *m, const float *weights, const Config *c,
@@ -203,32 +205,75 @@ int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, co
     return rc;
 }
 
-// Rank 0 moves the finished directory tmp into place as final and prunes old checkpoints.
-static int publish(const char *run_dir, const char *tmp, const char *final, int keep, char *err,
-                   size_t errlen) {
-    char old[4200];
+// Where a directory name of run_dir goes to be deleted: a name resume never reads (not
+// "ckpt_<digits>"), so a process ended during the deletion leaves no half-deleted checkpoint,
+// only a leftover that checkpoint_remove_leftovers clears.
+static void trash_path(const char *run_dir, const char *name, char *out, size_t len) {
+    snprintf(out, len, "%s/" TRASH_PREFIX "%s", run_dir, name);
+}
+
+// Renames run_dir/name to its trash name (removing a leftover of that name first); 0 or -1.
+static int retire(const char *run_dir, const char *name) {
+    char path[4096], trash[4200];
+    snprintf(path, sizeof path, "%s/%s", run_dir, name);
+    trash_path(run_dir, name, trash, sizeof trash);
+    remove_tree(trash);
+    return rename(path, trash);
+}
+
+static void delete_retired(const char *run_dir, const char *name) {
+    char trash[4200];
+    trash_path(run_dir, name, trash, sizeof trash);
+    remove_tree(trash);
+}
+
+// Rank 0 moves the finished directory tmp into place as final (named name in run_dir) and
+// prunes old checkpoints. Every directory leaves its checkpoint name by one rename before any
+// of it is deleted: a signal or crash at any point leaves only complete ckpt_* directories.
+static int publish(const char *run_dir, const char *tmp, const char *final, const char *name,
+                   int keep, char *err, size_t errlen) {
     fsync_dir(tmp);
-    // A checkpoint of the same step may exist (a resumed run saving again): move it aside first,
+    // A checkpoint of the same step may exist (a resumed run saving again): moved aside first,
     // so there is always one complete copy under some name.
-    snprintf(old, sizeof old, "%s.old", tmp);
-    int had_old = is_dir(final) && rename(final, old) == 0;
+    const int had_old = is_dir(final) && retire(run_dir, name) == 0;
     if (rename(tmp, final) != 0) {
-        int e = errno;
-        if (had_old) rename(old, final);
+        const int e = errno;
+        char trash[4200];
+        trash_path(run_dir, name, trash, sizeof trash);
+        if (had_old) rename(trash, final);
         remove_tree(tmp);
         return set_error(err, errlen, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
     }
-    if (had_old) remove_tree(old);
-    fsync_dir(run_dir);
     long long *steps;
-    int n = list_checkpoints(run_dir, &steps);
+    const int n = list_checkpoints(run_dir, &steps);
+    char victim[64];
     for (int i = 0; i < n - keep; i++) {
-        char victim[4096];
-        snprintf(victim, sizeof victim, "%s/" CKPT_PREFIX "%08lld", run_dir, steps[i]);
-        remove_tree(victim);
+        snprintf(victim, sizeof victim, CKPT_PREFIX "%08lld", steps[i]);
+        retire(run_dir, victim);
+    }
+    fsync_dir(run_dir);   // the new checkpoint and the retirements are durable before deleting
+    if (had_old) delete_retired(run_dir, name);
+    for (int i = 0; i < n - keep; i++) {
+        snprintf(victim, sizeof victim, CKPT_PREFIX "%08lld", steps[i]);
+        delete_retired(run_dir, victim);
     }
     free(steps);
     return 0;
+}
+
+void checkpoint_remove_leftovers(const char *run_dir) {
+    DIR *d = opendir(run_dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, TRASH_PREFIX, strlen(TRASH_PREFIX)) != 0 &&
+            strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", run_dir, e->d_name);
+        remove_tree(path);   // removing entries of an open directory stream is allowed (POSIX)
+    }
+    closedir(d);
 }
 
 int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
@@ -240,8 +285,10 @@ int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, con
     const int rank = comm->rank;
     char tmp[4096], final[4096];
     // One name every rank derives alike; a leftover of a crashed attempt at this step is removed.
-    snprintf(tmp, sizeof tmp, "%s/.tmp-" CKPT_PREFIX "%08lld", run_dir, st->step);
-    snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%08lld", run_dir, st->step);
+    char name[64];
+    snprintf(name, sizeof name, CKPT_PREFIX "%08lld", st->step);
+    snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "%08lld", run_dir, st->step);
+    snprintf(final, sizeof final, "%s/%s", run_dir, name);
     int ok = 1;
     if (rank == 0) {
         remove_tree(tmp);
@@ -265,7 +312,7 @@ int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, con
         return ok ? set_error(err, errlen, "another rank could not write its part of '%s' (its log "
                                            "says why)", tmp) : -1;
     }
-    ok = rank != 0 || publish(run_dir, tmp, final, keep, err, errlen) == 0;
+    ok = rank != 0 || publish(run_dir, tmp, final, name, keep, err, errlen) == 0;
     if (!comm_all_ok(comm, ok))
         return ok ? set_error(err, errlen, "rank 0 could not move '%s' into place", tmp) : -1;
     if (path_out) snprintf(path_out, path_len, "%s", final);

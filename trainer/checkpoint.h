@@ -3,7 +3,9 @@
 // (step, RNG and data position, loss scaler, the full config, and the size and SHA-256 of every
 // other file; trainer/ckpt_state.h) and tokenizer.bin (a copy of the run's tokenizer, so `sample`
 // needs nothing else). It is written under a temporary name and renamed into place only when
-// complete: a crash during a write never damages an older one. Every file is checked against
+// complete: a crash during a write never damages an older one. Pruning renames an old one to
+// .trash-ckpt_<step> before deleting it, so a process ended at any moment leaves only complete
+// ckpt_* directories (resume reads no other name). Every file is checked against
 // state.json when it is read: a changed byte anywhere is "checkpoint DIR: FILE is corrupt
 // (checksum mismatch)", never weights silently different from the ones written.
 #pragma once
@@ -58,6 +60,9 @@ int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, con
 // zero AdamW moments, the RNG seeded from train.seed, the scaler's initial state.
 int checkpoint_save_initial(const char *run_dir, GPT *m, const Config *c, char *path_out,
                             size_t path_len, char *err, size_t errlen);
+// Removes what an ended process left in run_dir: directories being deleted (.trash-*) and
+// checkpoints being written (.tmp-ckpt_*). For rank 0 at the start of a run, before it writes.
+void checkpoint_remove_leftovers(const char *run_dir);
 // Newest complete checkpoint directory in run_dir: returns 1 and fills path, 0 when none.
 int checkpoint_find_latest(const char *run_dir, char *path, size_t path_len);
 // The newest complete checkpoint of run_dir whose step is below `step`: returns its step and

@@ -38,24 +38,32 @@ static void link_wait(void *ctx, int handle) {
     cp->group->sendrecv_wait(cp->group, handle);
 }
 
-ContextParallel *cp_open(Comm *world, const Config *c, GPT *m) {
-    if (c->dist.context_parallel == 1) return NULL;
-    char err[ERR_LEN];
+int cp_open(Comm *world, const Config *c, GPT *m, ContextParallel **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (c->dist.context_parallel == 1) return 0;
     CpLayout lay;
-    if (cp_layout(c, world->rank, world->world, &lay, err, sizeof err) != 0)
-        fatal(EXIT_USAGE, "%s", err);
+    if (cp_layout(c, world->rank, world->world, &lay, err, errlen) != 0) return -1;
     if (!world->split || !world->sendrecv_start)
-        fatal(EXIT_USAGE, "dist.context_parallel = %d: the %s communicator has no point-to-point "
-                          "exchange yet: set dist.context_parallel = 1", lay.cp, world->name);
+        return set_error(err, errlen, "dist.context_parallel = %d: the %s communicator has no "
+                                      "point-to-point exchange yet: set dist.context_parallel = 1",
+                         lay.cp, world->name);
     ContextParallel *cp = xcalloc(1, sizeof *cp);
     cp->layout = lay;
-    cp->group = world->split(world, lay.dp_rank, lay.cp_rank, err, sizeof err);
-    if (!cp->group) fatal(EXIT_USAGE, "dist.context_parallel = %d: %s", lay.cp, err);
+    char why[ERR_LEN];
+    cp->group = world->split(world, lay.dp_rank, lay.cp_rank, why, sizeof why);
+    if (!cp->group) {
+        free(cp);
+        return set_error(err, errlen, "dist.context_parallel = %d: %s", lay.cp, why);
+    }
     CHECK(cp->group->world == lay.cp && cp->group->rank == lay.cp_rank);
     cp->link = (RingLink){.ctx = cp, .rank = lay.cp_rank, .size = lay.cp, .start = link_start,
                           .wait = link_wait};
-    gpt_set_ring(m, &cp->link);
-    return cp;
+    if (gpt_set_ring(m, &cp->link, err, errlen) != 0) {
+        cp_close(cp);
+        return -1;
+    }
+    *out = cp;
+    return 0;
 }
 
 void cp_close(ContextParallel *cp) {

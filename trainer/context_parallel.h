@@ -25,10 +25,11 @@ int cp_local_len(const Config *c);
 
 typedef struct ContextParallel ContextParallel;
 
-// Splits world into the groups and gives m (built for cp_local_len tokens) its ring. Returns
-// NULL when dist.context_parallel is 1; exits 2 with a message when the launch cannot serve it.
-// Every rank must call it. Close it before world.
-ContextParallel *cp_open(Comm *world, const Config *c, GPT *m);
+// Splits world into the groups and gives m (built for cp_local_len tokens) its ring, into *out
+// (NULL when dist.context_parallel is 1). Returns 0, or -1 with a message naming the keys when
+// the launch or the model cannot serve it (nothing is left open). Every rank must call it.
+// Close it before world.
+int cp_open(Comm *world, const Config *c, GPT *m, ContextParallel **out, char *err, size_t errlen);
 void cp_close(ContextParallel *cp);   // NULL is fine
 const CpLayout *cp_get_layout(const ContextParallel *cp);
 // This rank's tokens of each of B whole sequences: full (B, T) into local (B, T / CP).

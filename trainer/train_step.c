@@ -108,22 +108,25 @@ static void bucket_add(void *ctx, size_t offset, size_t count) {
 }
 
 // The optimizer state is the last large allocation of a run: check it fits, so a full GPU is a
-// message, not a crash. The model's current parameters become the master weights.
-static void optimizer_open(Trainer *t, const OptimSpan *spans, int n_spans) {
+// message, not a crash. The model's current parameters become the master weights. 0, or -1
+// with err set.
+static int optimizer_open(Trainer *t, const OptimSpan *spans, int n_spans, char *err, size_t errlen) {
     Backend *be = gpt_backend(t->m);
     const size_t n = t->shard_n, need = optimizer_device_bytes(be->device, n);
     size_t free_b, used_b;
     if (need && be->memory(be, &free_b, &used_b) && free_b < need)
-        fatal(EXIT_USAGE, "%s: the optimizer state (fp32 master weights and AdamW moments of "
-                          "%zu parameters) needs %.0f MiB, but only %.0f MiB of GPU memory are "
-                          "free after the model and its activations (%.0f MiB): lower "
-                          "train.batch_size or set train.recompute = attn_gelu or block",
-              be->name, n, need / 1048576.0, free_b / 1048576.0, used_b / 1048576.0);
+        return set_error(err, errlen, "%s: the optimizer state (fp32 master weights and AdamW moments "
+                                      "of %zu parameters) needs %.0f MiB, but only %.0f MiB of GPU "
+                                      "memory are free after the model and its activations (%.0f "
+                                      "MiB): lower train.batch_size or set train.recompute = "
+                                      "attn_gelu or block",
+                         be->name, n, need / 1048576.0, free_b / 1048576.0, used_b / 1048576.0);
     t->opt = optimizer_create(be->device, be->dtype, be->stream, n, spans, n_spans, &t->c);
     float *host = xmalloc(t->n * sizeof(float));  // (n)
     gpt_get_params_f32(t->m, host);
     t->opt->set_state(t->opt, host + t->shard_off, NULL, NULL);
     free(host);
+    return 0;
 }
 
 // The optimizer spans inside this rank's shard, relative to its start: one per parameter tensor
@@ -154,16 +157,20 @@ static const char *graph_obstacle(const Trainer *t, const Config *c, const Backe
 }
 
 // train.cuda_graph: auto replays where graph_obstacle finds nothing (and says why not on a GPU),
-// on exits 2 where it does.
-static int graphs_wanted(const Trainer *t, const Config *c, const Backend *be) {
+// on is refused where it does. *wanted: whether the steps replay a graph; 0, or -1 with err set.
+static int graphs_wanted(const Trainer *t, const Config *c, const Backend *be, int *wanted, char *err,
+                         size_t errlen) {
+    *wanted = 0;
     if (c->train.cuda_graph == CUDA_GRAPH_OFF) return 0;
     const char *why = graph_obstacle(t, c, be);
     if (why && c->train.cuda_graph == CUDA_GRAPH_ON)
-        fatal(EXIT_USAGE, "train.cuda_graph = on, but %s: set train.cuda_graph = auto or off", why);
+        return set_error(err, errlen, "train.cuda_graph = on, but %s: set train.cuda_graph = auto or "
+                                      "off", why);
     if (why && t->opt->dev_open)
         fprintf(stderr, "notice: train.cuda_graph = auto: the step runs without a CUDA graph: "
                         "%s\n", why);
-    return why == NULL;
+    *wanted = why == NULL;
+    return 0;
 }
 
 // The state of steps decided on the device: the staged batches, the optimizer's record ring and
@@ -179,10 +186,9 @@ static void device_steps_open(Trainer *t) {
     t->opt->dev_open(t->opt, TRAINER_MAX_PENDING, (double)accum, t->c.optim.grad_clip);
     t->opt->dev_set_scaler(t->opt, &t->scaler);
     t->scaler_dev = t->scaler;
-    t->graphs = graphs_wanted(t, &t->c, be);
 }
 
-Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
+Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm, char *err, size_t errlen) {
     Backend *be = gpt_backend(m);
     Trainer *t = xcalloc(1, sizeof *t);
     t->m = m;
@@ -193,12 +199,12 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     t->n = gpt_num_params(m);
     t->counts = xmalloc((size_t)t->world * sizeof(size_t));
     comm_shard(t->n, t->world, t->rank, &t->shard_off, &t->shard_n, t->counts);
-    if (c->dist.context_parallel > 1 && !t->comm) {
-        char err[ERR_LEN];
-        CpLayout lay;
-        if (cp_layout(c, 0, 1, &lay, err, sizeof err) != 0) fatal(EXIT_USAGE, "%s", err);
+    CpLayout lay;
+    if ((c->dist.context_parallel > 1 && !t->comm && cp_layout(c, 0, 1, &lay, err, errlen) != 0) ||
+        (t->comm && cp_open(t->comm, c, m, &t->cp, err, errlen) != 0)) {
+        trainer_free(t);
+        return NULL;
     }
-    t->cp = t->comm ? cp_open(t->comm, c, m) : NULL;
     t->dp = t->cp ? cp_get_layout(t->cp)->dp : t->world;
     if (t->comm) t->bucket_n = bucket_elems(c->dist.bucket_mb, dtype_size(be->dtype));
     t->B = c->train.batch_size;
@@ -210,18 +216,29 @@ Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm) {
     t->local_tg = xmalloc((size_t)t->B * t->TL * sizeof(int));
     OptimSpan *spans;
     const int n_spans = shard_spans(t, &spans);
-    optimizer_open(t, spans, n_spans);
+    const int opened = optimizer_open(t, spans, n_spans, err, errlen) == 0;
     free(spans);
+    if (!opened) {
+        trainer_free(t);
+        return NULL;
+    }
     // fp16 gradients underflow without a loss scale; bf16 (fp32's exponent range) and fp32 need
     // none, but the scaler still detects non-finite steps.
     scaler_init(&t->scaler, c, be->dtype == DTYPE_F16);
     t->dev_steps = t->opt->dev_open && !t->comm && !c->attention.doc_mask;
     if (t->dev_steps) device_steps_open(t);
-    else graphs_wanted(t, c, be);
+    int graphs;
+    if (graphs_wanted(t, c, be, &graphs, err, errlen) != 0) {
+        trainer_free(t);
+        return NULL;
+    }
+    t->graphs = t->dev_steps && graphs;
     return t;
 }
 
-Trainer *trainer_create(GPT *m, const Config *c) { return trainer_create_dist(m, c, NULL); }
+Trainer *trainer_create(GPT *m, const Config *c, char *err, size_t errlen) {
+    return trainer_create_dist(m, c, NULL, err, errlen);
+}
 
 void trainer_free(Trainer *t) {
     if (!t) return;
@@ -234,7 +251,7 @@ void trainer_free(Trainer *t) {
         free(t->n_valid);
         free(t->graph_valid);
     }
-    t->opt->destroy(t->opt);
+    if (t->opt) t->opt->destroy(t->opt);
     cp_close(t->cp);
     free(t->local_in);
     free(t->local_tg);

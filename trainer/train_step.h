@@ -74,15 +74,18 @@ extern const char *const STEP_PHASE_NAMES[N_STEP_PHASES];
 
 // Takes the model's current parameters as the starting weights (fp32 master on CUDA: set them
 // with trainer_set_weights_f32 to keep the fp32 values a lower compute dtype rounds away).
-// Exits with EXIT_USAGE when the GPU lacks the memory for the optimizer state.
-Trainer *trainer_create(GPT *m, const Config *c);
+// Returns NULL with err set when the GPU lacks the memory for the optimizer state, or
+// train.cuda_graph = on meets what a graph cannot run (then m is to be freed too: it may hold
+// the ring of groups that were closed again).
+Trainer *trainer_create(GPT *m, const Config *c, char *err, size_t errlen);
 // The data-parallel trainer: comm (not owned; NULL or world 1 = one process) carries the
 // gradient reduce-scatter, the parameter all-gather and the global loss and norm. Every rank
 // must call trainer_step (and trainer_optim_state) the same number of times. With
 // dist.context_parallel > 1 it opens the groups (trainer/context_parallel.h) and gives m its
 // ring: m must then be built for cp_local_len(c) tokens per sequence; next() still fills whole
-// sequences, of which each rank takes its part. Exits 2 when the launch cannot serve it.
-Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm);
+// sequences, of which each rank takes its part. Returns NULL with err set (as trainer_create)
+// also when the launch or the model cannot serve dist.context_parallel.
+Trainer *trainer_create_dist(GPT *m, const Config *c, Comm *comm, char *err, size_t errlen);
 // The context-parallel group the trainer opened (evaluation slices its batches the same way),
 // or NULL.
 ContextParallel *trainer_context_parallel(Trainer *t);

@@ -824,7 +824,24 @@ static void test_refusals(AttnContext *ctx) {
     p.window_left = -5;
     EXPECT(attn_forward(ctx, &p, err, sizeof err) == -1 && strstr(err, "window"),
            "window -5: expected a refusal naming the window, got '%s'", err);
+    // fp32 runs the naive kernels, which overwrite dq, dk and dv: a backward with accumulate
+    // (the ring's sum over key blocks) is refused, never computed wrong; without it, it runs.
+    const size_t n = (size_t)B * T * NH * 128;   // elements of each of q, k, v, out, dq, dk, dv, dout
+    float *f32;
+    CUDA_OK(cudaMalloc((void **)&f32, 8 * n * sizeof(float)));
+    CUDA_OK(cudaMemset(f32, 0, 8 * n * sizeof(float)));
+    attn_fused_qkv(&p, f32, f32 + 3 * n, B, T, NH, NH, 128, sizeof(float));
+    attn_fused_qkv_grads(&p, f32 + 4 * n, f32 + 7 * n, sizeof(float));
+    p.window_left = -1;
+    p.dtype = DTYPE_F32;
+    EXPECT(attn_forward(ctx, &p, err, sizeof err) == 0, "fp32 forward: %s", err);
+    p.accumulate = 1;
+    EXPECT(attn_backward(ctx, &p, err, sizeof err) == -1 && strstr(err, "accumulate"),
+           "fp32 backward with accumulate: expected a refusal naming accumulate, got '%s'", err);
+    p.accumulate = 0;
+    EXPECT(attn_backward(ctx, &p, err, sizeof err) == 0, "fp32 backward after the refusal: %s", err);
     CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaFree(f32));
     CUDA_OK(cudaFree(buf));
     CUDA_OK(cudaFree(lse));
 }

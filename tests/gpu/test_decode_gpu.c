@@ -34,8 +34,9 @@
 
 #include "attention/attention.h"
 #include "attention/mask.h"
-#include "common/rng.h"
+#include "common/check.h"
 #include "common/config.h"
+#include "common/rng.h"
 #include "model/backend.h"
 #include "model/gpt.h"
 #include "tests/testlib.h"
@@ -291,6 +292,10 @@ static void test_model(DType dt) {
     Backend *be = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
     GPT *split = small_model(be), *plain = small_model(be), *batched = small_model(be);
     gpt_set_decode_split(plain, 0);
+    // The batch's cache holds the positions it feeds, fewer than max_seq_len (the singles' cache):
+    // other strides, the same logits; its V < Vp logits come down in one download per step.
+    char err[ERR_LEN];
+    EXPECT(gpt_decode_reserve(batched, NB, PROMPT + NEW, err, sizeof err) == 0, "%s", err);
     const int V = gpt_cfg(split)->V;
     const double tol = model_tol(split, dt);
     float *ls = malloc((size_t)V * sizeof(float)), *lp = malloc((size_t)V * sizeof(float));
@@ -336,7 +341,8 @@ static void test_prefill(DType dt, int rows, int sparse) {
     enum { PROMPT = 1000, NEW = 60 };
     Backend *be = backend_cuda_create(dt, 0, ATTN_KERNEL_AUTO);
     GPT *pre = sparse_model(be, sparse), *step = sparse_model(be, sparse);
-    if (rows > 0) gpt_set_prefill_rows(pre, rows);
+    char err[ERR_LEN];
+    if (rows > 0) EXPECT(gpt_set_prefill_rows(pre, rows, err, sizeof err) == 0, "%d rows refused: %s", rows, err);
     const int V = gpt_cfg(pre)->V;
     const double tol = model_tol(pre, dt);
     int *prompt = malloc(PROMPT * sizeof(int));
@@ -371,15 +377,22 @@ static void test_prefill(DType dt, int rows, int sparse) {
 }
 
 // 2^20 sequences of 1100 positions (about 2 TiB of cache) do not fit any GPU: refused with the
-// bytes needed and free, and nothing allocated (a batch of 2 still fits afterwards).
+// bytes needed and free, and nothing allocated (a batch of 2 still fits afterwards). 2^18
+// sequences of the 1100 positions (about 300 GiB) do not fit one H200 either, but a cache of the
+// 16 positions a short sample feeds (about 9 GiB with the activations) does.
 static void test_batch_beyond_memory(void) {
     Backend *be = backend_cuda_create(DTYPE_BF16, 0, ATTN_KERNEL_AUTO);
-    GPT *m = small_model(be);
+    GPT *m = small_model(be), *many = small_model(be);
+    const int maxT = gpt_cfg(m)->maxT;
     char err[512] = "";
-    EXPECT(gpt_decode_reserve(m, 1 << 20, err, sizeof err) == -1 && strstr(err, "GiB free on the GPU"),
+    EXPECT(gpt_decode_reserve(m, 1 << 20, maxT, err, sizeof err) == -1 && strstr(err, "GiB free on the GPU"),
            "a cache beyond the GPU's memory: %s", err);
-    EXPECT(gpt_decode_reserve(m, 2, err, sizeof err) == 0, "2 sequences after the refusal: %s", err);
+    EXPECT(gpt_decode_reserve(m, 2, maxT, err, sizeof err) == 0, "2 sequences after the refusal: %s", err);
+    EXPECT(gpt_decode_reserve(many, 1 << 18, maxT, err, sizeof err) == -1 && strstr(err, "GiB free on the GPU"),
+           "2^18 sequences of %d positions: %s", maxT, err);
+    EXPECT(gpt_decode_reserve(many, 1 << 18, 16, err, sizeof err) == 0, "2^18 sequences of 16 positions: %s", err);
     gpt_free(m);
+    gpt_free(many);
     be->destroy(be);
 }
 
@@ -429,6 +442,7 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "prefill = steps, bigbird, chunks of 384 (%s)", dtype_name(dts[di]));
         TEST_CASE(name, test_prefill(dts[di], 384, 1));
     }
-    TEST_CASE("a batch beyond the GPU's memory refused", test_batch_beyond_memory());
+    TEST_CASE("a batch beyond the GPU's memory refused, fitting with a cache of the positions it feeds",
+              test_batch_beyond_memory());
     return TEST_SUMMARY();
 }

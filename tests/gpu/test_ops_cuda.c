@@ -583,7 +583,9 @@ static void model_case(Ctx *t, ModelCase var) {
     const int B = 2, T = 40, N = B * T;
     GPTConfig g = gpt_config_from(&c);
     GPT *mg = gpt_create(&g, t->gpu, B, T, &c), *mc = gpt_create(&g, t->cpu, B, T, &c);
-    if (var.head_rows > 0) gpt_set_head_rows(mg, var.head_rows);
+    char err[ERR_LEN];
+    if (var.head_rows > 0)
+        EXPECT(gpt_set_head_rows(mg, var.head_rows, err, sizeof err) == 0, "%d rows refused: %s", var.head_rows, err);
     const size_t np = gpt_num_params(mg);
     float *w = xmalloc(np * sizeof(float));  // (np)
     gpt_init_weights_host(mg, w, 42);

@@ -16,6 +16,7 @@
 // CUDA model's + 2^-8, by the same argument.
 #include "../ring_hub.h"
 #include "../testlib.h"
+#include "common/check.h"
 #include "common/config.h"
 #include "common/rng.h"
 #include "model/gpt.h"
@@ -65,7 +66,8 @@ static GPT *ring_model(const Config *c, Backend *be, const float *w, Port *port)
     GPT *m = gpt_create(&g, be, B, T / port->hub->P, c);
     gpt_set_params_f32(m, w);
     const RingLink link = hub_link(port);
-    gpt_set_ring(m, &link);
+    char err[ERR_LEN];
+    if (gpt_set_ring(m, &link, err, sizeof err) != 0) fatal(EXIT_USAGE, "gpt_set_ring: %s", err);
     return m;
 }
 

@@ -90,7 +90,9 @@ static Trainer *make_run(Backend *be, const Config *c, GPT **m_out, float *w) {
     gpt_init_weights_host(m, w, 42);
     gpt_set_params_f32(m, w);
     gpt_get_params_f32(m, w);
-    Trainer *t = trainer_create(m, c);
+    char err[ERR_LEN];
+    Trainer *t = trainer_create(m, c, err, sizeof err);
+    if (!t) fatal(EXIT_USAGE, "trainer_create: %s", err);
     trainer_set_weights_f32(t, w);
     *m_out = m;
     return t;
@@ -118,7 +120,9 @@ static void test_loss_curve(DType dt, float dropout) {
     cc.precision.dtype = DTYPE_F32;
     GPTConfig g = gpt_config_from(&cc);
     mc = gpt_create(&g, cpu, B, T, &cc);
-    Trainer *tc = trainer_create(mc, &cc);
+    char err[ERR_LEN];
+    Trainer *tc = trainer_create(mc, &cc, err, sizeof err);
+    if (!tc) fatal(EXIT_USAGE, "trainer_create: %s", err);
     memcpy(wc, w, n * sizeof(float));
     trainer_set_weights_f32(tc, wc);   // the GPU run's rounded weights
 
@@ -257,7 +261,8 @@ static void test_resume(DType dt) {
 
     GPTConfig g = gpt_config_from(&c);
     m = gpt_create(&g, gpu, B, T, &c);
-    t = trainer_create(m, &c);
+    t = trainer_create(m, &c, err, sizeof err);
+    if (!t) fatal(EXIT_USAGE, "trainer_create: %s", err);
     TrainState st2;
     memset(&st2, 0, sizeof st2);
     const int lrc = checkpoint_load(path, m, trainer_optim_state(t), &st2, err, sizeof err);

@@ -205,7 +205,8 @@ int main(int argc, char **argv) {
 
     // The trainer takes the weights as they are now (the forward below does not change them)
     // and, with context parallelism, opens the group and gives the model its ring.
-    Trainer *tr = trainer_create_dist(m, &c, world);
+    Trainer *tr = trainer_create_dist(m, &c, world, err, sizeof err);
+    if (!tr) fatal(EXIT_USAGE, "%s", err);
     ContextParallel *cp = trainer_context_parallel(tr);
     gpt_zero_grad(m);
     float loss;
