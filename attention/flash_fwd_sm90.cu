@@ -199,8 +199,27 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
             softmax(i, masked);
         }
     };
+    // Warpgroup turns at HS 64 (FlashAttention-3's ping-pong): the warpgroups issue their
+    // tensor-core work one after the other, so one's softmax runs while the next one's GEMMs do.
+    // At HS 64 ptxas puts the wait for O += P V before the softmax, so the overlap within a
+    // warpgroup (below) is lost and the turns give it back (1.03-1.07x from 8K keys); at HS 128
+    // the softmax stays between the two waits and turns measured 0.91-0.96x there. Warpgroup wg
+    // takes a turn on named barrier TURN0 + wg once warpgroup wg - 1 (mod NWG) has arrived on it
+    // after issuing its own; warpgroup 0 takes its first turn at once and the last one does not
+    // hand on its last, so each barrier completes as often as it is waited on (turns: S of tile 0,
+    // then S of tile i with O += P V of tile i - 1, then O += P V of the last tile).
+    constexpr bool TURNS = HS == 64;
+    constexpr int TURN0 = 8;  // ids 1 .. NWG stage the output below
+    auto turn_begin = [&](bool first) {
+        if (TURNS && (!first || wg > 0)) named_barrier(TURN0 + wg, 256);
+    };
+    auto turn_end = [&](bool last) {
+        if (TURNS && (!last || wg < NWG - 1)) named_barrier_arrive(TURN0 + (wg + 1) % NWG, 256);
+    };
     if (n_tiles > 0) {
+        turn_begin(true);
         issue_scores(0);
+        turn_end(false);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
         if constexpr (EXTRAS && HS == 64) softmax(0, Masked<true>());
@@ -208,8 +227,10 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         rescale_and_pack();
     }
     auto step = [&](int i, auto masked) {
+        turn_begin(false);
         issue_scores(i);
         issue_pv(i - 1);
+        turn_end(false);
         wgmma_wait<1>();  // S of tile i
         wgmma_fence_regs(s);
         tile_softmax(i, masked);
@@ -226,7 +247,9 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         for (int i = 1; i < n_tiles; i++) step(i, TileByClass());
     }
     if (n_tiles > 0) {
+        turn_begin(false);
         issue_pv(n_tiles - 1);
+        turn_end(true);
         wgmma_wait<0>();
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
