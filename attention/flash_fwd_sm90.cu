@@ -186,11 +186,16 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // before) runs on the other units. Tile i is key_n0(i) (last to first: the partial
     // diagonal and ragged tiles first, then the bulk), in stage i % STAGES; a stage is released
     // once its O += P V has completed, and refilled with tile i + STAGES. Each tile's softmax
-    // is the instance of its class: at HS 64 the masked and unmasked steps run in loops of their
-    // own (for_tile_runs), so the pipelined loop holds one softmax (two in one loop took 174 ->
-    // 202 registers and measured 0.93x); at HS 128 one loop picks the instance per tile
-    // (TileByClass), which measured 1-5% faster there than the split loops (docs/PERFORMANCE.md).
-    // The feature instances at HS 64 mask their first tile whatever its class.
+    // is the instance of its class, picked per tile inside one loop (TileByClass) or, in the
+    // SPLIT instances, with the masked and unmasked steps in loops of their own (for_tile_runs),
+    // so that loop holds one softmax. ptxas keeps the softmax between the two waits in the first
+    // form; in the split one it places the wait for O += P V before the softmax, so the overlap
+    // within a warpgroup is lost and the warpgroups take turns (below) to get it back. Measured
+    // (docs/PERFORMANCE.md): split loops with turns at HS 64 from 4K queries on (three
+    // warpgroups), 1.04-1.07x the split loops alone; one loop at HS 64 below 4K and at HS 128,
+    // where turns measured 0.91-0.96x. The feature instances at HS 64 run split loops and mask
+    // their first tile whatever its class.
+    constexpr bool SPLIT = HS == 64 && (NWG == 3 || EXTRAS);
     auto tile_softmax = [&](int i, auto masked) {
         if constexpr (std::is_same<decltype(masked), TileByClass>::value) {
             const int n0 = key_n0(i);
@@ -199,16 +204,14 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
             softmax(i, masked);
         }
     };
-    // Warpgroup turns at HS 64 (FlashAttention-3's ping-pong): the warpgroups issue their
-    // tensor-core work one after the other, so one's softmax runs while the next one's GEMMs do.
-    // At HS 64 ptxas puts the wait for O += P V before the softmax, so the overlap within a
-    // warpgroup (below) is lost and the turns give it back (1.03-1.07x from 8K keys); at HS 128
-    // the softmax stays between the two waits and turns measured 0.91-0.96x there. Warpgroup wg
-    // takes a turn on named barrier TURN0 + wg once warpgroup wg - 1 (mod NWG) has arrived on it
-    // after issuing its own; warpgroup 0 takes its first turn at once and the last one does not
-    // hand on its last, so each barrier completes as often as it is waited on (turns: S of tile 0,
-    // then S of tile i with O += P V of tile i - 1, then O += P V of the last tile).
-    constexpr bool TURNS = HS == 64;
+    // Warpgroup turns in the SPLIT instances (FlashAttention-3's ping-pong): the warpgroups issue
+    // their tensor-core work one after the other, so one's softmax runs while the next one's
+    // GEMMs do. Warpgroup wg takes a turn on named barrier TURN0 + wg once warpgroup wg - 1
+    // (mod NWG) has arrived on it after issuing its own; warpgroup 0 takes its first turn at once
+    // and the last one does not hand on its last, so each barrier completes as often as it is
+    // waited on (turns: S of tile 0, then S of tile i with O += P V of tile i - 1, then
+    // O += P V of the last tile).
+    constexpr bool TURNS = SPLIT;
     constexpr int TURN0 = 8;  // ids 1 .. NWG stage the output below
     auto turn_begin = [&](bool first) {
         if (TURNS && (!first || wg > 0)) named_barrier(TURN0 + wg, 256);
@@ -241,7 +244,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         if (tid == 0 && i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
         rescale_and_pack();
     };
-    if constexpr (HS == 64) {
+    if constexpr (SPLIT) {
         for_tile_runs(tile_runs(qb, BN), 1, step);
     } else {
         for (int i = 1; i < n_tiles; i++) step(i, TileByClass());
