@@ -191,10 +191,11 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // so that loop holds one softmax. ptxas keeps the softmax between the two waits in the first
     // form; in the split one it places the wait for O += P V before the softmax, so the overlap
     // within a warpgroup is lost and the warpgroups take turns (below) to get it back. Measured
-    // (docs/PERFORMANCE.md): split loops with turns at HS 64 from 4K queries on (three
-    // warpgroups), 1.04-1.07x the split loops alone; one loop at HS 64 below 4K and at HS 128,
-    // where turns measured 0.91-0.96x. The feature instances at HS 64 run split loops and mask
-    // their first tile whatever its class.
+    // (docs/PERFORMANCE.md): split loops with turns at HS 64 with three warpgroups (from 4K
+    // queries), 1.04-1.07x the split loops alone; one loop at HS 64 with two warpgroups,
+    // 1.04-1.06x the split loops, and at HS 128, where the split loops measured 0.95-0.99x.
+    // Turns with one loop measured 0.90-0.96x. The feature instances at HS 64 run split
+    // loops and mask their first tile whatever its class.
     constexpr bool SPLIT = HS == 64 && (NWG == 3 || EXTRAS);
     auto tile_softmax = [&](int i, auto masked) {
         if constexpr (std::is_same<decltype(masked), TileByClass>::value) {
