@@ -120,13 +120,15 @@ def baseline_memory(tmp_path, env):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         size, rss, stable = 0, 0, 0
-        for _ in range(100):   # until VmSize stops growing (at most 10 s)
+        # Until VmSize and VmRSS both stop growing (at most 10 s): on a loaded machine the process
+        # may still be touching the pages of its start-up after its mappings are complete.
+        for _ in range(100):
             time.sleep(0.1)
             with open(f"/proc/{p.pid}/status") as f:
                 fields = {l.split(":")[0]: l.split()[1] for l in f if l.startswith(("VmSize:", "VmRSS:"))}
-            now, rss = int(fields["VmSize"]) * 1024, int(fields["VmRSS"]) * 1024
-            stable = stable + 1 if now == size else 0
-            size = now
+            now = (int(fields["VmSize"]) * 1024, int(fields["VmRSS"]) * 1024)
+            stable = stable + 1 if now == (size, rss) else 0
+            size, rss = now
             if stable >= 5:
                 break
         return size, rss
