@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // Online softmax of tile i's scores in s (flash_fwd_sm80.cu): s becomes P, the running max and
     // sum move on, corr is the factor O still has to take. A row that has seen only masked keys
     // keeps max -inf and uses 0 in its place, so exp2 gives 0, never NaN. Only partial tiles
-    // are masked: `masked` is a compile-time flag (for_tile_runs below).
+    // are masked: `masked` is a compile-time flag (the loop forms below).
     auto softmax = [&](int i, auto masked) {
         const int n0 = key_n0(i);
         if (EXTRAS && prescale) {
