@@ -138,6 +138,10 @@ void eval_passkey(const char *ckpt, const char *device, const PasskeyArgs *a, co
     double acc[PASSKEY_MAX_LIST][PASSKEY_MAX_LIST], sum = 0;
     int longest = 0;   // the lengths come in the order asked for
     for (int l = 0; l < n_len; l++) longest = lengths[l] > longest ? lengths[l] : longest;
+    // One sequence's cache of the longest length asked for (its prompt and answer), not of
+    // max_seq_len: a long-context model's whole cache may not fit, and short lengths need less.
+    char err[ERR_LEN];
+    if (gpt_decode_reserve(m, 1, longest, err, sizeof err) != 0) fatal(EXIT_USAGE, "eval --passkey: %s", err);
     int *seq = xmalloc((size_t)longest * sizeof(int));
     print_header(a);
     for (int l = 0; l < n_len; l++) {
@@ -146,7 +150,6 @@ void eval_passkey(const char *ckpt, const char *device, const PasskeyArgs *a, co
             int hits = 0;
             for (int i = 0; i < t.n; i++) {
                 PasskeyLayout lay;
-                char err[ERR_LEN];
                 if (passkey_layout(&t.trial[i], lengths[l], a->depths[d], &lay, err, sizeof err) != 0)
                     fatal(EXIT_USAGE, "--passkey-lengths: %s", err);   // grid_lengths checked it
                 passkey_build(&t.trial[i], &lay, seq);
