@@ -212,13 +212,13 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     // and the last one does not hand on its last, so each barrier completes as often as it is
     // waited on (turns: S of tile 0, then S of tile i with O += P V of tile i - 1, then
     // O += P V of the last tile).
-    constexpr bool TURNS = SPLIT;
-    constexpr int TURN0 = 8;  // ids 1 .. NWG stage the output below
+    constexpr int TURN0 = 8;           // ids 1 .. NWG stage the output below
+    constexpr int TURN_THREADS = 256;  // the warpgroup that waits and the one that arrives
     auto turn_begin = [&](bool first) {
-        if (TURNS && (!first || wg > 0)) named_barrier(TURN0 + wg, 256);
+        if (SPLIT && (!first || wg > 0)) named_barrier(TURN0 + wg, TURN_THREADS);
     };
     auto turn_end = [&](bool last) {
-        if (TURNS && (!last || wg < NWG - 1)) named_barrier_arrive(TURN0 + (wg + 1) % NWG, 256);
+        if (SPLIT && (!last || wg < NWG - 1)) named_barrier_arrive(TURN0 + (wg + 1) % NWG, TURN_THREADS);
     };
     if (n_tiles > 0) {
         turn_begin(true);

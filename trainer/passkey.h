@@ -51,6 +51,6 @@ int passkey_layout(const PasskeyPieces *p, int length, double depth, PasskeyLayo
                    size_t errlen);
 // The l->length tokens of the sequence into seq.
 void passkey_build(const PasskeyPieces *p, const PasskeyLayout *l, int *seq);
-// Whether m, decoding greedily with its KV cache (gpt_create'd for batch 1, l->length at most
-// its max_seq_len), continues seq's prompt with exactly its n_answer answer tokens.
+// Whether m, decoding greedily with its KV cache (one sequence, l->length at most the positions
+// it holds: gpt_decode_reserve), continues seq's prompt with exactly its n_answer answer tokens.
 int passkey_recalled(GPT *m, const int *seq, const PasskeyLayout *l, int n_answer);
