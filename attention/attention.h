@@ -79,7 +79,7 @@ typedef struct {
     int n_docs;
 
     // --- dropout on the attention probabilities (training only) ---
-    float dropout_p;                // 0 = off
+    float dropout_p;                // 0 = off; applied to the nearest 1/256 (attn_dropout_keep_scale)
     uint64_t seed, offset;          // Philox key and counter base: backward regenerates the mask
 
     // --- execution ---
@@ -300,11 +300,14 @@ void attn_dq_accum_store_cpu(const AttnParams *p);
 // Helpers shared by every implementation (attention/mask.c): whether key j is visible to query
 // i of batch row b under the params' causal/window/document rules and block mask (host lists).
 int attn_visible(const AttnParams *p, int b, int i, int j);
-// The dropout keep-decision for element (b, h, i, j): 1 keep (scaled by 1/(1-p)), 0 drop.
-// Counter-based (Philox-4x32-10 keyed by seed, counter from offset and the element index), so
-// any implementation on any device regenerates the same mask. offset_dev, when set, must be host
-// memory here.
+// The dropout keep-decision for element (b, h, i, j): 1 keep (scaled by attn_dropout_keep_scale),
+// 0 drop. Counter-based (Philox-4x32-10 keyed by seed, counter from offset and the element's
+// position; one byte per element against round(256 p): attention/mask.h), so any implementation
+// on any device regenerates the same mask. offset_dev, when set, must be host memory here.
 int attn_dropout_keep(const AttnParams *p, int b, int h, int i, int j);
+// The factor kept probabilities take: 256 / (256 - round(256 dropout_p)), the inverse of the rate
+// at which elements survive (dropout_p to the nearest 1/256).
+float attn_dropout_keep_scale(const AttnParams *p);
 
 #ifdef __cplusplus
 }

@@ -11,9 +11,6 @@ static inline float *attn_cpu_row_mut(void *base, AttnStrides st, int b, int t, 
     return (float *)base + (int64_t)b * st.batch + (int64_t)t * st.row + (int64_t)h * st.head;
 }
 
-// Factor applied to kept probabilities under dropout: 1 / (1 - p).
-static inline float attn_cpu_keep_scale(const AttnParams *p) { return 1.0f / (1.0f - p->dropout_p); }
-
 // FlashAttention-2 on the CPU: tiled, online softmax, O(T) extra memory per (b, h).
 // Each returns 0, or -1 when a thread's scratch memory could not be allocated.
 int attn_cpu_flash_forward(const AttnParams *p);

@@ -165,7 +165,7 @@ static AttnKeyRange ranges_union(const AttnKeyRange *rng, int n, int T_k) {
 
 static void forward_tile(const AttnParams *p, FlashScratch *w, int b, int h, int i0) {
     const int HS = p->HS, br = min_i(FLASH_BR, p->T_q - i0), g = h / (p->NH / p->NKV);
-    const float keep_scale = attn_cpu_keep_scale(p);
+    const float keep_scale = attn_dropout_keep_scale(p);
     AttnKeyRange rng[FLASH_BR];
     for (int r = 0; r < br; r++) rng[r] = attn_key_range(p, b, i0 + r);
     AttnKeyRange u = ranges_union(rng, br, p->T_k);
@@ -270,7 +270,7 @@ static float *dq_row(const AttnParams *p, int b, int i, int h) {
 static void backward_pair(const AttnParams *p, FlashScratch *w, const float *D, int b, int h, int g,
                           int i0, int br, int j0, int bc) {
     const int HS = p->HS;
-    const float keep_scale = attn_cpu_keep_scale(p);
+    const float keep_scale = attn_dropout_keep_scale(p);
     const float *lse = p->lse + attn_lse_offset(p, b, h);
     tile_matmul_t(w->dp, p->dout, p->do_st, b, h, i0, br, w->vt, bc, HS);  // dO V^T (br, bc)
     for (int r = 0; r < br; r++) {

@@ -66,7 +66,7 @@ static void softmax_rows(const AttnParams *p, float *P, float *lse, int b, int h
 
 // Applies dropout to row i of a (T_q, T_k) matrix: dropped entries 0, kept ones scaled.
 static void dropout_row(const AttnParams *p, float *row, int b, int h, int i) {
-    const float keep_scale = attn_cpu_keep_scale(p);
+    const float keep_scale = attn_dropout_keep_scale(p);
     for (int j = 0; j < p->T_k; j++)
         row[j] = attn_dropout_keep(p, b, h, i, j) ? row[j] * keep_scale : 0.0f;
 }
@@ -102,7 +102,7 @@ int attn_cpu_naive_forward(const AttnParams *p) {
 // Gradients of query head h of kv head g; dK, dV of (b, g) accumulate (zeroed by the caller).
 static void backward_head(const AttnParams *p, float *P, float *dP, float *lse, int b, int h) {
     const int HS = p->HS, g = h / (p->NH / p->NKV);
-    const float keep_scale = attn_cpu_keep_scale(p);
+    const float keep_scale = attn_dropout_keep_scale(p);
     softmax_rows(p, P, lse, b, h);
     for (int i = 0; i < p->T_q; i++) {
         float *pr = P + (int64_t)i * p->T_k, *dpr = dP + (int64_t)i * p->T_k;

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
     zero_frags(dk, dv);
 
     const float scale_log2 = p.scale * LOG2E_F;
-    const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    const float keep_scale = EXTRAS && p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
     const uint64_t keep_offset = EXTRAS && p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;  // read once
     const int pos_shift = (int)attn_query_shift(&p);  // query i sits at key position i + pos_shift
     // exp(scale * S - LSE) in the log2 domain with one FMA; ALiBi adds its bias after scaling.

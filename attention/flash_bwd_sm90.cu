@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 #pragma unroll
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
     const float scale_log2 = p.scale * LOG2E_F;
-    const float keep_scale = EXTRAS && p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
-    const uint32_t keep_thresh = EXTRAS ? attn_philox_threshold(p.dropout_p) : 0u;
+    const float keep_scale = EXTRAS && p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
+    const uint32_t keep_thresh = EXTRAS ? attn_dropout_threshold(p.dropout_p) : 0u;  // 0: every byte keeps
     const uint64_t keep_offset = EXTRAS && p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;  // read once
     const int krow = wg * 64 + warp * 16 + g;  // tile-relative key of d[4j + 0..1]; +8 for 2..3
     const uint32_t k_base = smem_u32(sK), v_base = smem_u32(sV), ds_base = smem_u32(sdS);
@@ -216,30 +216,22 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         // scores (flash_mask.cuh's ScoreRule), P^T, the dropout keep bits and dS^T = P^T *
         // cap' * (dP^T dropped - D), so that no score, probability or bit outlives its j (P^T
         // computed under dP^T's product, as above, kept 32 more registers live at HS 64 and
-        // serialised the wgmma). Dropout: the 4 lanes of one t and g / 4 hold 4 adjacent keys
-        // (g % 4 = 0..3) for the same 4 elements e; lane g % 4 = e draws the quad of its element
-        // e (query 8j + 2t + (e & 1), keys from krow - g % 4 + 8 (e >> 1)) and each lane takes
-        // its key's bit of every quad, one Philox block per 4 elements.
+        // serialised the wgmma). Dropout: one Philox block per 16 elements, 32 queries at a time
+        // (flash_mask.cuh's fragment bytes; their words outlive j by up to three tiles).
         auto ds_step_extras = [&](auto masked) {
             const int h = pairs.head(it), m0 = pairs.m0(it, BM);
             const ScoreRule rule = score_rule(p, b, h);
             const int shift = (int)attn_query_shift(&p);
+            static_assert(NQ % 4 == 0, "dropout draws 32 queries at a time");
+            uint32_t drop[2][2] = {{0u, 0u}, {0u, 0u}};  // bytes 0 keep when there is no dropout
 #pragma unroll
             for (int j = 0; j < NQ; j++) {
                 const int q = 8 * j + 2 * t;
                 const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
                 const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
                 const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
-                unsigned keep4 = 15;  // bit e: element e survives dropout
-                if (p.dropout_p > 0.f) {
-                    const int gq = g & 3;  // this lane draws the quad of element gq
-                    const unsigned mine =
-                        dropout_keep_quad(p, keep_offset, keep_thresh, b, h, m0 + q + (gq & 1), n0 + krow - gq + 8 * (gq >> 1));
-                    keep4 = 0;
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        keep4 |= ((__shfl_sync(0xffffffffu, mine, (lane & ~12) | (e << 2)) >> gq) & 1) << e;
-                }
+                if (p.dropout_p > 0.f && j % 4 == 0)
+                    dropout_bytes_bwd(p, keep_offset, b, h, m0 + 8 * j, n0 + krow - g, g, t, drop);
                 float pk[4], ds[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
@@ -251,7 +243,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                         if (key < rg.x || key >= rg.y) x = 0.f;
                     }
                     // rows past T_q and keys past T_k contribute 0 whatever their bit
-                    const bool keep = keep4 >> e & 1;
+                    const bool keep = dropout_byte_keeps(drop[(j >> 1) & 1][e & 1], 2 * (j & 1) + (e >> 1), keep_thresh);
                     pk[e] = keep ? x * keep_scale : 0.f;
                     ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - (e & 1 ? dd.y : dd.x));
                 }

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
     if (EXTRAS) {
         if (p.alibi_slopes) slope_log2 = alibi_slope(p, b, h) * LOG2E_F;
-        if (p.dropout_p > 0.f) keep_scale = 1.f / (1.f - p.dropout_p), keep_offset = attn_dropout_offset(&p);
+        if (p.dropout_p > 0.f) keep_scale = attn_dropout_scale(p.dropout_p), keep_offset = attn_dropout_offset(&p);
     }
 
     // Loop step `it` computes key tile qb.key_tile(it) from stage it & 1 while the loads of step

@@ -46,14 +46,14 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
     const float sl = prescale ? 1.f : scale_log2;
     ScoreRule rule{};
     int pos0 = 0;  // aligned position of the warp's first row, in keys
-    float keep_scale = 1.f;
+    float keep_scale = 1.f;  // applied to O once, at the end
     uint32_t keep_thresh = 0;
     uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
     if constexpr (EXTRAS) {
         rule = score_rule(p, b, h);
         pos0 = wrow0 + (int)attn_query_shift(&p);
         if (p.dropout_p > 0.f) {
-            keep_scale = 1.f / (1.f - p.dropout_p), keep_thresh = attn_philox_threshold(p.dropout_p);
+            keep_scale = attn_dropout_scale(p.dropout_p), keep_thresh = attn_dropout_threshold(p.dropout_p);
             keep_offset = attn_dropout_offset(&p);
         }
     }
@@ -149,22 +149,20 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
             }
             row_sum[r] = row_sum[r] * corr[r] + sum;
         }
-        // Dropout after the sum (which is over the undropped probabilities). Lanes t and t ^ 1
-        // hold keys 4 (t >> 1) .. + 3 of an n8 tile for rows g and g + 8 between them: the even
-        // one draws the row-g quad, the odd one the row-(g + 8) quad, and they swap, one Philox
-        // block per 4 elements.
+        // Dropout after the sum (which is over the undropped probabilities), one Philox block
+        // per 16 elements (flash_mask.cuh's fragment bytes, 32 keys at a time); the survivors'
+        // scale waits for the output.
         if (EXTRAS && p.dropout_p > 0.f) {
-            const int odd = t & 1;
+            static_assert(NS % 4 == 0, "dropout draws 32 keys at a time");
 #pragma unroll
-            for (int nt = 0; nt < NS; nt++) {
-                const unsigned mine =
-                    dropout_keep_quad(p, keep_offset, keep_thresh, b, h, wrow0 + 8 * odd + g, n0 + nt * 8 + 4 * (t >> 1));
-                const unsigned other = __shfl_xor_sync(0xffffffffu, mine, 1);
+            for (int k32 = 0; k32 < NS / 4; k32++) {
+                uint32_t w[2][2];
+                dropout_bytes_fwd(p, keep_offset, b, h, wrow0, n0 + 32 * k32, g, t, w);
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const unsigned keep = ((r == odd) ? mine : other) >> (2 * odd);
-                    s[nt * 4 + 2 * r] = keep & 1 ? s[nt * 4 + 2 * r] * keep_scale : 0.f;
-                    s[nt * 4 + 2 * r + 1] = keep & 2 ? s[nt * 4 + 2 * r + 1] * keep_scale : 0.f;
+                for (int e = 0; e < 16; e++) {  // n8 tile 4 k32 + (e >> 2), row g + 8 ((e >> 1) & 1), column e & 1
+                    const int nt = 4 * k32 + (e >> 2), r = (e >> 1) & 1, c = e & 1;
+                    float &x = s[nt * 4 + 2 * r + c];
+                    x = dropout_byte_keeps(w[(nt >> 1) & 1][r], 2 * c + (nt & 1), keep_thresh) ? x : 0.f;
                 }
             }
         }
@@ -259,14 +257,14 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
         wgmma_fence_regs(pa);
     }
 
-    // Finish: O /= rowsum (0 for a fully masked row, LSE +inf), staged through this warpgroup's
+    // Finish: O times keep_scale / rowsum (0 for a fully masked row, LSE +inf), staged through this warpgroup's
     // own rows of sQ (no other warpgroup reads them) and stored with 16-byte writes.
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = row_sum[r];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const float inv = sum > 0.f ? keep_scale / sum : 0.f;
         const int row = wrow0 + 8 * r + g;
         if (p.lse && t == 0 && row < p.T_q)
             p.lse[attn_lse_offset(&p, b, h) + row] = sum > 0.f ? (row_max[r] + log2f(sum)) * LN2_F : INFINITY;

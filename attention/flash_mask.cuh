@@ -244,7 +244,7 @@ __device__ __forceinline__ float alibi_bias_log2(float slope_log2, int pos, int 
 // Dropout keep-decision of element (b, h, i, j) under the Philox offset the kernel read once
 // (attn_dropout_offset): the same draw as attn_dropout_keep().
 __device__ __forceinline__ bool dropout_keep(const AttnParams &p, uint64_t offset, int b, int h, int i, int j) {
-    return attn_dropout_keep_elem(&p, offset, attn_dropout_elem(&p, b, h, i, j));
+    return attn_dropout_keep_at(&p, offset, b, h, i, j);
 }
 
 // tanh(x) from one exponential and one division, 1 - 2 / (e^2x + 1): within a few fp32 ulps of
@@ -280,24 +280,43 @@ __device__ __forceinline__ float score_log2(const ScoreRule &r, float raw, int p
     return fmaf(x, LOG2E_F, alibi_bias_log2(r.slope_log2, pos, j));
 }
 
-// Keep bits of the 4 adjacent elements (b, h, i, j0 + m) (bit m) under the Philox offset the
-// kernel read once (attn_dropout_offset) and the draw threshold thresh (attn_philox_threshold):
-// one Philox block when they are one block's draws, two when they straddle blocks (rows of a
-// T_k that is not a multiple of 4).
-__device__ __forceinline__ unsigned dropout_keep_quad(const AttnParams &p, uint64_t offset, uint32_t thresh, int b,
-                                                      int h, int i, int j0) {
-    const uint64_t e = attn_dropout_elem(&p, b, h, i, j0);
-    const unsigned k = (unsigned)e & 3;
-    const Philox4 r0 = attn_philox_block(p.seed, offset, e >> 2);
-    Philox4 r1 = r0;
-    if (k != 0) r1 = attn_philox_block(p.seed, offset, (e >> 2) + 1);
-    // draws 0..7 of the two blocks, element m at draw k + m
-    const uint32_t u[8] = {r0.x[0], r0.x[1], r0.x[2], r0.x[3], r1.x[0], r1.x[1], r1.x[2], r1.x[3]};
-    unsigned bits = 0;
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-        const uint32_t d = k == 0 ? u[m] : k == 1 ? u[m + 1] : k == 2 ? u[m + 2] : u[m + 3];
-        bits |= (unsigned)(d >= thresh) << m;
-    }
-    return bits;
+// Dropout in the MMA fragments (attention/mask.h's 16 x 16 tiles of one byte per element). Of
+// each tile, lane (g, t) of a warp holds 8 elements of one block and lane (g ^ 1, t) (lane ^ 4)
+// the other 8: in the forward's scores, rows g, g + 8 and columns 2t, 2t + 1, 2t + 8, 2t + 9 of
+// block (g >> 1, t); in the backward's transposed ones (keys as fragment rows), queries 2t,
+// 2t + 1, 2t + 8, 2t + 9 and keys g, g + 8 of block (t, g >> 1). Over two tiles each lane of the
+// pair draws one block and they swap the halves the other holds: one Philox block per 16
+// elements. Element keeps when its byte is at least thresh (attn_dropout_threshold).
+__device__ __forceinline__ bool dropout_byte_keeps(uint32_t word, int byte, uint32_t thresh) {
+    return ((word >> (8 * byte)) & 0xffu) >= thresh;
+}
+
+// Forward: the bytes of the two tiles at keys j0 .. j0 + 31 (j0 a multiple of 16) for the rows
+// row0 + g and row0 + g + 8 of a warp (row0 a multiple of 16). w[a][r] is tile a's word of row
+// g + 8 r; its byte 2 e + n holds column 8 n + 2 t + e of the tile (n = 0, 1).
+__device__ __forceinline__ void dropout_bytes_fwd(const AttnParams &p, uint64_t offset, int b, int h, int row0, int j0,
+                                                  int g, int t, uint32_t w[2][2]) {
+    const bool odd = g & 1;  // draws tile `odd`; holds words 2 odd, 2 odd + 1 of each block
+    const Philox4 d = attn_philox_block(p.seed, offset, attn_dropout_block(&p, b, h, row0 + g, j0 + 16 * odd + 2 * t));
+    const uint32_t own0 = odd ? d.x[2] : d.x[0], own1 = odd ? d.x[3] : d.x[1];
+    const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? d.x[0] : d.x[2], 4);
+    const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? d.x[1] : d.x[3], 4);
+    w[0][0] = odd ? got0 : own0, w[0][1] = odd ? got1 : own1;
+    w[1][0] = odd ? own0 : got0, w[1][1] = odd ? own1 : got1;
+}
+
+// Backward: the bytes of the two tiles at queries q0 .. q0 + 31 (q0 a multiple of 16) for the keys
+// key0 + g and key0 + g + 8 of a warp (key0 a multiple of 16). v[a][x] packs tile a's halves g & 1
+// of words 2x (low 16 bits) and 2x + 1: its byte 2 n + y holds query 8 n + 2t + x, key g + 8 y of
+// the tile (n = 0, 1).
+__device__ __forceinline__ void dropout_bytes_bwd(const AttnParams &p, uint64_t offset, int b, int h, int q0, int key0,
+                                                  int g, int t, uint32_t v[2][2]) {
+    const bool odd = g & 1;  // draws tile `odd`; holds half `odd` of every word
+    const Philox4 d = attn_philox_block(p.seed, offset, attn_dropout_block(&p, b, h, q0 + 16 * odd + 2 * t, key0 + g));
+    const uint32_t mine = odd ? 0x7632u : 0x5410u, other = odd ? 0x5410u : 0x7632u;
+    const uint32_t own0 = __byte_perm(d.x[0], d.x[1], mine), own1 = __byte_perm(d.x[2], d.x[3], mine);
+    const uint32_t got0 = __shfl_xor_sync(0xffffffffu, __byte_perm(d.x[0], d.x[1], other), 4);
+    const uint32_t got1 = __shfl_xor_sync(0xffffffffu, __byte_perm(d.x[2], d.x[3], other), 4);
+    v[0][0] = odd ? got0 : own0, v[0][1] = odd ? got1 : own1;
+    v[1][0] = odd ? own0 : got0, v[1][1] = odd ? own1 : got1;
 }

@@ -259,6 +259,9 @@ int attn_check(const AttnParams *p, Device dev, int backward, char *err, size_t 
                     p->window_left, p->window_right);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
         return set_error(err, errlen, "attention: dropout %g must be in [0, 1)", p->dropout_p);
+    if (p->dropout_p > 0.0f && attn_dropout_threshold(p->dropout_p) == 0)
+        return set_error(err, errlen, "attention: dropout %g is below the rule's resolution (1/256; it rounds to 0): "
+                         "use 0 or at least 0.002", p->dropout_p);
     if (p->cu_seqlens) {
         if (p->T_q != p->T_k)
             return set_error(err, errlen, "attention: documents (cu_seqlens) need T_q == T_k, got %d and %d",
@@ -323,5 +326,7 @@ int attn_visible(const AttnParams *p, int b, int i, int j) {
 }
 
 int attn_dropout_keep(const AttnParams *p, int b, int h, int i, int j) {
-    return attn_dropout_keep_elem(p, attn_dropout_offset(p), attn_dropout_elem(p, b, h, i, j));
+    return attn_dropout_keep_at(p, attn_dropout_offset(p), b, h, i, j);
 }
+
+float attn_dropout_keep_scale(const AttnParams *p) { return attn_dropout_scale(p->dropout_p); }

@@ -147,13 +147,33 @@ ATTN_HD float attn_softcap_grad(float softcap, float s) {
     return 1.0f - t * t;
 }
 
-// Index of element (b, h, i, j) of the (B, NH, T_q, T_k) probability tensor: the Philox counter
-// of its dropout draw.
-ATTN_HD uint64_t attn_dropout_elem(const AttnParams *p, int b, int h, int i, int j) {
-    return (((uint64_t)b * (uint64_t)p->NH + (uint64_t)h) * (uint64_t)p->T_q + (uint64_t)i) *
-               (uint64_t)p->T_k +
-           (uint64_t)j;
+// Dropout draws one byte per element of the (B, NH, T_q, T_k) probability tensor, 16 bytes to a
+// Philox block. Each (b, h) matrix is cut into 16 x 16 tiles, tile (I, J) holding the 16 blocks
+// from 16 n on, n = ((b NH + h) ceil(T_q / 16) + I) ceil(T_k / 16) + J. Within a tile, element
+// (r, c) (tile-relative row and column) is in block 4 ((r >> 1) & 3) + ((c >> 1) & 3): rows
+// {2a, 2a + 1, 2a + 8, 2a + 9} times the same four columns, which is what two lanes of a warp's
+// MMA fragment hold between them whether the tile's rows are the fragment's rows (the forward's
+// scores) or its columns (the backward's transposed ones), so a lane draws once per 16 elements
+// (flash_mask.cuh). The element's byte is 4 w + k of the block's 16 (its word w, byte k), with
+// w = 2 (r & 1) + (r >> 3) and k = 2 (c & 1) + (c >> 3).
+ATTN_HD uint64_t attn_dropout_block(const AttnParams *p, int b, int h, int i, int j) {
+    const uint64_t tq = (uint64_t)(p->T_q + 15) >> 4, tk = (uint64_t)(p->T_k + 15) >> 4;
+    const uint64_t tile = (((uint64_t)b * (uint64_t)p->NH + (uint64_t)h) * tq + (uint64_t)(i >> 4)) * tk +
+                          (uint64_t)(j >> 4);
+    return (tile << 4) | (uint64_t)(((i >> 1) & 3) << 2) | (uint64_t)((j >> 1) & 3);
 }
+ATTN_HD int attn_dropout_byte_index(int i, int j) {
+    return 4 * (2 * (i & 1) + ((i >> 3) & 1)) + 2 * (j & 1) + ((j >> 3) & 1);
+}
+
+// The smallest byte that keeps an element: round(256 p), at most 255. An element survives with
+// probability 1 - t / 256 (the rate p to the nearest 1/256), and survivors are scaled by its
+// inverse, 256 / (256 - t), so every expectation is exact.
+ATTN_HD uint32_t attn_dropout_threshold(float p) {
+    const double t = (double)p * 256.0 + 0.5;
+    return t >= 255.0 ? 255u : (uint32_t)t;
+}
+ATTN_HD float attn_dropout_scale(float p) { return 256.0f / (float)(256u - attn_dropout_threshold(p)); }
 
 // The Philox offset of the params' dropout: offset, plus *offset_dev where the caller keeps a
 // part of it in memory (read here, so a kernel calls this once, not per draw).
@@ -161,10 +181,12 @@ ATTN_HD uint64_t attn_dropout_offset(const AttnParams *p) {
     return p->offset + (p->offset_dev ? *p->offset_dev : 0);
 }
 
-// 1 when element e survives dropout (its probability is then scaled by 1 / (1 - dropout_p)),
-// under Philox offset `offset` (attn_dropout_offset).
-ATTN_HD int attn_dropout_keep_elem(const AttnParams *p, uint64_t offset, uint64_t e) {
-    return attn_philox_keep(p->seed, offset, e, p->dropout_p);
+// 1 when element (b, h, i, j) survives dropout under Philox offset `offset` (attn_dropout_offset):
+// one Philox block per call (the kernels share a block between 16 elements instead).
+ATTN_HD int attn_dropout_keep_at(const AttnParams *p, uint64_t offset, int b, int h, int i, int j) {
+    const Philox4 r = attn_philox_block(p->seed, offset, attn_dropout_block(p, b, h, i, j));
+    const int byte = attn_dropout_byte_index(i, j);
+    return ((r.x[byte >> 2] >> (8 * (byte & 3))) & 0xffu) >= attn_dropout_threshold(p->dropout_p);
 }
 
 // The fp32 dQ accumulator of the non-deterministic CUDA backward holds, per (batch row, head), the

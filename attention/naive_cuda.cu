@@ -141,12 +141,12 @@ template <typename T> __global__ void naive_softmax_kernel(const AttnParams p, f
         lse = sum > 0.f ? m_use + logf(sum) : INFINITY;  // fully masked row: P = 0, LSE +inf
         if (threadIdx.x == 0 && p.lse) p.lse[attn_lse_offset(&p, r.b, r.h) + r.i] = lse;
     }
-    const float keep_scale = p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    const float keep_scale = p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
     const uint64_t keep_offset = p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;
     for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) {
         const float pr = expf(naive_score(p, r, srow[j], j) - lse);
         if (!from_lse) srow[j] = pr;
-        const bool keep = p.dropout_p <= 0.f || attn_dropout_keep_elem(&p, keep_offset, attn_dropout_elem(&p, r.b, r.h, r.i, j));
+        const bool keep = p.dropout_p <= 0.f || attn_dropout_keep_at(&p, keep_offset, r.b, r.h, r.i, j);
         prow[j] = st_f<T>(keep ? pr * keep_scale : 0.f);
     }
 }
@@ -162,12 +162,12 @@ template <typename T> __global__ void naive_dsoftmax_kernel(const AttnParams p, 
     const float lse = p.lse[attn_lse_offset(&p, r.b, r.h) + r.i];
     float *dprow = dp + r.row * p.T_k;
     T *dsrow = reinterpret_cast<T *>(dp) + r.row * ld_ds;
-    const float keep_scale = p.dropout_p > 0.f ? 1.f / (1.f - p.dropout_p) : 1.f;
+    const float keep_scale = p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
     const uint64_t keep_offset = p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;
     auto prob = [&](int j) { return expf(naive_score(p, r, srow[j], j) - lse); };  // +inf lse: 0
     auto dp_eff = [&](int j) {  // dL/dP (undropped) = dL/dP_drop * keep / (1 - p)
         if (p.dropout_p <= 0.f) return dprow[j];
-        return attn_dropout_keep_elem(&p, keep_offset, attn_dropout_elem(&p, r.b, r.h, r.i, j)) ? dprow[j] * keep_scale : 0.f;
+        return attn_dropout_keep_at(&p, keep_offset, r.b, r.h, r.i, j) ? dprow[j] * keep_scale : 0.f;
     };
     float d = 0.f;
     for (int j = threadIdx.x; j < p.T_k; j += NAIVE_THREADS) d += prob(j) * dp_eff(j);

@@ -158,7 +158,7 @@ static const CfgKey KEYS[] = {
      "packed documents: a document starts after each data.eot_token and at each row start; "
      "tokens attend only within their document and positions restart at 0 in each"},
     {"attention.dropout", CFG_FLOAT, OFF(attention.dropout), "0", 0, 0.99, NULL,
-     "dropout on attention probabilities"},
+     "dropout on attention probabilities, applied to the nearest 1/256 (0.1 runs as 26/256)"},
     {"attention.deterministic", CFG_BOOL, OFF(attention.deterministic), "false", 0, 0, NULL,
      "bitwise reproducible attention backward"},
 
@@ -556,6 +556,10 @@ int config_validate(Config *c, char *err, size_t errlen) {
     if (c->attention.window_every > 1 && c->attention.window < 0)
         return set_error(err, errlen, "attention.window_every = %d needs a sliding window: set "
                                    "attention.window >= 0", c->attention.window_every);
+    // attention/mask.h applies the rate to the nearest 1/256
+    if (c->attention.dropout > 0.0f && (double)c->attention.dropout * 256.0 < 0.5)
+        return set_error(err, errlen, "attention.dropout = %g rounds to 0 (attention dropout works in steps of "
+                                   "1/256): set 0 or at least 0.002", c->attention.dropout);
     if (validate_sparse(c, err, errlen) != 0) return -1;
     if (validate_context_parallel(c, err, errlen) != 0) return -1;
     if (c->data.eot_token >= c->model.vocab_size)

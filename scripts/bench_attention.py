@@ -42,6 +42,8 @@ call (ALiBi: the usual 2^(-8 (h + 1) / H) slopes), so B/A < 1 is what they cost:
 
     python3 scripts/bench_attention.py --softcap 50 --seqs 2048,8192 --rounds 3
 
+With --ab OTHER.so as well, the A/B of the two builds with those features set on both.
+
 usage: python3 scripts/bench_attention.py [--lib build/libattention.so] [--quick] [--seqs N,N,...]
            [--heads D,D,...] [--shapes NAME,...] [--no-memory] [--json OUT.json] [--reps 10]
            [--ab OTHER.so [--rounds 5]] [--softcap CAP] [--dropout P] [--alibi]
@@ -455,8 +457,6 @@ def main():
                     help="kernel family of every library's context (attention.kernel)")
     args = ap.parse_args()
     features = args.softcap > 0 or args.dropout > 0 or args.alibi
-    if features and args.ab:
-        ap.error("--softcap, --dropout and --alibi time --lib against itself with them: drop --ab")
     for opt, path in (("--lib", args.lib), ("--ab", args.ab)):
         if path is not None and not os.path.isfile(path):
             ap.error(f"{opt}: no such file: '{path}' (make libattention builds build/libattention.so)")
@@ -476,15 +476,17 @@ def main():
             ap.error(f"{opt}: cannot load '{path}' as flashgpt's attention library: {e}")
     if args.ab and os.path.samefile(args.lib, args.ab):
         print("note: --lib and --ab are the same file: one library timed against itself (an A/A run)")
-    ours = libs[0]
-    if features:
-        libs.append(WithFeatures(ours, args.softcap, args.dropout, args.alibi))
+    plain = list(libs)
+    if features and args.ab:
+        libs = [WithFeatures(lib, args.softcap, args.dropout, args.alibi) for lib in plain]
+    elif features:
+        libs.append(WithFeatures(plain[0], args.softcap, args.dropout, args.alibi))
     dtype = torch.bfloat16
     print(f"GPU: {torch.cuda.get_device_name()}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}")
     ok = True
-    for lib in libs[:1] if features else libs:  # the features change the result: no PyTorch check
+    for lib in plain:  # the features change the result: PyTorch checks the libraries as they are
         if len(libs) > 1:
-            print(f"{'A' if lib is libs[0] else 'B'}: {lib.path}")
+            print(f"{'A' if lib is plain[0] else 'B'}: {lib.path}")
         ok &= check_correctness(lib.run, dtype)
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
     if args.seqs:
@@ -499,6 +501,7 @@ def main():
         print_ab(rows, args.lib, libs[1].path, rounds, args.reps)
         print(f"\ncorrectness: {'ok' if ok else 'FAIL'}")
         return 0 if ok else 1
+    ours = plain[0]
     speed = bench_speed(ours.timings, dtype, shapes, args.reps)
     mem = [] if args.no_memory else bench_memory(ours, dtype, [2048, 8192] if args.quick else [2048, 8192, 32768])
     if args.json:

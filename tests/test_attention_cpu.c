@@ -211,7 +211,7 @@ static void ref_forward(const AttnParams *p, const unsigned char *mask, const do
                 for (int j = 0; j < T_k; j++) {
                     double pj = exp(srow[j] - mx) / sum;
                     if (p->dropout_p > 0)
-                        pj = attn_dropout_keep(p, b, h, i, j) ? pj / (1.0 - (double)p->dropout_p) : 0;
+                        pj = attn_dropout_keep(p, b, h, i, j) ? pj * attn_dropout_keep_scale(p) : 0;
                     if (pj == 0) continue;
                     const double *vj = v + (((size_t)b * T_k + j) * NKV + g) * HS;
                     for (int d = 0; d < HS; d++) oi[d] += pj * vj[d];
@@ -463,8 +463,11 @@ static void test_dropout_statistics(void) {
                         differ_seed += keep != attn_dropout_keep(&p2, b, h, i, j);
                         differ_offset += keep != attn_dropout_keep(&p3, b, h, i, j);
                     }
-        double rate = (double)kept / n, expect = 1.0 - rates[ri];
+        // Elements survive at 1 - round(256 p) / 256, the inverse of the survivors' scale.
+        double rate = (double)kept / n, expect = 1.0 / attn_dropout_keep_scale(&p);
         double sigma = sqrt(rates[ri] * (1.0 - rates[ri]) / n);
+        EXPECT(fabs(expect - (1.0 - rates[ri])) <= 1.0 / 512, "dropout %.1f: the rate used, %.5f, is not p to the "
+               "nearest 1/256", rates[ri], 1.0 - expect);
         EXPECT(fabs(rate - expect) <= 5 * sigma, "dropout %.1f: keep rate %.5f, expected %.5f +- %.5f",
                rates[ri], rate, expect, 5 * sigma);
         // Two independent masks disagree with probability 2p(1-p).
@@ -616,6 +619,10 @@ static void test_check_bad_inputs(void) {
 
     p = good; p.HS = 0;
     expect_rejected(&p, DEVICE_CPU, 0, "head size 0", "HS 0");
+    p = good; p.dropout_p = 0.001f;  // rounds to 0/256
+    expect_rejected(&p, DEVICE_CPU, 0, "below the rule's resolution", "dropout 0.001");
+    p = good; p.dropout_p = 0.002f;
+    EXPECT(attn_check(&p, DEVICE_CPU, 1, err, sizeof err) == 0, "dropout 0.002 (1/256) rejected: %s", err);
     // CUDA paths (only the params are inspected; no device memory is touched).
     AttnParams cuda = good;
     cuda.cu_seqlens = NULL;

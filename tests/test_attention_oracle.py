@@ -76,14 +76,31 @@ def explicit_mask(B, T_q, T_k, causal, wl, wr, cu):
     return m
 
 
+def dropout_threshold(p):
+    """The smallest byte that keeps an element: round(256 p) of the fp32 rate, at most 255."""
+    return min(int(float(np.float32(p)) * 256.0 + 0.5), 255)
+
+
+def dropout_scale(p):
+    """What survivors are multiplied by: the inverse of the rate at which bytes keep."""
+    return 256.0 / (256 - dropout_threshold(p))
+
+
 def philox_keep_mask(seed, offset, B, NH, T_q, T_k, p):
-    """(B, NH, T_q, T_k) bool: element e = ((b*NH + h)*T_q + i)*T_k + j is kept when its 32-bit
-    draw (word e % 4 of the Philox block with counter (e / 4, offset), key seed) is >= p * 2^32."""
+    """(B, NH, T_q, T_k) bool, one byte per element: each (b, h) matrix is cut into 16 x 16 tiles
+    (tile n = ((b*NH + h)*ceil(T_q/16) + i//16)*ceil(T_k/16) + j//16); element (r, c) of a tile is
+    byte 4w + k of Philox block 16n + 4((r//2) % 4) + (c//2) % 4 (counter (block, offset), key
+    seed), w = 2(r % 2) + r//8, k = 2(c % 2) + c//8; kept when that byte >= round(256 p)."""
     M32 = np.uint64(0xFFFFFFFF)
-    e = np.arange(B * NH * T_q * T_k, dtype=np.uint64)
-    blk = e >> np.uint64(2)
-    c = [blk & M32, blk >> np.uint64(32), np.full_like(e, offset & 0xFFFFFFFF),
-         np.full_like(e, offset >> 32)]
+    b, h, i, j = (x.astype(np.uint64).ravel() for x in np.meshgrid(
+        np.arange(B), np.arange(NH), np.arange(T_q), np.arange(T_k), indexing="ij"))
+    u = np.uint64
+    tile = ((b * u(NH) + h) * u((T_q + 15) // 16) + i // u(16)) * u((T_k + 15) // 16) + j // u(16)
+    blk = tile * u(16) + u(4) * ((i // u(2)) % u(4)) + (j // u(2)) % u(4)
+    r, cc = i % u(16), j % u(16)
+    byte = u(4) * (u(2) * (r % u(2)) + r // u(8)) + u(2) * (cc % u(2)) + cc // u(8)
+    c = [blk & M32, blk >> np.uint64(32), np.full_like(blk, offset & 0xFFFFFFFF),
+         np.full_like(blk, offset >> 32)]
     k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
     for _ in range(10):
         p0 = np.uint64(0xD2511F53) * c[0]
@@ -91,9 +108,9 @@ def philox_keep_mask(seed, offset, B, NH, T_q, T_k, p):
         c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & M32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & M32]
         k0 = (k0 + np.uint64(0x9E3779B9)) & M32
         k1 = (k1 + np.uint64(0xBB67AE85)) & M32
-    words = np.stack(c)[(e & np.uint64(3)).astype(np.int64), np.arange(e.size)]
-    thresh = min(float(np.float32(p)) * 2.0 ** 32, 4294967295.0)
-    return (words >= np.uint64(int(thresh))).reshape(B, NH, T_q, T_k)
+    words = np.stack(c)[(byte // u(4)).astype(np.int64), np.arange(blk.size)]
+    draws = (words >> (u(8) * (byte % u(4)))) & u(0xFF)
+    return (draws >= u(dropout_threshold(p))).reshape(B, NH, T_q, T_k)
 
 
 def torch_reference(q, k, v, dout, scale, softcap, slopes, mask, keep, dropout):
@@ -119,7 +136,7 @@ def torch_reference(q, k, v, dout, scale, softcap, slopes, mask, keep, dropout):
     lse = torch.logsumexp(s, dim=-1).masked_fill(~alive, float("inf"))
     p = torch.softmax(s, dim=-1) * alive[..., None]
     if keep is not None:
-        p = p * torch.tensor(keep, dtype=torch.float64) / (1.0 - float(np.float32(dropout)))
+        p = p * torch.tensor(keep, dtype=torch.float64) * dropout_scale(dropout)
     out = torch.einsum("bhij,bjhd->bihd", p, vv)
     (out * torch.tensor(dout, dtype=torch.float64)).sum().backward()
     return out.detach().numpy(), lse.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()

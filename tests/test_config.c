@@ -49,6 +49,19 @@ static void test_context_parallel(void) {
     }
 }
 
+// attention.dropout runs to the nearest 1/256: a rate that rounds to 0 is refused, naming the key.
+static void test_attention_dropout_resolution(void) {
+    char err[512];
+    Config c;
+    config_defaults(&c);
+    config_set(&c, "data.synthetic=copy", err, sizeof err);
+    config_set(&c, "attention.dropout=0.001", err, sizeof err);
+    EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "attention.dropout = 0.001") &&
+               strstr(err, "1/256"), "0.001: %s", err);
+    config_set(&c, "attention.dropout=0.002", err, sizeof err);
+    EXPECT(config_validate(&c, err, sizeof err) == 0, "0.002 (1/256): %s", err);
+}
+
 // attention.sparse's rules (each message names the key) and the million-token sparse config.
 static void test_sparse(void) {
     char err[512];
@@ -197,6 +210,7 @@ int main(void) {
 
     TEST_CASE("dist.context_parallel", test_context_parallel());
     TEST_CASE("attention.sparse", test_sparse());
+    TEST_CASE("attention.dropout to the nearest 1/256", test_attention_dropout_resolution());
 
     TEST_CASE("to_json round trip", {
         config_defaults(&c);

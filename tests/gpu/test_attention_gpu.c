@@ -171,7 +171,7 @@ static void ref_attention(const AttnParams *p, const Buf *q, const Buf *k, const
                           const float *slopes_h, DType lowp, Ref *r) {
     const int64_t shift = attn_query_shift(p);
     const int G = p->NH / p->NKV, HS = p->HS, Tq = p->T_q, Tk = p->T_k;
-    const double ks = p->dropout_p > 0 ? 1.0 / (1.0 - p->dropout_p) : 1.0;
+    const double ks = p->dropout_p > 0 ? attn_dropout_keep_scale(p) : 1.0;
     size_t nkv = (size_t)p->B * Tk * p->NKV * HS;
     memset(r->dk, 0, nkv * sizeof(double));
     memset(r->dv, 0, nkv * sizeof(double));
@@ -787,7 +787,8 @@ static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
 }
 
 // Dropout statistics: the keep rate of attn_dropout_keep (the rule the kernels share, and which
-// the CPU comparison above shows they follow) is 1 - p within 5 standard deviations.
+// the CPU comparison above shows they follow) is 1 - round(256 p) / 256 within 5 standard
+// deviations.
 static void test_dropout_stats(void) {
     AttnParams p;
     memset(&p, 0, sizeof p);
@@ -797,8 +798,9 @@ static void test_dropout_stats(void) {
         for (int h = 0; h < p.NH; h++)
             for (int i = 0; i < p.T_q; i++)
                 for (int j = 0; j < p.T_k; j++, n++) kept += attn_dropout_keep(&p, b, h, i, j);
+    const double expect = 1.0 / attn_dropout_keep_scale(&p);  // 1 - 51 / 256
     double rate = (double)kept / n, sd = sqrt(0.2 * 0.8 / n);
-    EXPECT(fabs(rate - 0.8) < 5 * sd, "keep rate %.5f, expected 0.8 +- %.5f", rate, 5 * sd);
+    EXPECT(fabs(rate - expect) < 5 * sd, "keep rate %.5f, expected %.5f +- %.5f", rate, expect, 5 * sd);
 }
 
 // Refusals come back as a status and a message naming attention's parameter; the process (and
