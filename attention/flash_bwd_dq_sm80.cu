@@ -39,10 +39,14 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
     const int pos0 = row0 + (int)attn_query_shift(&p);  // position of row0, in keys
     const float scale_log2 = p.scale * LOG2E_F;
     float slope_log2 = 0.f, keep_scale = 1.f;
+    uint32_t keep_thresh = 0;
     uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
     if (EXTRAS) {
         if (p.alibi_slopes) slope_log2 = alibi_slope(p, b, h) * LOG2E_F;
-        if (p.dropout_p > 0.f) keep_scale = attn_dropout_scale(p.dropout_p), keep_offset = attn_dropout_offset(&p);
+        if (p.dropout_p > 0.f) {
+            keep_scale = attn_dropout_scale(p.dropout_p), keep_thresh = attn_dropout_threshold(p.dropout_p);
+            keep_offset = attn_dropout_offset(&p);
+        }
     }
 
     tile_load_async<BM, HS, NT>(sQ, q, p.q_st.row, m_valid, tid);
@@ -90,7 +94,16 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
             for (int ks = 0; ks < KSTEPS; ks++) sd_kstep(ks);
         }
 
-        // dS = P * (dP - D) in place of S, masked per element only in the Masked<true> instance.
+        // dS = P * (dP - D) in place of S, masked per element only in the Masked<true> instance;
+        // dropout's keep bits (bit e of keep4[nt]: flash_mask.cuh's element e) one Philox block per
+        // 16 elements. Rows past T_q and keys past T_k have P 0.
+        unsigned keep4[NS];
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++) keep4[nt] = 15;
+        if (EXTRAS && p.dropout_p > 0.f)
+            dropout_fragment_fwd<NS>(p, keep_offset, keep_thresh, b, h, row0 - g, n0, g, t, [&](int nt, int e, bool keep) {
+                if (!keep) keep4[nt] &= ~(1u << e);
+            });
         auto ds_step = [&](auto masked) {
 #pragma unroll
             for (int nt = 0; nt < NS; nt++) {
@@ -102,10 +115,7 @@ __global__ void __launch_bounds__(DqTile<HS>::NTHREADS) flash_bwd_dq_kernel(cons
                     if (decltype(masked)::value && (j < rr[r].lo || j >= rr[r].hi)) x = -INFINITY;
                     const float pr = exp2f(x - lse2[r]);
                     float d = dp[nt][e];
-                    if (EXTRAS && p.dropout_p > 0.f) {
-                        const int i = row0 + 8 * r;
-                        d = i < p.T_q && j < p.T_k && dropout_keep(p, keep_offset, b, h, i, j) ? d * keep_scale : 0.f;
-                    }
+                    if (EXTRAS && p.dropout_p > 0.f) d = keep4[nt] >> e & 1 ? d * keep_scale : 0.f;
                     s[nt][e] = pr * (d - dd[r]);  // dS
                 }
             }

@@ -169,6 +169,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
 
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
+    const uint32_t keep_thresh = EXTRAS ? attn_dropout_threshold(p.dropout_p) : 0u;
     const uint64_t keep_offset = EXTRAS && p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;  // read once
     const int pos_shift = (int)attn_query_shift(&p);  // query i sits at key position i + pos_shift
     // exp(scale * S - LSE) in the log2 domain with one FMA; ALiBi adds its bias after scaling.
@@ -254,12 +255,21 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
         step_by_class(tile_class(first, last, n0, n0 + BN) != TILE_FULL, p_step);
         sd_product(dp, DO_FROM_Q, V_FROM_K);
 
-        // dS = P * (dP - D); P (after dropout) and dS to shared memory.
+        // dS = P * (dP - D); P (after dropout) and dS to shared memory. The keep bits (bit e of
+        // keep4[nt]: flash_mask.cuh's element e) one Philox block per 16 elements.
 #pragma unroll
-        for (int mt = 0; mt < SD_MT; mt++)
+        for (int mt = 0; mt < SD_MT; mt++) {
+            unsigned keep4[SD_NT];
+#pragma unroll
+            for (int nt = 0; nt < SD_NT; nt++) keep4[nt] = 15;
+            if (EXTRAS && p.dropout_p > 0.f)
+                dropout_fragment_fwd<SD_NT>(p, keep_offset, keep_thresh, b, h, m0 + sd_q0 + 16 * mt, n0 + sd_k0, g, t,
+                                            [&](int nt, int e, bool keep) {
+                                                if (!keep) keep4[nt] &= ~(1u << e);
+                                            });
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int row = sd_q0 + 16 * mt + 8 * r + g, i = m0 + row;
+                const int row = sd_q0 + 16 * mt + 8 * r + g;
                 const float dd = cD[row];
 #pragma unroll
                 for (int nt = 0; nt < SD_NT; nt++) {
@@ -268,9 +278,8 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                     for (int c = 0; c < 2; c++) {
                         const float pr = s[mt][nt][2 * r + c];
                         float d = dp[mt][nt][2 * r + c], pk = pr;
-                        if (EXTRAS && p.dropout_p > 0.f) {
-                            const int key = n0 + sd_k0 + 8 * nt + 2 * t + c;
-                            const bool keep = i < p.T_q && key < p.T_k && dropout_keep(p, keep_offset, b, h, i, key);
+                        if (EXTRAS && p.dropout_p > 0.f) {  // rows past T_q and keys past T_k have P 0
+                            const bool keep = keep4[nt] >> (2 * r + c) & 1;
                             d = keep ? d * keep_scale : 0.f;
                             pk = keep ? pr * keep_scale : 0.f;
                         }
@@ -282,6 +291,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                     *reinterpret_cast<uint32_t *>(sdS + off) = ElemTraits<T>::pack(dsv[0], dsv[1]);
                 }
             }
+        }
         __syncthreads();  // P and dS complete
 
         if (dq_accum) {

@@ -38,11 +38,15 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
     const bool prescale = (EXTRAS && p.alibi_slopes) || !(p.scale > 0.f);
     const float sl = prescale ? 1.f : scale_log2;
     const int pos0 = wrow0 + (int)attn_query_shift(&p);  // position of the warp's first row, in keys
-    float slope_log2 = 0.f, keep_scale = 1.f;
+    float slope_log2 = 0.f, keep_scale = 1.f;  // the survivors' scale, applied to O at the end
+    uint32_t keep_thresh = 0;
     uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
     if (EXTRAS) {
         if (p.alibi_slopes) slope_log2 = alibi_slope(p, b, h) * LOG2E_F;
-        if (p.dropout_p > 0.f) keep_scale = attn_dropout_scale(p.dropout_p), keep_offset = attn_dropout_offset(&p);
+        if (p.dropout_p > 0.f) {
+            keep_scale = attn_dropout_scale(p.dropout_p), keep_thresh = attn_dropout_threshold(p.dropout_p);
+            keep_offset = attn_dropout_offset(&p);
+        }
     }
 
     // Loop step `it` computes key tile qb.key_tile(it) from stage it & 1 while the loads of step
@@ -157,16 +161,19 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
                 for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        float pr = exp2f(fmaf(s[mt][nt][2 * r + c], sl, -m_use));
+                        const float pr = exp2f(fmaf(s[mt][nt][2 * r + c], sl, -m_use));
                         row_sum[mt][r] += pr;
-                        if (EXTRAS && p.dropout_p > 0.f) {
-                            const int j = n0 + nt * 8 + 2 * t + c;
-                            pr = dropout_keep(p, keep_offset, b, h, wrow0 + mt * 16 + 8 * r + g, j) ? pr * keep_scale : 0.f;
-                        }
                         s[mt][nt][2 * r + c] = pr;
                     }
                 }
             }
+            // Dropout after the sums (over the undropped probabilities), one Philox block per 16
+            // elements (flash_mask.cuh).
+            if (EXTRAS && p.dropout_p > 0.f)
+                dropout_fragment_fwd<NS>(p, keep_offset, keep_thresh, b, h, wrow0 + mt * 16, n0, g, t,
+                                         [&](int nt, int e, bool keep) {
+                                             if (!keep) s[mt][nt][e] = 0.f;
+                                         });
         }
 
         const uint32_t vbase = smem_u32(cV);
@@ -179,7 +186,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
         }
     });
 
-    // Finish: O /= rowsum; a fully masked row (sum 0) writes 0 and LSE +inf.
+    // Finish: O times keep_scale / rowsum; a fully masked row (sum 0) writes 0 and LSE +inf.
     __syncthreads();  // with Q re-read from shared memory, every warp must be done with it
     T *sO = sQ + warp * WROWS * HS;  // this warp's own rows of sQ
 #pragma unroll
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(FwdTile<HS>::NTHREADS, FwdTile<HS>::MIN_BLOCKS
             float sum = row_sum[mt][r];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const float inv = sum > 0.f ? keep_scale / sum : 0.f;
             const int row = wrow0 + mt * 16 + 8 * r + g;
             if (p.lse && t == 0 && row < p.T_q)
                 p.lse[attn_lse_offset(&p, b, h) + row] =

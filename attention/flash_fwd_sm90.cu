@@ -150,22 +150,11 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
             row_sum[r] = row_sum[r] * corr[r] + sum;
         }
         // Dropout after the sum (which is over the undropped probabilities), one Philox block
-        // per 16 elements (flash_mask.cuh's fragment bytes, 32 keys at a time); the survivors'
-        // scale waits for the output.
-        if (EXTRAS && p.dropout_p > 0.f) {
-            static_assert(NS % 4 == 0, "dropout draws 32 keys at a time");
-#pragma unroll
-            for (int k32 = 0; k32 < NS / 4; k32++) {
-                uint32_t w[2][2];
-                dropout_bytes_fwd(p, keep_offset, b, h, wrow0, n0 + 32 * k32, g, t, w);
-#pragma unroll
-                for (int e = 0; e < 16; e++) {  // n8 tile 4 k32 + (e >> 2), row g + 8 ((e >> 1) & 1), column e & 1
-                    const int nt = 4 * k32 + (e >> 2), r = (e >> 1) & 1, c = e & 1;
-                    float &x = s[nt * 4 + 2 * r + c];
-                    x = dropout_byte_keeps(w[(nt >> 1) & 1][r], 2 * c + (nt & 1), keep_thresh) ? x : 0.f;
-                }
-            }
-        }
+        // per 16 elements (flash_mask.cuh); the survivors' scale waits for the output.
+        if (EXTRAS && p.dropout_p > 0.f)
+            dropout_fragment_fwd<NS>(p, keep_offset, keep_thresh, b, h, wrow0, n0, g, t, [&](int nt, int e, bool keep) {
+                if (!keep) s[nt * 4 + e] = 0.f;
+            });
     };
     // O *= corr, then P (fp32 in s) packed into pa, the A operand of the next O += P V.
     auto rescale_and_pack = [&]() {

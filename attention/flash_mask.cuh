@@ -241,12 +241,6 @@ __device__ __forceinline__ float alibi_bias_log2(float slope_log2, int pos, int 
     return attn_alibi_bias(slope_log2, pos, j);
 }
 
-// Dropout keep-decision of element (b, h, i, j) under the Philox offset the kernel read once
-// (attn_dropout_offset): the same draw as attn_dropout_keep().
-__device__ __forceinline__ bool dropout_keep(const AttnParams &p, uint64_t offset, int b, int h, int i, int j) {
-    return attn_dropout_keep_at(&p, offset, b, h, i, j);
-}
-
 // tanh(x) from one exponential and one division, 1 - 2 / (e^2x + 1): within a few fp32 ulps of
 // 1 in absolute terms, +-1 in the limits (the exponential saturates to inf or flushes to 0).
 __device__ __forceinline__ float tanh_exp2(float x) {
@@ -303,6 +297,34 @@ __device__ __forceinline__ void dropout_bytes_fwd(const AttnParams &p, uint64_t 
     const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? d.x[1] : d.x[3], 4);
     w[0][0] = odd ? got0 : own0, w[0][1] = odd ? got1 : own1;
     w[1][0] = odd ? own0 : got0, w[1][1] = odd ? own1 : got1;
+}
+
+// The keep decisions of a forward-layout fragment: NT n8 tiles (NT even) from key j0 (a multiple of
+// 16) for rows row0 + g, row0 + g + 8 (row0 a multiple of 16); apply(nt, e, keep) gets element e
+// (row g + 8 (e >> 1), column 8 nt + 2t + (e & 1)). 32 keys at a time with the lane pair's swap;
+// a last lone 16-key tile has both lanes of the pair draw its block (one per 8 elements).
+template <int NT, typename Apply>
+__device__ __forceinline__ void dropout_fragment_fwd(const AttnParams &p, uint64_t offset, uint32_t thresh, int b,
+                                                     int h, int row0, int j0, int g, int t, Apply &&apply) {
+    static_assert(NT % 2 == 0, "dropout draws whole 16-key tiles");
+#pragma unroll
+    for (int k = 0; k < NT / 4; k++) {
+        uint32_t w[2][2];
+        dropout_bytes_fwd(p, offset, b, h, row0, j0 + 32 * k, g, t, w);
+#pragma unroll
+        for (int x = 0; x < 16; x++) {
+            const int nt = 4 * k + (x >> 2), e = x & 3;
+            apply(nt, e, dropout_byte_keeps(w[(nt >> 1) & 1][e >> 1], 2 * (e & 1) + (nt & 1), thresh));
+        }
+    }
+    if constexpr (NT % 4 == 2) {
+        const Philox4 d = attn_philox_block(p.seed, offset, attn_dropout_block(&p, b, h, row0 + g, j0 + 8 * (NT - 2) + 2 * t));
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            const int nt = NT - 2 + (x >> 2), e = x & 3;
+            apply(nt, e, dropout_byte_keeps(d.x[2 * (g & 1) + (e >> 1)], 2 * (e & 1) + (nt & 1), thresh));
+        }
+    }
 }
 
 // Backward: the bytes of the two tiles at queries q0 .. q0 + 31 (q0 a multiple of 16) for the keys
