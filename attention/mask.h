@@ -166,15 +166,6 @@ ATTN_HD int attn_dropout_byte_index(int i, int j) {
     return 4 * (2 * (i & 1) + ((i >> 3) & 1)) + 2 * (j & 1) + ((j >> 3) & 1);
 }
 
-// The smallest byte that keeps an element: round(256 p), at most 255. An element survives with
-// probability 1 - t / 256 (the rate p to the nearest 1/256), and survivors are scaled by its
-// inverse, 256 / (256 - t), so every expectation is exact.
-ATTN_HD uint32_t attn_dropout_threshold(float p) {
-    const double t = (double)p * 256.0 + 0.5;
-    return t >= 255.0 ? 255u : (uint32_t)t;
-}
-ATTN_HD float attn_dropout_scale(float p) { return 256.0f / (float)(256u - attn_dropout_threshold(p)); }
-
 // The Philox offset of the params' dropout: offset, plus *offset_dev where the caller keeps a
 // part of it in memory (read here, so a kernel calls this once, not per draw).
 ATTN_HD uint64_t attn_dropout_offset(const AttnParams *p) {
@@ -185,8 +176,7 @@ ATTN_HD uint64_t attn_dropout_offset(const AttnParams *p) {
 // one Philox block per call (the kernels share a block between 16 elements instead).
 ATTN_HD int attn_dropout_keep_at(const AttnParams *p, uint64_t offset, int b, int h, int i, int j) {
     const Philox4 r = attn_philox_block(p->seed, offset, attn_dropout_block(p, b, h, i, j));
-    const int byte = attn_dropout_byte_index(i, j);
-    return ((r.x[byte >> 2] >> (8 * (byte & 3))) & 0xffu) >= attn_dropout_threshold(p->dropout_p);
+    return attn_philox_byte(r, attn_dropout_byte_index(i, j)) >= attn_dropout_threshold(p->dropout_p);
 }
 
 // The fp32 dQ accumulator of the non-deterministic CUDA backward holds, per (batch row, head), the

@@ -1,6 +1,6 @@
 // Philox-4x32-10 counter-based RNG (Salmon et al., SC'11), usable from C and CUDA. Dropout in
-// every attention implementation draws from it, so a mask can be regenerated anywhere from
-// (seed, offset, element index) alone.
+// every attention implementation and the model's dropout op draw from it, one byte per element
+// (16 to a block), so a mask can be regenerated anywhere from (seed, offset, element index) alone.
 #pragma once
 #include <stdint.h>
 
@@ -27,26 +27,27 @@ ATTN_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3
     return r4;
 }
 
-// The Philox block of draw `blk`: its 4 outputs are the draws of elements 4 blk .. 4 blk + 3
-// of the (B, NH, T_q, T_k) probability tensor, so a kernel holding 4 consecutive elements draws
-// once for them.
+// The Philox block `blk` under (seed, offset): 16 bytes, one draw per element for dropout.
 ATTN_HD Philox4 attn_philox_block(uint64_t seed, uint64_t offset, uint64_t blk) {
     return philox4x32_10((uint32_t)blk, (uint32_t)(blk >> 32), (uint32_t)offset, (uint32_t)(offset >> 32),
                          (uint32_t)seed, (uint32_t)(seed >> 32));
 }
 
-// Uniform 32-bit draw for element `e` of the (B, NH, T_q, T_k) probability tensor: one Philox
-// block serves 4 consecutive elements.
-ATTN_HD uint32_t attn_philox_u32(uint64_t seed, uint64_t offset, uint64_t e) {
-    return attn_philox_block(seed, offset, e >> 2).x[e & 3];
-}
+// Byte `k` (0..15) of a block: word k / 4, bits 8 (k % 4) up.
+ATTN_HD uint32_t attn_philox_byte(Philox4 r, int k) { return (r.x[k >> 2] >> (8 * (k & 3))) & 0xffu; }
 
-// The smallest draw that keeps an element under dropout probability p: p * 2^32, clamped.
-ATTN_HD uint32_t attn_philox_threshold(float p) {
-    return (uint32_t)((double)p * 4294967296.0 >= 4294967295.0 ? 4294967295u : (double)p * 4294967296.0);
+// Dropout with one byte per element: the smallest byte that keeps an element is round(256 p),
+// at most 255, so an element survives with probability 1 - t / 256 (the rate p to the nearest
+// 1/256), and survivors are scaled by its inverse, 256 / (256 - t), so every expectation is
+// exact. A rate below 1/512 rounds to 0 (callers refuse it).
+ATTN_HD uint32_t attn_dropout_threshold(float p) {
+    const double t = (double)p * 256.0 + 0.5;
+    return t >= 255.0 ? 255u : (uint32_t)t;
 }
+ATTN_HD float attn_dropout_scale(float p) { return 256.0f / (float)(256u - attn_dropout_threshold(p)); }
 
-// Keep when the draw is at or above p * 2^32.
+// Element e of a flat tensor (the model's dropout): byte e % 16 of block e / 16, kept when it is
+// at least attn_dropout_threshold(p).
 ATTN_HD int attn_philox_keep(uint64_t seed, uint64_t offset, uint64_t e, float p) {
-    return attn_philox_u32(seed, offset, e) >= attn_philox_threshold(p);
+    return attn_philox_byte(attn_philox_block(seed, offset, e >> 4), (int)(e & 15)) >= attn_dropout_threshold(p);
 }

@@ -64,7 +64,7 @@ static const CfgKey KEYS[] = {
      "carry no position (GPT-NeoX's rotary_pct)"},
     {"model.dropout", CFG_FLOAT, OFF(model.dropout), "0", 0, 0.99, NULL,
      "dropout on embeddings and on the attention and MLP outputs before the residual add "
-     "(nanoGPT's dropout)"},
+     "(nanoGPT's dropout), applied to the nearest 1/256"},
 
     {"data.train", CFG_STR, OFF(data.train), "", 0, 0, NULL, "glob pattern of training token shards"},
     {"data.val", CFG_STR, OFF(data.val), "", 0, 0, NULL, "glob pattern of validation token shards"},
@@ -556,10 +556,13 @@ int config_validate(Config *c, char *err, size_t errlen) {
     if (c->attention.window_every > 1 && c->attention.window < 0)
         return set_error(err, errlen, "attention.window_every = %d needs a sliding window: set "
                                    "attention.window >= 0", c->attention.window_every);
-    // attention/mask.h applies the rate to the nearest 1/256
-    if (c->attention.dropout > 0.0f && (double)c->attention.dropout * 256.0 < 0.5)
-        return set_error(err, errlen, "attention.dropout = %g rounds to 0 (attention dropout works in steps of "
-                                   "1/256): set 0 or at least 0.002", c->attention.dropout);
+    // dropout draws one byte per element (attention/philox.h): the rate runs to the nearest 1/256
+    const struct { const char *key; float p; } rates[] = {{"attention.dropout", c->attention.dropout},
+                                                          {"model.dropout", c->model.dropout}};
+    for (int i = 0; i < 2; i++)
+        if (rates[i].p > 0.0f && (double)rates[i].p * 256.0 < 0.5)
+            return set_error(err, errlen, "%s = %g rounds to 0 (dropout works in steps of 1/256): set 0 or at "
+                                       "least 0.002", rates[i].key, rates[i].p);
     if (validate_sparse(c, err, errlen) != 0) return -1;
     if (validate_context_parallel(c, err, errlen) != 0) return -1;
     if (c->data.eot_token >= c->model.vocab_size)

@@ -94,8 +94,9 @@ struct Backend {
     // from the lse of an earlier dscale == 0 call on the same logits; losses are not written.
     void (*softmax_xent)(Backend *be, void *logits, float *losses, float *lse, const int *targets,
                          int N, int V, int Vp, float dscale);
-    // Dropout in place over x (n), 0 <= p < 1: element i becomes x[i] / (1 - p) when kept, 0 when
-    // dropped; kept iff attn_philox_keep(seed, offset, i, p) (attention/philox.h), so every backend
+    // Dropout in place over x (n), 0 <= p < 1: element i becomes x[i] * attn_dropout_scale(p) (the
+    // inverse of the kept share, p to the nearest 1/256) when kept, 0 when dropped; kept iff
+    // attn_philox_keep(seed, offset, i, p) (attention/philox.h), so every backend
     // and every thread count drops the same elements. Applied to a gradient with the same (p, seed,
     // offset) it is its own backward. offset_dev: NULL, or one uint64 of backend memory added to
     // offset when the op runs (AttnParams.offset_dev's rule: a captured graph's per-step part).

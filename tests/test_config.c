@@ -49,7 +49,8 @@ static void test_context_parallel(void) {
     }
 }
 
-// attention.dropout runs to the nearest 1/256: a rate that rounds to 0 is refused, naming the key.
+// attention.dropout and model.dropout run to the nearest 1/256: a rate that rounds to 0 is refused,
+// naming the key.
 static void test_attention_dropout_resolution(void) {
     char err[512];
     Config c;
@@ -60,6 +61,9 @@ static void test_attention_dropout_resolution(void) {
                strstr(err, "1/256"), "0.001: %s", err);
     config_set(&c, "attention.dropout=0.002", err, sizeof err);
     EXPECT(config_validate(&c, err, sizeof err) == 0, "0.002 (1/256): %s", err);
+    config_set(&c, "model.dropout=0.0015", err, sizeof err);
+    EXPECT(config_validate(&c, err, sizeof err) != 0 && strstr(err, "model.dropout = 0.0015"), "model 0.0015: %s",
+           err);
 }
 
 // attention.sparse's rules (each message names the key) and the million-token sparse config.
@@ -210,7 +214,7 @@ int main(void) {
 
     TEST_CASE("dist.context_parallel", test_context_parallel());
     TEST_CASE("attention.sparse", test_sparse());
-    TEST_CASE("attention.dropout to the nearest 1/256", test_attention_dropout_resolution());
+    TEST_CASE("dropout rates to the nearest 1/256", test_attention_dropout_resolution());
 
     TEST_CASE("to_json round trip", {
         config_defaults(&c);

@@ -229,15 +229,18 @@ static void test_add(Backend *be, Rng *r, int n) {
 }
 
 // Dropout keeps element i iff attn_philox_keep(seed, offset, i, p), scaling it by one fp32
-// multiply (so kept values are exact); the same call on a gradient is the backward.
+// multiply by attn_dropout_scale(p) (so kept values are exact); the same call on a gradient is
+// the backward. The rate is p to the nearest 1/256 (t = round(256 p) of 256 bytes drop).
 // Statistics: the keep count of n independent draws is binomial, standard deviation
-// sqrt(n p (1-p)); two independent masks disagree on a fraction q = 2p(1-p), standard deviation
-// sqrt(n q (1-q)). 5 sigma bounds fail by chance with probability < 1e-6, while a wrong threshold,
-// a lane of the Philox block reused (1/4 of the draws) or a mask that ignores the offset moves
+// sqrt(n p' (1-p')) with p' = t / 256; two independent masks disagree on a fraction q = 2p'(1-p'),
+// standard deviation sqrt(n q (1-q)). 5 sigma bounds fail by chance with probability < 1e-6, while
+// a wrong threshold, a byte of the Philox block reused or a mask that ignores the offset moves
 // the counts by far more at these n.
 static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     const uint64_t seed = 1337, offset = ((uint64_t)3 << 32) + 17;   // offset's high word used
-    const float scale = 1.0f / (1.0f - p);
+    const float scale = attn_dropout_scale(p);
+    const double pr = attn_dropout_threshold(p) / 256.0;  // the rate used
+    EXPECT(fabs(pr - p) <= 1.0 / 512, "p %g runs as %g, not to the nearest 1/256", p, pr);
     float *x0 = xmalloc((size_t)n * sizeof(float)), *x = xmalloc((size_t)n * sizeof(float));  // (n)
     float *g0 = xmalloc((size_t)n * sizeof(float)), *g = xmalloc((size_t)n * sizeof(float));  // (n)
     float *y = xmalloc((size_t)n * sizeof(float));  // (n)
@@ -254,8 +257,8 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
         value_ok &= x[i] == (keep ? x0[i] * scale : 0.0f);
     }
     EXPECT(mask_ok, "n %d p %g: keep decisions differ from attn_philox_keep", n, p);
-    EXPECT(value_ok, "n %d p %g: kept values must be x / (1 - p), dropped ones 0", n, p);
-    const double mean = n * (1.0 - p), sd = sqrt(n * (double)p * (1.0 - p));
+    EXPECT(value_ok, "n %d p %g: kept values must be x * attn_dropout_scale(p), dropped ones 0", n, p);
+    const double mean = n * (1.0 - pr), sd = sqrt(n * pr * (1.0 - pr));
     EXPECT(fabs(kept - mean) <= 5.0 * sd, "n %d p %g: kept %ld, expected %.0f +- %.0f", n, p, kept,
            mean, 5.0 * sd);
 
@@ -272,7 +275,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
         be->dropout(be, y, n, p, seed + (uint64_t)k, offset + (uint64_t)(1 - k), NULL);
         long differ = 0;
         for (int i = 0; i < n; i++) differ += (y[i] != 0.0f) != (x[i] != 0.0f);
-        const double q = 2.0 * p * (1.0 - p), dm = n * q, dsd = sqrt(n * q * (1.0 - q));
+        const double q = 2.0 * pr * (1.0 - pr), dm = n * q, dsd = sqrt(n * q * (1.0 - q));
         EXPECT(fabs(differ - dm) <= 5.0 * dsd, "n %d p %g: another %s disagrees on %ld, expected "
                "%.0f +- %.0f", n, p, k ? "seed" : "offset", differ, dm, 5.0 * dsd);
     }

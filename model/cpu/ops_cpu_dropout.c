@@ -11,14 +11,14 @@ void cpu_dropout(Backend *be, void *x_, size_t n, float p, uint64_t seed, uint64
     if (offset_dev) offset += *offset_dev;
     if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cpu dropout: p = %g must be below 1", (double)p);
     float *x = x_;   // (n)
-    const uint32_t thresh = dropout_threshold(p);
-    const float scale = 1.0f / (1.0f - p);
-    const long n_blk = (long)((n + 3) / 4);   // one Philox block per 4 elements
+    const uint32_t thresh = attn_dropout_threshold(p);
+    const float scale = attn_dropout_scale(p);
+    const long n_blk = (long)((n + 15) / 16);   // one Philox block per 16 elements
     #pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
     for (long b = 0; b < n_blk; b++) {
-        const Philox4 r = dropout_block(seed, offset, (uint64_t)b);
-        const size_t e0 = (size_t)b * 4;
-        for (size_t j = 0; j < 4 && e0 + j < n; j++)
-            x[e0 + j] *= r.x[j] >= thresh ? scale : 0.0f;   // NaN stays NaN, as in PyTorch
+        const uint32_t keep = dropout_keep16(seed, offset, (uint64_t)b, thresh);
+        const size_t e0 = (size_t)b * 16;
+        for (size_t j = 0; j < 16 && e0 + j < n; j++)
+            x[e0 + j] *= keep >> j & 1 ? scale : 0.0f;   // NaN stays NaN, as in PyTorch
     }
 }
