@@ -6,7 +6,7 @@
 // is software-pipelined as in FlashAttention-3: S of the next key tile is issued before O += P V
 // of the current one, so the softmax runs while the tensor cores work. Masking follows
 // flash_fwd_sm80.cu (partial tiles masked per element, empty tiles skipped). Soft-capping, ALiBi
-// and dropout live in the EXTRAS instances only (flash_mask.cuh's ScoreRule and Philox quads), so
+// and dropout live in the EXTRAS instances only (flash_mask.cuh's ScoreRule and dropout fragment bytes), so
 // the plain instance keeps its registers; dropout draws the same mask as every implementation.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
