@@ -124,6 +124,11 @@ void cuda_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, 
     launch_layernorm_forward(be, out, mean, rstd, res, a, b, w, bias, N, C);
 }
 
+// Asks L2 to fetch the line holding p (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // The whole backward in one pass over each row (one warp per row, LN_BWD_ROWS rows per warp):
 //   dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),  dnorm = dout * w,
 // and the block's column sums of dout * norm (for dw) and dout (for db), accumulated per warp
@@ -150,7 +155,12 @@ __global__ void layernorm_backward_kernel(T *dinp, T *dcopy, float *partial, con
         T *di = dinp + (size_t)row * C;                                    // (C)
         const float m = mean[row], s = rstd[row];
         float sum_dn = 0.0f, sum_dn_n = 0.0f;
+        // The warp's rows follow one another: while this one's sums are taken, L2 fetches what
+        // the second pass reads of it (dinp) and the next row's first pass (inp, dout).
+        const int next = row + warps;
         for (int c = lane * VEC; c < C; c += 32 * VEC) {
+            prefetch_l2(di + c);
+            if (k + 1 < LN_BWD_ROWS && next < N) prefetch_l2(x + (size_t)warps * C + c), prefetch_l2(d + (size_t)warps * C + c);
             float xv[VEC], dv[VEC], wv[VEC];
             load_f32<T, VEC>(xv, x + c);
             load_f32<T, VEC>(dv, d + c);
