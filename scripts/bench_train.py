@@ -2,8 +2,8 @@
 """GPT training throughput and memory: flashgpt beside PyTorch, in one run on one GPU.
 
 usage: python3 scripts/bench_train.py [-c configs/gpt2_124m.json] [--batch 16] [--seq 1024]
-           [--steps 20] [--no-compile] [--set KEY=VALUE ...] [--whole-run] [--bin ./train_gpt]
-           [--json OUT.json]
+           [--steps 20] [--no-compile | --compile-mode MODE ...] [--set KEY=VALUE ...] [--whole-run]
+           [--bin ./train_gpt] [--json OUT.json]
 
 The model sizes: configs/gpt2_124m.json, gpt2_medium.json (350M), gpt2_large.json (774M),
 gpt2_xl.json (1.5B) at 1024 tokens, and configs/long_350m_32k.json (350M, RoPE, 4 key/value
@@ -23,7 +23,8 @@ head, vocabulary padded to a multiple of 128; as in nanoGPT the softmax spans th
 vocabulary, flashgpt's only the real one), bf16 autocast, scaled_dot_product_attention
 (causal), fused AdamW with weight decay on 2-D weights, gradient clipping; eager and, unless
 --no-compile, torch.compile in mode max-autotune-no-cudagraphs and in mode reduce-overhead
-(which replays CUDA graphs). Tokens/s over the timed steps (CUDA synchronised). GPU memory is
+(which replays CUDA graphs), or only the modes --compile-mode names (max-autotune's tuning of
+GPT-2 124M alone takes minutes). Tokens/s over the timed steps (CUDA synchronised). GPU memory is
 the device's used memory (total - free, the CUDA context included) at the end of the timed steps
 for both sides: flashgpt allocates everything up front, so this is its peak; PyTorch's caching
 allocator keeps its peak reservation, so this is PyTorch's peak footprint on the device (eager's
@@ -199,13 +200,18 @@ def bench_torch(args, cfg, mode):
     return res
 
 
+COMPILE_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", default="configs/gpt2_124m.json")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    ap.add_argument("--compile-mode", action="append", choices=COMPILE_MODES, metavar="MODE",
+                    help=f"a torch.compile mode to time (repeatable; default: {' and '.join(COMPILE_MODES)})")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for train_gpt (repeatable)")
     ap.add_argument("--whole-run", action="store_true",
@@ -213,13 +219,15 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "train_gpt"))
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
+    if args.no_compile and args.compile_mode:
+        ap.error("--no-compile skips every torch.compile row: drop --compile-mode, or --no-compile")
     cfg = json.load(open(os.path.join(ROOT, args.config)))["model"]
     cfg.setdefault("max_seq_len", 1024)
     args.max_seq_len = cfg["max_seq_len"]
     rows = {"flashgpt, graph": bench_flashgpt(args, "on"), "flashgpt, no graph": bench_flashgpt(args, "off"),
             "pytorch eager": bench_torch(args, cfg, None)}
     if not args.no_compile:
-        for mode in ("max-autotune-no-cudagraphs", "reduce-overhead"):
+        for mode in args.compile_mode or COMPILE_MODES:
             rows[f"pytorch compile {mode}"] = bench_torch(args, cfg, mode)
     print(f"GPT ({args.config}), batch {args.batch} x seq {args.seq}, {args.steps} timed steps, bf16")
     print("| implementation | ms/step | tokens/s | MFU | GPU memory GiB | PyTorch allocated GiB | vs flashgpt |")
