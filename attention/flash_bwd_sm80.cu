@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(BwdTile<HS>::NTHREADS, 1)
                     for (int c = 0; c < 2; c++) {
                         const float pr = s[mt][nt][2 * r + c];
                         float d = dp[mt][nt][2 * r + c], pk = pr;
-                        if (EXTRAS && p.dropout_p > 0.f) {  // rows past T_q and keys past T_k have P 0
+                        if (EXTRAS && p.dropout_p > 0.f) {  // rows past T_q (dO 0) and keys past T_k (P 0) add 0
                             const bool keep = keep4[nt] >> (2 * r + c) & 1;
                             d = keep ? d * keep_scale : 0.f;
                             pk = keep ? pr * keep_scale : 0.f;
