@@ -85,6 +85,12 @@ __device__ __forceinline__ void store_f32(T *p, const float (&v)[VEC]) {
 #pragma unroll
         for (int i = 0; i < VEC; i++) e[i] = from_f32<T>(v[i]);
         *reinterpret_cast<uint4 *>(p) = raw;
+    } else if constexpr (VEC * sizeof(T) == 8) {
+        uint2 raw;
+        T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) e[i] = from_f32<T>(v[i]);
+        *reinterpret_cast<uint2 *>(p) = raw;
     } else {
 #pragma unroll
         for (int i = 0; i < VEC; i++) p[i] = from_f32<T>(v[i]);

@@ -382,14 +382,16 @@ void cuda_add_f32(Backend *be, float *acc, const float *x, size_t n) {
 }
 
 // dst (rows, width; every dst_pitch elements) = src (fp32, every src_pitch elements); n =
-// rows * width.
-template <typename T>
+// rows * width. One thread per VEC elements of a row (VEC divides width and both pitches).
+template <typename T, int VEC>
 __global__ void store_f32_kernel(T *dst, size_t dst_pitch, const float *src, size_t src_pitch,
                                  size_t width, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
     const size_t r = i / width, w = i % width;
-    dst[r * dst_pitch + w] = from_f32<T>(src[r * src_pitch + w]);
+    float v[VEC];
+    load_f32<float, VEC>(v, src + r * src_pitch + w);
+    store_f32<T, VEC>(dst + r * dst_pitch + w, v);
 }
 
 template <typename T> __global__ void convert_to_f32_kernel(float *dst, const T *src, size_t n) {
@@ -403,8 +405,15 @@ void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, 
     if (n == 0) return;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        store_f32_kernel<E><<<cdiv((long long)n, ELT_THREADS), ELT_THREADS, 0,
-                              cuda_ctx(be)->stream>>>((E *)dst, dst_pitch, src, src_pitch, width, n);
+        const bool by4 = width % 4 == 0 && dst_pitch % 4 == 0 && src_pitch % 4 == 0 &&
+                         (uintptr_t)src % 16 == 0 && (uintptr_t)dst % (4 * sizeof(E)) == 0;
+        cudaStream_t st = cuda_ctx(be)->stream;
+        if (by4)
+            store_f32_kernel<E, 4><<<cdiv((long long)(n / 4), ELT_THREADS), ELT_THREADS, 0, st>>>(
+                (E *)dst, dst_pitch, src, src_pitch, width, n);
+        else
+            store_f32_kernel<E, 1><<<cdiv((long long)n, ELT_THREADS), ELT_THREADS, 0, st>>>(
+                (E *)dst, dst_pitch, src, src_pitch, width, n);
     });
     CUDA_CHECK_LAUNCH();
 }
