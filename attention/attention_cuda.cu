@@ -22,12 +22,13 @@ typedef struct {
     AttnKernelFamily family;
     int hs;       // head size of the instantiated kernel
     bool extras;  // soft-capping, ALiBi or dropout: the kernel variant that evaluates them
-    int fwd_wgs;  // sm90 forward: warpgroups per block (Sm90FwdTile)
+    int fwd_wgs;     // sm90 forward: warpgroups per block (Sm90FwdTile)
+    int fwd_blocks;  // sm90 forward: blocks per multiprocessor (Sm90FwdTile's BLOCKS)
 } AttnKernelChoice;
 
 // What a kernel choice depends on besides the context: one cached plan per distinct key.
 typedef struct {
-    int backward, hs, extras, softcap, deterministic, naive, long_q, sparse;
+    int backward, hs, extras, softcap, deterministic, naive, long_q, sparse, causal;
     DType dtype;
 } PlanKey;
 
@@ -69,8 +70,8 @@ static size_t sm80_bwd_smem_bytes(int HS) {
 // fp32 (no tensor-core flash kernel) and impl naive run the materialised version, and the
 // feature instance (EXTRAS: soft-capping, ALiBi, dropout, a block mask) runs where the plain one
 // lacks a feature (attn_route, attention/route.c). Only the sm90
-// forward's tile depends on T (fwd_wgs); causality changes no tile (flash_tiles.cuh documents
-// why). Returns -1 with a message when nothing fits.
+// forward's tile depends on T and on causality (fwd_wgs, fwd_blocks; flash_tiles.cuh has the
+// measurements). Returns -1 with a message when nothing fits.
 static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backward, AttnKernelChoice *c,
                               char *err, size_t errlen) {
     const AttnRoute route = attn_route(&p, DEVICE_CUDA);
@@ -113,6 +114,10 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
     // imbalanced over 192-row tiles); the other head sizes fit two only, and so do the feature
     // instances (a block mask among them needs query tiles that divide its blocks: BM 128).
     c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
+    // Below that, the plain causal HS 64 forward runs two blocks per SM (BN 64): short causal
+    // rows spend much of a block's time in its prologue and epilogue, which the other block's
+    // loop then covers (1.08-1.14x at 1K-2K); full rows keep BN 128 (BN 64 measured 0.93-0.95x).
+    c->fwd_blocks = p.HS == 64 && c->fwd_wgs == 2 && !c->extras && p.causal ? 2 : 1;
     return 0;
 }
 
@@ -181,6 +186,7 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
 template <typename T, int HS, bool EXTRAS>
 static CUresult sm90_forward(const AttnParams &p, const AttnKernelChoice &c, TensorMapEncoder enc, cudaStream_t s) {
     if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) return flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
+    if (HS == 64 && !EXTRAS && c.fwd_blocks == 2) return flash_fwd_sm90_launch<T, 64, 2, false, 2>(p, enc, s);
     return flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
 }
 template <typename T, int HS, bool EXTRAS>
@@ -315,6 +321,7 @@ static int plan_for(AttnGpu *g, const AttnParams &p, int backward, AttnKernelCho
     k.naive = route.naive;
     k.long_q = p.T_q >= 4096;
     k.sparse = attn_sparse(&p);
+    k.causal = p.causal;
     k.dtype = p.dtype;
     for (int i = 0; i < g->n_plans; i++)
         if (same_key(g->keys[i], k)) {

@@ -16,17 +16,17 @@
 
 // HS is the tiles' head width (a multiple of 64), HS_OUT <= HS the tensors' head size: the
 // columns past it read as zeros (sm90_tile_hs) and are not stored.
-template <typename T, int HS, int NWG, bool EXTRAS, int HS_OUT = HS>
-__global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
+template <typename T, int HS, int NWG, bool EXTRAS, int HS_OUT = HS, int BLOCKS = 1>
+__global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS)
     flash_fwd_sm90_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef FLASH_SM90_DEVICE
-    using Tile = Sm90FwdTile<HS, NWG>;
+    using Tile = Sm90FwdTile<HS, NWG, BLOCKS>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
     constexpr int NS = BN / 8, NO = HS / 8;  // n8 column tiles of the scores and of the output
     constexpr int STAGES = Tile::STAGES;
     extern __shared__ unsigned char smem_raw[];
-    auto &sm = smem_storage<Sm90FwdSmem<T, HS, NWG>>(smem_raw);
+    auto &sm = smem_storage<Sm90FwdSmem<T, HS, NWG, BLOCKS>>(smem_raw);
     T *sQ = sm.q, *sK = sm.k[0], *sV = sm.v[0];  // (BM, HS), STAGES x (BN, HS), STAGES x (BN, HS)
     const uint32_t full0 = smem_u32(sm.full), empty0 = smem_u32(sm.empty);  // STAGES mbarriers each
 
@@ -269,16 +269,16 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG>::NTHREADS, 1)
 #endif
 }
 
-template <typename T, int HS, int NWG, bool EXTRAS>
+template <typename T, int HS, int NWG, bool EXTRAS, int BLOCKS>
 CUresult flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
     constexpr int HST = sm90_tile_hs(HS);
-    using Tile = Sm90FwdTile<HST, NWG>;
+    using Tile = Sm90FwdTile<HST, NWG, BLOCKS>;
     CUresult status = CUDA_SUCCESS;
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN, &status);
     if (status != CUDA_SUCCESS) return status;
-    flash_launch<Sm90FwdSmem<T, HST, NWG>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HST, NWG, EXTRAS, HS>,
-                                                            dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B), Tile::NTHREADS,
-                                                            s, p, m.q, m.k, m.v);
+    flash_launch<Sm90FwdSmem<T, HST, NWG, BLOCKS>, SM90_SMEM_LIMIT>(flash_fwd_sm90_kernel<T, HST, NWG, EXTRAS, HS, BLOCKS>,
+                                                                    dim3(cdiv(p.T_q, Tile::BM), p.NH, p.B),
+                                                                    Tile::NTHREADS, s, p, m.q, m.k, m.v);
     return CUDA_SUCCESS;
 }
 
@@ -290,8 +290,9 @@ bool flash_sm90_ok() {
     return a.binaryVersion == 90;
 }
 
-// Every head size with two warpgroups, plain and with the features; HS 64 also with three, plain
-// only (the feature instances run two warpgroups: attn_select_kernel).
+// Every head size with two warpgroups, plain and with the features; HS 64 also with three, and
+// with two blocks per SM, plain only (the feature instances run two warpgroups, one block per
+// SM: attn_select_kernel).
 #define INSTANTIATE_FWD_SM90_HS(T, HS)                                                                          \
     template CUresult flash_fwd_sm90_launch<T, HS, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
     template CUresult flash_fwd_sm90_launch<T, HS, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
@@ -300,6 +301,7 @@ bool flash_sm90_ok() {
     INSTANTIATE_FWD_SM90_HS(T, 96)                                                                               \
     INSTANTIATE_FWD_SM90_HS(T, 128)                                                                              \
     INSTANTIATE_FWD_SM90_HS(T, 256)                                                                              \
-    template CUresult flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+    template CUresult flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template CUresult flash_fwd_sm90_launch<T, 64, 2, false, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t);
 INSTANTIATE_FWD_SM90(__nv_bfloat16)
 INSTANTIATE_FWD_SM90(__half)
