@@ -114,9 +114,8 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
     // imbalanced over 192-row tiles); the other head sizes fit two only, and so do the feature
     // instances (a block mask among them needs query tiles that divide its blocks: BM 128).
     c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
-    // Below that, the plain causal HS 64 forward runs two blocks per SM (BN 64): short causal
-    // rows spend much of a block's time in its prologue and epilogue, which the other block's
-    // loop then covers (1.08-1.14x at 1K-2K); full rows keep BN 128 (BN 64 measured 0.93-0.95x).
+    // Below that, the plain causal HS 64 forward runs two blocks per SM (Sm90FwdTile's BLOCKS 2,
+    // with its measurements): one block's prologue and epilogue run under the other's loop.
     c->fwd_blocks = p.HS == 64 && c->fwd_wgs == 2 && !c->extras && p.causal ? 2 : 1;
     return 0;
 }

@@ -20,13 +20,6 @@ template <typename T> __device__ __forceinline__ void load8(float f[8], const T 
     for (int j = 0; j < 8; j++) f[j] = ElemTraits<T>::to_float(e[j]);
 }
 
-// Row (b, h, i) of the (B, NH, T_q) row index, as the kernels below number rows.
-__device__ __forceinline__ void split_row(const AttnParams &p, int64_t row, int *b, int *h, int *i) {
-    *i = (int)(row % p.T_q);
-    *h = (int)((row / p.T_q) % p.NH);
-    *b = (int)(row / ((int64_t)p.T_q * p.NH));
-}
-
 // D = sum_d dO * O: LANES lanes per (b, h, i) row (the largest power of two up to 32 dividing the
 // row's HS / 8 16-byte chunks, so rows never straddle warps), each with CHUNKS / LANES 16-byte
 // loads of O and of dO.

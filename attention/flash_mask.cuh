@@ -72,6 +72,13 @@ __device__ __forceinline__ void query_span(const AttnParams &p, int b, int n0, i
     *q_end = lo;
 }
 
+// Row (b, h, i) of a (B, NH, T_q) row index (i fastest), as the per-row kernels number rows.
+__device__ __forceinline__ void split_row(const AttnParams &p, int64_t row, int *b, int *h, int *i) {
+    *i = (int)(row % p.T_q);
+    *h = (int)((row / p.T_q) % p.NH);
+    *b = (int)(row / ((int64_t)p.T_q * p.NH));
+}
+
 // Element (b, row, h, 0) of a tensor addressed as attention.h describes (strides in elements).
 template <typename P>
 __device__ __forceinline__ P *tensor_at(P *base, const AttnStrides &st, int b, int64_t row, int h) {

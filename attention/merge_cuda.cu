@@ -9,6 +9,7 @@
 
 #include "attention/attention_gpu.h"
 #include "attention/flash_common.cuh"
+#include "attention/flash_mask.cuh"
 #include "attention/mask.h"
 
 namespace {
@@ -46,11 +47,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const AttnParams a
     const int sub = (int)(gid % LANES);
     const bool live = row < rows;
     int i = 0, h = 0, b = 0;
-    if (live) {
-        i = (int)(row % acc.T_q);
-        h = (int)(row / acc.T_q % acc.NH);
-        b = (int)(row / ((int64_t)acc.T_q * acc.NH));
-    }
+    if (live) split_row(acc, row, &b, &h, &i);
     float *la = acc.lse + attn_lse_offset(&acc, b, h) + i;
     const float lp = live ? part.lse[attn_lse_offset(&part, b, h) + i] : INFINITY;
     const float a = live ? *la : INFINITY;
