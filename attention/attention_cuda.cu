@@ -38,7 +38,8 @@ struct AttnGpu {
     cudaStream_t stream;
     AttnKernel kernel;        // the family asked for
     int arch;                 // 10 * major + minor of the current device
-    int sms;                  // its multiprocessors (the split-KV decode's split count)
+    int sms;                  // its multiprocessors (the split-KV decode's split count, the
+                              // stream-K backward's grid)
     size_t smem_optin;        // the shared memory one block may opt in to (bytes)
     bool sm90_ok;             // this binary holds sm_90a code for it
     TensorMapEncoder encode;  // the driver's cuTensorMapEncodeTiled (sm90 family only)
@@ -189,10 +190,10 @@ static CUresult sm90_forward(const AttnParams &p, const AttnKernelChoice &c, Ten
     return flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
 }
 template <typename T, int HS, bool EXTRAS>
-static CUresult sm90_backward(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s) {
+static CUresult sm90_backward(const AttnParams &p, int sms, TensorMapEncoder enc, cudaStream_t s) {
     const BwdRows rows = bwd_rows(p);
     flash_bwd_preprocess<T>(p, rows.dsum_out, rows.dq_ws, s);
-    const CUresult r = flash_bwd_sm90_launch<T, HS, EXTRAS>(p, rows.dsum, rows.dq_accum, enc, s);
+    const CUresult r = flash_bwd_sm90_launch<T, HS, EXTRAS>(p, rows.dsum, rows.dq_accum, sms, enc, s);
     if (r != CUDA_SUCCESS) return r;
     bwd_finish<T, HS, EXTRAS>(p, rows, s);
     return CUDA_SUCCESS;
@@ -201,10 +202,10 @@ static CUresult sm90_backward(const AttnParams &p, TensorMapEncoder enc, cudaStr
 // attn_select_kernel returns the sm90 family for the forward at head sizes 64, 96, 128 and 256
 // and for the backward at 64 and 128 only.
 template <typename T, bool EXTRAS>
-static CUresult sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc,
-                                 cudaStream_t s) {
+static CUresult sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, int sms,
+                                 TensorMapEncoder enc, cudaStream_t s) {
     if (backward)
-        return c.hs == 64 ? sm90_backward<T, 64, EXTRAS>(p, enc, s) : sm90_backward<T, 128, EXTRAS>(p, enc, s);
+        return c.hs == 64 ? sm90_backward<T, 64, EXTRAS>(p, sms, enc, s) : sm90_backward<T, 128, EXTRAS>(p, sms, enc, s);
     switch (c.hs) {
     case 64: return sm90_forward<T, 64, EXTRAS>(p, c, enc, s);
     case 96: return sm90_forward<T, 96, EXTRAS>(p, c, enc, s);
@@ -213,13 +214,14 @@ static CUresult sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c,
     }
 }
 
-static CUresult sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward, TensorMapEncoder enc) {
+static CUresult sm90_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward, int sms,
+                              TensorMapEncoder enc) {
     cudaStream_t s = static_cast<cudaStream_t>(p.stream);
     if (p.dtype == DTYPE_BF16)
-        return c.extras ? sm90_dispatch_hs<__nv_bfloat16, true>(p, c, backward, enc, s)
-                        : sm90_dispatch_hs<__nv_bfloat16, false>(p, c, backward, enc, s);
-    return c.extras ? sm90_dispatch_hs<__half, true>(p, c, backward, enc, s)
-                    : sm90_dispatch_hs<__half, false>(p, c, backward, enc, s);
+        return c.extras ? sm90_dispatch_hs<__nv_bfloat16, true>(p, c, backward, sms, enc, s)
+                        : sm90_dispatch_hs<__nv_bfloat16, false>(p, c, backward, sms, enc, s);
+    return c.extras ? sm90_dispatch_hs<__half, true>(p, c, backward, sms, enc, s)
+                    : sm90_dispatch_hs<__half, false>(p, c, backward, sms, enc, s);
 }
 
 static void sm80_dispatch(const AttnParams &p, const AttnKernelChoice &c, int backward) {
@@ -393,7 +395,7 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
     // The launchers queue their kernels (and set their shared-memory attributes) and return; the
     // first launch or attribute error is still CUDA's last error here.
     if (c.family == FAMILY_SM90) {
-        const CUresult r = sm90_dispatch(run, c, backward, g->encode);
+        const CUresult r = sm90_dispatch(run, c, backward, g->sms, g->encode);
         if (r != CUDA_SUCCESS) {
             snprintf(err, errlen, "attention: cuTensorMapEncodeTiled refused the sm90 kernels' tensor "
                      "maps (CUresult %d)", (int)r);

@@ -19,13 +19,21 @@
 // product, no writer; an EXTRAS one, whose features cost nothing when off) and
 // flash_bwd_dq_sm80.cu's dQ kernel after it, as the sm80 family does. Both are compile-time
 // choices: a run-time branch around the dQ product serialises the plain instance's wgmma.
+// Stream-K (SPLIT, the plain instance with dQ in accumulate mode, when every query sees every
+// key): when the units (key tile, KV head, batch row) do not fill whole waves of the
+// multiprocessors, one block per multiprocessor runs all but the last full wave's units in waves,
+// one whole unit each (consecutive units run together, as without SPLIT, so they share their
+// queries in L2), then an equal share of the rest's pair iterations in order. A block works in
+// runs, one unit each: after each run it adds its partial dK and dV with atomics (a unit's pairs
+// may be shared by two blocks), then loads the next unit's K and V. Pipeline stage and mbarrier
+// phase count the block's pairs, not the unit's.
 #include "attention/flash_common.cuh"
 #include "attention/flash_mask.cuh"
 #include "attention/flash_tiles.cuh"
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
-template <typename T, int HS, bool EXTRAS, bool DQ>
+template <typename T, int HS, bool EXTRAS, bool DQ, bool SPLIT>
 __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     flash_bwd_sm90_kernel(const AttnParams p, const float *dsum, float *dq_accum,
                           const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -41,10 +49,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     int2 *sRng = sm.rng[0];
     const uint32_t qbar0 = smem_u32(sm.qbar);  // 2 mbarriers: a stage landed
 
-    const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = n_block * BN, n_valid = min(BN, p.T_k - n0);
 
     if (tid == 0) {
         mbar_init(qbar0, 1), mbar_init(qbar0 + 8, 1);
@@ -52,7 +58,50 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     }
     __syncthreads();
 
-    const BwdPairs pairs = bwd_pairs<EXTRAS>(p, b, kvh, n0, n_valid, BM);
+    // The run: unit (key tile n_block, KV head kvh, batch row b) and its pairs [it_begin, it_end);
+    // n_iters: the block's pairs over all its runs. Without SPLIT the block's one unit, whole.
+    // With SPLIT (P pairs per unit, the same for every unit of a uniform mask; C blocks): units
+    // blockIdx.x + w C for w < dp_waves, whole, then the block's share [g_next, g_end) of the
+    // pair iterations of the units from dp_waves C on, unit u holding [u P, (u + 1) P).
+    int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, it_begin = 0, it_end = 0, n_iters = 0;
+    int n0 = 0, n_valid = 0;
+    BwdPairs pairs;
+    const int NKB = cdiv(p.T_k, BN);
+    int64_t g_next = 0, g_end = 0;
+    int P = 0, dp_waves = 0, dp_w = 0;
+    auto start_run = [&]() {
+        n0 = n_block * BN, n_valid = min(BN, p.T_k - n0);
+        pairs = bwd_pairs<EXTRAS>(p, b, kvh, n0, n_valid, BM);
+        if constexpr (!SPLIT) it_end = pairs.total;
+    };
+    auto next_run = [&]() {  // SPLIT: the block's next run; false once its share is done
+        int64_t u;
+        if (dp_w < dp_waves) {
+            u = blockIdx.x + (int64_t)dp_w++ * gridDim.x;
+            it_begin = 0, it_end = P;
+        } else {
+            if (g_next >= g_end) return false;
+            u = g_next / P;
+            it_begin = (int)(g_next - u * P);
+            it_end = g_end - g_next < P - it_begin ? it_begin + (int)(g_end - g_next) : P;
+            g_next += it_end - it_begin;
+        }
+        n_block = (int)(u % NKB), kvh = (int)(u / NKB % p.NKV), b = (int)(u / ((int64_t)NKB * p.NKV));
+        start_run();
+        return true;
+    };
+    if constexpr (SPLIT) {
+        P = bwd_pairs<false>(p, 0, 0, 0, min(BN, p.T_k), BM).total;
+        const int64_t units = (int64_t)NKB * p.NKV * p.B, C = gridDim.x;
+        dp_waves = units >= C ? (int)(units / C - 1) : 0;
+        const int64_t sk0 = dp_waves * C * P, W = units * P - sk0;  // the shared iterations
+        g_next = sk0 + W * blockIdx.x / C, g_end = sk0 + W * (blockIdx.x + 1) / C;
+        n_iters = (int)(dp_waves * P + g_end - g_next);
+        next_run();
+    } else {
+        start_run();
+        n_iters = pairs.total;
+    }
 
     // Named barriers: 1 the MMA warpgroups; per MMA warpgroup w, DQ_FULL + w (its dQ block is
     // staged) and DQ_EMPTY + w (the writer has read it: the next may be staged), each the
@@ -61,26 +110,29 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     if (wg == 2) {  // the writer: pairs in the MMA warpgroups' order, each block as it is staged
         setmaxnreg_dec<Tile::REGS_WRITER>();
         if (warp != 0 || !DQ) return;
-        int hi = 0, mb = 0;
-        for (int it = 0; it < pairs.total; it++) {
-            const int h = kvh * pairs.G + hi, m0 = pairs.tile_m0(mb, BM);
-            if (++mb == pairs.n_mb) mb = 0, hi++;
+        int gi = 0;  // the block's pairs so far
+        do {
+            int hi = SPLIT ? it_begin / pairs.n_mb : 0, mb = SPLIT ? it_begin % pairs.n_mb : 0;
+            for (int it = it_begin; it < it_end; it++, gi++) {
+                const int h = kvh * pairs.G + hi, m0 = pairs.tile_m0(mb, BM);
+                if (++mb == pairs.n_mb) mb = 0, hi++;
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
-                // HS 64: query halves (row blocks m0/64 + w); HS 128: column halves.
-                const int rb = (m0 >> 6) + (BM == 128 ? w : 0), cb = BM == 128 ? 0 : w;
-                named_barrier(DQ_FULL + w, NDQ);
-                if (lane == 0) {
-                    if (rb * 64 < p.T_q) {  // rows past T_q land in the padding; a block wholly past is skipped
-                        bulk_reduce_add_f32(dq_accum + dq_acc_block(p, b, h, rb, cb), smem_u32(sdQ + w * 4096), 4096 * 4);
-                        bulk_commit();
+                for (int w = 0; w < 2; w++) {
+                    // HS 64: query halves (row blocks m0/64 + w); HS 128: column halves.
+                    const int rb = (m0 >> 6) + (BM == 128 ? w : 0), cb = BM == 128 ? 0 : w;
+                    named_barrier(DQ_FULL + w, NDQ);
+                    if (lane == 0) {
+                        if (rb * 64 < p.T_q) {  // rows past T_q land in the padding; a block wholly past is skipped
+                            bulk_reduce_add_f32(dq_accum + dq_acc_block(p, b, h, rb, cb), smem_u32(sdQ + w * 4096), 4096 * 4);
+                            bulk_commit();
+                        }
+                        bulk_wait_read();
                     }
-                    bulk_wait_read();
+                    __syncwarp();
+                    if (gi + 1 < n_iters) named_barrier_arrive(DQ_EMPTY + w, NDQ);
                 }
-                __syncwarp();
-                if (it + 1 < pairs.total) named_barrier_arrive(DQ_EMPTY + w, NDQ);
             }
-        }
+        } while (SPLIT && next_run());
         if (lane == 0) bulk_wait();
         return;
     }
@@ -92,7 +144,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     // thread, cp.async), and returns whether its tile is partial; only then do the visible key
     // ranges of its rows go to shared memory (the only case that reads them). Rows past T_k or
     // T_q read as zeros (flash_bwd_sm80.cu: their dS and P dO come out 0).
-    int cur_hi = 0, cur_mb = 0;  // the next pair to load: query head kvh * G + cur_hi, tile tile_m0(cur_mb)
+    int cur_hi = 0, cur_mb = 0;  // the run's next pair to load: query head kvh * G + cur_hi, tile tile_m0(cur_mb)
     auto load_stage = [&](int stage, bool kv) {
         const int h = kvh * pairs.G + cur_hi, m0 = pairs.tile_m0(cur_mb, BM);
         if (++cur_mb == pairs.n_mb) cur_mb = 0, cur_hi++;
@@ -145,165 +197,9 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 
     // Each pair: S^T and dP^T are issued first, then the next pair's copies and this pair's
     // bookkeeping run while the tensor cores work.
-    bool partial_cur = false, partial_next = false;
-    if (pairs.total > 0) partial_cur = load_stage(0, true);
-    cp_async_commit();
-    for (int it = 0; it < pairs.total; it++) {
-        const int stage = it & 1;
-        cp_async_wait<0>();
-        mbar_wait(qbar0 + stage * 8, (it >> 1) & 1);
-        named_barrier(BAR_MMA, NT);  // this stage (and K, V) landed; every warpgroup is done with pair it-1
-
-        const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
-        const uint64_t q_kdesc = sw128_desc(q_base, 16, 1024), o_kdesc = sw128_desc(o_base, 16, 1024);
-        float st[NQ * 4], dpt[NQ * 4];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++)
-            Wgmma<T, BM, 0, 0>::ss(st, desc_add(krows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
-                                   desc_add(q_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++)
-            Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(vrows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
-                                   desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
-        wgmma_commit();
-        if (it + 1 < pairs.total) partial_next = load_stage(stage ^ 1, false);
-        cp_async_commit();
-
-        const bool partial = partial_cur;
-        const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
-        const int2 *cRng = sRng + stage * BM;
-        const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
-
-        // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running; the per-element
-        // test only in the Masked<true> instance, for the tiles that need it (it costs the bulk
-        // instructions).
-        wgmma_wait<1>();
-        wgmma_fence_regs(st);
-        auto p_step = [&](auto masked) {
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                const int q = 8 * j + 2 * t;
-                const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
-                const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float x = exp2_ftz(fmaf(st[4 * j + e], scale_log2, nl[e & 1]));
-                    if constexpr (decltype(masked)::value) {
-                        const int2 rg = cRng[q + (e & 1)];
-                        const int key = n0 + krow + 8 * (e >> 1);
-                        st[4 * j + e] = key < rg.x || key >= rg.y ? 0.f : x;
-                    } else {
-                        st[4 * j + e] = x;
-                    }
-                }
-            }
-        };
-        if constexpr (!EXTRAS) step_by_class(partial, p_step);
-        wgmma_wait<0>();
-        wgmma_fence_regs(dpt);
-        // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ), and
-        // P^T after dropout in registers (for dV): emit stores row pair r of column tile j.
-        uint32_t pa[BM / 16][4], sa[BM / 16][4];
-        auto emit = [&](int j, int r, uint32_t pk, uint32_t ds) {
-            const uint32_t addr = ds_row[r] + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds) : "memory");
-            sa[j >> 1][(j & 1) * 2 + r] = ds;
-            pa[j >> 1][(j & 1) * 2 + r] = pk;
-        };
-        // The feature instance, once dP^T has landed: per column tile j the capped and biased
-        // scores (flash_mask.cuh's ScoreRule), P^T, the dropout keep bits and dS^T = P^T *
-        // cap' * (dP^T dropped - D), so that no score, probability or bit outlives its j (P^T
-        // computed under dP^T's product, as above, kept 32 more registers live at HS 64 and
-        // serialised the wgmma). Dropout: one Philox block per 16 elements, 32 queries at a time
-        // (flash_mask.cuh's fragment bytes; their words outlive j by up to three tiles).
-        auto ds_step_extras = [&](auto masked) {
-            const int h = pairs.head(it), m0 = pairs.m0(it, BM);
-            const ScoreRule rule = score_rule(p, b, h);
-            const int shift = (int)attn_query_shift(&p);
-            static_assert(NQ % 4 == 0, "dropout draws 32 queries at a time");
-            uint32_t drop[2][2] = {{0u, 0u}, {0u, 0u}};  // bytes 0 keep when there is no dropout
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                const int q = 8 * j + 2 * t;
-                const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
-                const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
-                const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
-                if (p.dropout_p > 0.f && j % 4 == 0)
-                    dropout_bytes_bwd(p, keep_offset, b, h, m0 + 8 * j, n0 + krow - g, g, t, drop);
-                float pk[4], ds[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = n0 + krow + 8 * (e >> 1), i = m0 + q + (e & 1);
-                    float dcap;
-                    float x = exp2_ftz(score_log2(rule, st[4 * j + e], i + shift, key, &dcap) + nl[e & 1]);
-                    if constexpr (decltype(masked)::value) {
-                        const int2 rg = cRng[q + (e & 1)];
-                        if (key < rg.x || key >= rg.y) x = 0.f;
-                    }
-                    // rows past T_q and keys past T_k contribute 0 whatever their bit
-                    const bool keep = dropout_byte_keeps(drop[(j >> 1) & 1][e & 1], 2 * (j & 1) + (e >> 1), keep_thresh);
-                    pk[e] = keep ? x * keep_scale : 0.f;
-                    ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - (e & 1 ? dd.y : dd.x));
-                }
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    emit(j, r, ElemTraits<T>::pack(pk[2 * r], pk[2 * r + 1]), ElemTraits<T>::pack(ds[2 * r], ds[2 * r + 1]));
-            }
-        };
-        if constexpr (EXTRAS) {
-            step_by_class(partial, ds_step_extras);
-        } else {
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                const float2 dd = *reinterpret_cast<const float2 *>(cD + 8 * j + 2 * t);
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    emit(j, r, ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]),
-                         ElemTraits<T>::pack(st[4 * j + 2 * r] * (dpt[4 * j + 2 * r] - dd.x),
-                                             st[4 * j + 2 * r + 1] * (dpt[4 * j + 2 * r + 1] - dd.y)));
-            }
-        }
-        fence_proxy_async();
-        named_barrier(BAR_MMA, NT);  // dS^T complete: both warpgroups' keys
-
-        // dQ first, then dV and dK: staging dQ for the writer warpgroup overlaps the dV/dK products.
-        float dq[32];
-        wgmma_fence();
-        if constexpr (DQ) {
-#pragma unroll
-            for (int ks = 0; ks < BN / 16; ks++)
-                Wgmma<T, 64, 1, 1>::ss(dq, desc_add(dqa_desc, ks * 16 * 128), desc_add(dqb_desc, ks * 16 * 128), ks > 0);
-            wgmma_commit();
-        }
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dv, pa[kk], desc_add(o_mndesc, kk * 16 * 128), 1);
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dk, sa[kk], desc_add(q_mndesc, kk * 16 * 128), 1);
-        wgmma_commit();
-        if constexpr (DQ) {
-            wgmma_wait<1>();
-            wgmma_fence_regs(dq);
-            if (it > 0) named_barrier(DQ_EMPTY + wg, NDQ);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) sdQ_frag[(j * 2 + r) * 32] = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-            fence_proxy_async();
-            named_barrier_arrive(DQ_FULL + wg, NDQ);
-        }
-        wgmma_wait<0>();  // dV and dK read this stage's Q and dO, and pa / sa until here
-        wgmma_fence_regs(dk);
-        wgmma_fence_regs(dv);
-        wgmma_fence_regs(pa);
-        wgmma_fence_regs(sa);
-        partial_cur = partial_next;
-    }
-    cp_async_wait<0>();
-    named_barrier(BAR_MMA, NT);  // every warpgroup is done with K and V (also when no query tile was visible)
-
-    if (p.accumulate) {  // dk, dv are fp32 (attention.h), this block's key rows its own: added to
+    // dK and dV of the run's keys (fp32 in accumulate mode, attention.h) += this warpgroup's: with
+    // SPLIT by atomics (two blocks may share the unit), else by the block that owns its rows.
+    auto add_dk_dv = [&]() {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = krow + 8 * r;
@@ -312,10 +208,189 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             float *dvr = tensor_at(static_cast<float *>(p.dv), p.dv_st, b, n0 + row, kvh) + 2 * t;
 #pragma unroll
             for (int j = 0; j < HS / 8; j++) {
-                add_pair(dkr + 8 * j, dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
-                add_pair(dvr + 8 * j, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+                const float2 k2 = make_float2(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
+                const float2 v2 = make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+                if constexpr (SPLIT) {
+                    atomic_add_pair(dkr + 8 * j, k2.x, k2.y);
+                    atomic_add_pair(dvr + 8 * j, v2.x, v2.y);
+                } else {
+                    add_pair(dkr + 8 * j, k2.x, k2.y);
+                    add_pair(dvr + 8 * j, v2.x, v2.y);
+                }
             }
         }
+    };
+
+    int gi = 0;  // the block's pairs so far: stage gi & 1, its mbarrier's phase (gi >> 1) & 1
+    do {
+        cur_hi = SPLIT ? it_begin / pairs.n_mb : 0, cur_mb = SPLIT ? it_begin % pairs.n_mb : 0;
+        bool partial_cur = false, partial_next = false;
+        if (it_begin < it_end) partial_cur = load_stage(gi & 1, true);
+        cp_async_commit();
+        for (int it = it_begin; it < it_end; it++, gi++) {
+            const int stage = gi & 1;
+            cp_async_wait<0>();
+            mbar_wait(qbar0 + stage * 8, (gi >> 1) & 1);
+            named_barrier(BAR_MMA, NT);  // this stage (and K, V) landed; every warpgroup is done with the pair before
+
+            const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
+            const uint64_t q_kdesc = sw128_desc(q_base, 16, 1024), o_kdesc = sw128_desc(o_base, 16, 1024);
+            float st[NQ * 4], dpt[NQ * 4];
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < HS / 16; ks++)
+                Wgmma<T, BM, 0, 0>::ss(st, desc_add(krows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
+                                       desc_add(q_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
+            wgmma_commit();
+#pragma unroll
+            for (int ks = 0; ks < HS / 16; ks++)
+                Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(vrows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
+                                       desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
+            wgmma_commit();
+            if (it + 1 < it_end) partial_next = load_stage(stage ^ 1, false);
+            cp_async_commit();
+
+            const bool partial = partial_cur;
+            const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
+            const int2 *cRng = sRng + stage * BM;
+            const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
+
+            // P^T = exp(scale S^T - LSE) (0 where masked) while dP^T is still running; the per-element
+            // test only in the Masked<true> instance, for the tiles that need it (it costs the bulk
+            // instructions).
+            wgmma_wait<1>();
+            wgmma_fence_regs(st);
+            auto p_step = [&](auto masked) {
+#pragma unroll
+                for (int j = 0; j < NQ; j++) {
+                    const int q = 8 * j + 2 * t;
+                    const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
+                    const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float x = exp2_ftz(fmaf(st[4 * j + e], scale_log2, nl[e & 1]));
+                        if constexpr (decltype(masked)::value) {
+                            const int2 rg = cRng[q + (e & 1)];
+                            const int key = n0 + krow + 8 * (e >> 1);
+                            st[4 * j + e] = key < rg.x || key >= rg.y ? 0.f : x;
+                        } else {
+                            st[4 * j + e] = x;
+                        }
+                    }
+                }
+            };
+            if constexpr (!EXTRAS) step_by_class(partial, p_step);
+            wgmma_wait<0>();
+            wgmma_fence_regs(dpt);
+            // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ), and
+            // P^T after dropout in registers (for dV): emit stores row pair r of column tile j.
+            uint32_t pa[BM / 16][4], sa[BM / 16][4];
+            auto emit = [&](int j, int r, uint32_t pk, uint32_t ds) {
+                const uint32_t addr = ds_row[r] + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds) : "memory");
+                sa[j >> 1][(j & 1) * 2 + r] = ds;
+                pa[j >> 1][(j & 1) * 2 + r] = pk;
+            };
+            // The feature instance, once dP^T has landed: per column tile j the capped and biased
+            // scores (flash_mask.cuh's ScoreRule), P^T, the dropout keep bits and dS^T = P^T *
+            // cap' * (dP^T dropped - D), so that no score, probability or bit outlives its j (P^T
+            // computed under dP^T's product, as above, kept 32 more registers live at HS 64 and
+            // serialised the wgmma). Dropout: one Philox block per 16 elements, 32 queries at a time
+            // (flash_mask.cuh's fragment bytes; their words outlive j by up to three tiles).
+            auto ds_step_extras = [&](auto masked) {
+                const int h = pairs.head(it), m0 = pairs.m0(it, BM);
+                const ScoreRule rule = score_rule(p, b, h);
+                const int shift = (int)attn_query_shift(&p);
+                static_assert(NQ % 4 == 0, "dropout draws 32 queries at a time");
+                uint32_t drop[2][2] = {{0u, 0u}, {0u, 0u}};  // bytes 0 keep when there is no dropout
+#pragma unroll
+                for (int j = 0; j < NQ; j++) {
+                    const int q = 8 * j + 2 * t;
+                    const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
+                    const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
+                    const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+                    if (p.dropout_p > 0.f && j % 4 == 0)
+                        dropout_bytes_bwd(p, keep_offset, b, h, m0 + 8 * j, n0 + krow - g, g, t, drop);
+                    float pk[4], ds[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = n0 + krow + 8 * (e >> 1), i = m0 + q + (e & 1);
+                        float dcap;
+                        float x = exp2_ftz(score_log2(rule, st[4 * j + e], i + shift, key, &dcap) + nl[e & 1]);
+                        if constexpr (decltype(masked)::value) {
+                            const int2 rg = cRng[q + (e & 1)];
+                            if (key < rg.x || key >= rg.y) x = 0.f;
+                        }
+                        // rows past T_q and keys past T_k contribute 0 whatever their bit
+                        const bool keep = dropout_byte_keeps(drop[(j >> 1) & 1][e & 1], 2 * (j & 1) + (e >> 1), keep_thresh);
+                        pk[e] = keep ? x * keep_scale : 0.f;
+                        ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - (e & 1 ? dd.y : dd.x));
+                    }
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+                        emit(j, r, ElemTraits<T>::pack(pk[2 * r], pk[2 * r + 1]), ElemTraits<T>::pack(ds[2 * r], ds[2 * r + 1]));
+                }
+            };
+            if constexpr (EXTRAS) {
+                step_by_class(partial, ds_step_extras);
+            } else {
+#pragma unroll
+                for (int j = 0; j < NQ; j++) {
+                    const float2 dd = *reinterpret_cast<const float2 *>(cD + 8 * j + 2 * t);
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+                        emit(j, r, ElemTraits<T>::pack(st[4 * j + 2 * r], st[4 * j + 2 * r + 1]),
+                             ElemTraits<T>::pack(st[4 * j + 2 * r] * (dpt[4 * j + 2 * r] - dd.x),
+                                                 st[4 * j + 2 * r + 1] * (dpt[4 * j + 2 * r + 1] - dd.y)));
+                }
+            }
+            fence_proxy_async();
+            named_barrier(BAR_MMA, NT);  // dS^T complete: both warpgroups' keys
+
+            // dQ first, then dV and dK: staging dQ for the writer warpgroup overlaps the dV/dK products.
+            float dq[32];
+            wgmma_fence();
+            if constexpr (DQ) {
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ks++)
+                    Wgmma<T, 64, 1, 1>::ss(dq, desc_add(dqa_desc, ks * 16 * 128), desc_add(dqb_desc, ks * 16 * 128), ks > 0);
+                wgmma_commit();
+            }
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dv, pa[kk], desc_add(o_mndesc, kk * 16 * 128), 1);
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, HS, 0, 1>::rs(dk, sa[kk], desc_add(q_mndesc, kk * 16 * 128), 1);
+            wgmma_commit();
+            if constexpr (DQ) {
+                wgmma_wait<1>();
+                wgmma_fence_regs(dq);
+                if (gi > 0) named_barrier(DQ_EMPTY + wg, NDQ);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) sdQ_frag[(j * 2 + r) * 32] = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+                fence_proxy_async();
+                named_barrier_arrive(DQ_FULL + wg, NDQ);
+            }
+            wgmma_wait<0>();  // dV and dK read this stage's Q and dO, and pa / sa until here
+            wgmma_fence_regs(dk);
+            wgmma_fence_regs(dv);
+            wgmma_fence_regs(pa);
+            wgmma_fence_regs(sa);
+            partial_cur = partial_next;
+        }
+        cp_async_wait<0>();
+        named_barrier(BAR_MMA, NT);  // every warpgroup is done with K and V (also when no query tile was visible)
+        if constexpr (SPLIT) {
+            add_dk_dv();
+#pragma unroll
+            for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
+        }
+    } while (SPLIT && next_run());
+    if (SPLIT) return;
+
+    if (p.accumulate) {
+        add_dk_dv();
         return;
     }
 
@@ -336,24 +411,43 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 #endif
 }
 
+// Whether every query row sees every key (no documents, no block mask, and the monotone key ranges
+// of the first and last rows both whole: a causal or windowed chunk pair may be so by position).
+static bool bwd_mask_uniform(const AttnParams &p) {
+    if (p.cu_seqlens || p.sparse_k_offsets || p.T_q <= 0 || p.T_k <= 0) return false;
+    const AttnKeyRange first = attn_key_range(&p, 0, 0), last = attn_key_range(&p, 0, p.T_q - 1);
+    return first.lo == 0 && first.hi == p.T_k && last.lo == 0 && last.hi == p.T_k;
+}
+
 template <typename T, int HS, bool EXTRAS>
-CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
+CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, int sms, TensorMapEncoder enc,
                                cudaStream_t s) {
     using Tile = Sm90BwdTile<HS>;
     CUresult status = CUDA_SUCCESS;
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN, &status);
     const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM, &status);
     if (status != CUDA_SUCCESS) return status;
-    const auto kernel = dq_accum ? flash_bwd_sm90_kernel<T, HS, EXTRAS, true> : flash_bwd_sm90_kernel<T, HS, true, false>;
+    const int64_t units = (int64_t)cdiv(p.T_k, Tile::BN) * p.NKV * p.B;
+    // Stream-K when the units leave the last wave part-empty (kernel comment): accumulate mode
+    // only (the dK and dV atomics), never deterministic.
+    if (!EXTRAS && dq_accum && p.accumulate && !p.deterministic && units % sms != 0 && bwd_mask_uniform(p)) {
+        const int64_t iters = units * (p.NH / p.NKV) * cdiv(p.T_q, Tile::BM);
+        flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(flash_bwd_sm90_kernel<T, HS, false, true, true>,
+                                                          dim3((unsigned)(iters < sms ? iters : sms)), Tile::NTHREADS,
+                                                          s, p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
+        return CUDA_SUCCESS;
+    }
+    const auto kernel = dq_accum ? flash_bwd_sm90_kernel<T, HS, EXTRAS, true, false>
+                                 : flash_bwd_sm90_kernel<T, HS, true, false, false>;
     flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(kernel, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B), Tile::NTHREADS, s,
                                                       p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
     return CUDA_SUCCESS;
 }
 
 #define INSTANTIATE_BWD_SM90(T, HS)                                                                            \
-    template CUresult flash_bwd_sm90_launch<T, HS, false>(const AttnParams &, const float *, float *,          \
+    template CUresult flash_bwd_sm90_launch<T, HS, false>(const AttnParams &, const float *, float *, int,     \
                                                           TensorMapEncoder, cudaStream_t);                     \
-    template CUresult flash_bwd_sm90_launch<T, HS, true>(const AttnParams &, const float *, float *,           \
+    template CUresult flash_bwd_sm90_launch<T, HS, true>(const AttnParams &, const float *, float *, int,      \
                                                          TensorMapEncoder, cudaStream_t);
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 64)
 INSTANTIATE_BWD_SM90(__nv_bfloat16, 128)

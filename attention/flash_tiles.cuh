@@ -247,7 +247,8 @@ void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s)
 // forward's EXTRAS instances with NWG 2 only): the forward for HS in {64, 96, 128, 256}, the
 // backward for HS in {64, 128} (its dK and dV take HS registers per thread; the other head
 // sizes run the sm80 backward on Hopper). The backward adds dQ into dq_accum, or with dq_accum
-// NULL (the deterministic mode) leaves dQ to flash_bwd_dq_launch.
+// NULL (the deterministic mode) leaves dQ to flash_bwd_dq_launch. sms: the device's
+// multiprocessors (the stream-K instance's grid).
 // The driver's cuTensorMapEncodeTiled (looked up once per context, attention_cuda.cu).
 typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
 // The sm90 launchers return the tensor-map encoder's refusal (then nothing was launched), else
@@ -255,8 +256,8 @@ typedef PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder;
 template <typename T, int HS, int NWG, bool EXTRAS, int BLOCKS = 1>
 CUresult flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaStream_t s);
 template <typename T, int HS, bool EXTRAS>
-CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, TensorMapEncoder enc,
-                               cudaStream_t s);
+CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, int sms,
+                               TensorMapEncoder enc, cudaStream_t s);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
 // Backward helpers (flash_bwd_sm80.cu): D = rowsum(dO * O) (B, NH, T_q) when dsum is not NULL
