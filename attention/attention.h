@@ -45,7 +45,8 @@ typedef struct {
     // With accumulate set, dq, dk and dv are fp32 accumulators (float, by their strides, whatever
     // dtype is) to which this call's gradients are ADDED; without it they are of dtype and
     // overwritten. The flash backward only: attn_check refuses it for impl naive and for fp32
-    // on cuda (which runs the naive kernels).
+    // on cuda (which runs the naive kernels). Without deterministic, dk and dv may then sum in
+    // an order that differs from run to run (the sm90 stream-K backward's atomics), as dq does.
     int accumulate;
 
     // --- sizes ---
