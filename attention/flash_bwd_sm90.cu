@@ -170,9 +170,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         return partial;
     };
 
-    float dk[HS / 2], dv[HS / 2];  // this warpgroup's (64 keys, HS)
-#pragma unroll
-    for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
+    float dk[HS / 2], dv[HS / 2];  // this warpgroup's (64 keys, HS), zeroed at each run's start
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
     const uint32_t keep_thresh = EXTRAS ? attn_dropout_threshold(p.dropout_p) : 0u;  // 0: every byte keeps
@@ -223,6 +221,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 
     int gi = 0;  // the block's pairs so far: stage gi & 1, its mbarrier's phase (gi >> 1) & 1
     do {
+#pragma unroll
+        for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
         cur_hi = SPLIT ? it_begin / pairs.n_mb : 0, cur_mb = SPLIT ? it_begin % pairs.n_mb : 0;
         bool partial_cur = false, partial_next = false;
         if (it_begin < it_end) partial_cur = load_stage(gi & 1, true);
@@ -381,13 +381,9 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         }
         cp_async_wait<0>();
         named_barrier(BAR_MMA, NT);  // every warpgroup is done with K and V (also when no query tile was visible)
-        if constexpr (SPLIT) {
-            add_dk_dv();
-#pragma unroll
-            for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
-        }
+        if constexpr (SPLIT) add_dk_dv();
     } while (SPLIT && next_run());
-    if (SPLIT) return;
+    if constexpr (SPLIT) return;
 
     if (p.accumulate) {
         add_dk_dv();
@@ -431,7 +427,7 @@ CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq
     // Stream-K when the units leave the last wave part-empty (kernel comment): accumulate mode
     // only (the dK and dV atomics), never deterministic.
     if (!EXTRAS && dq_accum && p.accumulate && !p.deterministic && units % sms != 0 && bwd_mask_uniform(p)) {
-        const int64_t iters = units * (p.NH / p.NKV) * cdiv(p.T_q, Tile::BM);
+        const int64_t iters = units * (p.NH / p.NKV) * cdiv(p.T_q, Tile::BM);  // bwd_pairs' total per unit
         flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(flash_bwd_sm90_kernel<T, HS, false, true, true>,
                                                           dim3((unsigned)(iters < sms ? iters : sms)), Tile::NTHREADS,
                                                           s, p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
