@@ -133,11 +133,12 @@ def test_two_ranks_stop_after_the_same_step_when_one_is_signalled(tmp_path):
 
 
 def test_second_signal_exits_at_once_and_checkpoints_stay_intact(tmp_path):
-    # Long steps (grad_accum 40) and a checkpoint after each: the first SIGTERM lands just after a
+    # Long steps (grad_accum 200, so that a step outlasts the 50 ms before the freeze on a
+    # 16-core machine too) and a checkpoint after each: the first SIGTERM lands just after a
     # step. Once it is delivered the process is frozen (SIGSTOP) for 1.5 s, so the SIGINT that is
     # pending when it thaws comes well after the first signal: a second request, not a copy of
     # the first, and it must end the process before that step finishes.
-    path, run_dir = config(tmp_path, "twice", steps=1000, train={"grad_accum": 40},
+    path, run_dir = config(tmp_path, "twice", steps=1000, train={"grad_accum": 200},
                            log={"checkpoint_every": 1, "keep_checkpoints": 2})
     p, _ = start(path)
     wait_steps(p, run_dir, 2)
