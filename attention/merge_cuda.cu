@@ -42,12 +42,11 @@ __device__ __forceinline__ void store_elems(float *p, const float *x) {
 
 template <typename T, int VEC, int LANES>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const AttnParams acc, const AttnParams part) {
-    const int64_t gid = (int64_t)blockIdx.x * MERGE_THREADS + threadIdx.x;
-    const int64_t row = gid / LANES, rows = (int64_t)acc.B * acc.NH * acc.T_q;
-    const int sub = (int)(gid % LANES);
-    const bool live = row < rows;
-    int i = 0, h = 0, b = 0;
-    if (live) split_row(acc, row, &b, &h, &i);
+    // Blocks (x, h, b): the rows of head h of batch row b in x order, so that a thread finds
+    // its row by a shift instead of 64-bit divisions (which bound the kernel when it had them).
+    const int gid = blockIdx.x * MERGE_THREADS + threadIdx.x;
+    const int i = gid / LANES, sub = gid % LANES, h = blockIdx.y, b = blockIdx.z;
+    const bool live = i < acc.T_q;
     float *la = acc.lse + attn_lse_offset(&acc, b, h) + i;
     const float lp = live ? part.lse[attn_lse_offset(&part, b, h) + i] : INFINITY;
     const float a = live ? *la : INFINITY;
@@ -85,10 +84,9 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const AttnParams a
 
 template <typename T, int VEC>
 void merge_launch(const AttnParams &acc, const AttnParams &part, cudaStream_t s) {
-    const int64_t rows = (int64_t)acc.B * acc.NH * acc.T_q;
     int lanes = 1;  // the largest power of two up to 32 that the row's chunks fill
     while (lanes < 32 && 2 * lanes * VEC <= acc.HS) lanes *= 2;
-    const dim3 grid((unsigned)((rows * lanes + MERGE_THREADS - 1) / MERGE_THREADS));
+    const dim3 grid((unsigned)(((int64_t)acc.T_q * lanes + MERGE_THREADS - 1) / MERGE_THREADS), acc.NH, acc.B);
     switch (lanes) {
     case 32: merge_kernel<T, VEC, 32><<<grid, MERGE_THREADS, 0, s>>>(acc, part); break;
     case 16: merge_kernel<T, VEC, 16><<<grid, MERGE_THREADS, 0, s>>>(acc, part); break;

@@ -81,10 +81,11 @@ struct Backend {
     // out = a + b over n elements (out may alias a or b).
     void (*add)(Backend *be, void *out, const void *a, const void *b, size_t n);
     // fp32 accumulators (context parallelism's ring): acc += x over n fp32 elements, and the
-    // store of rows of width elements from fp32 src (every src_pitch elements) into dst of
-    // dtype (every dst_pitch elements), each value rounded once.
+    // store of rows of width elements from fp32 src (every src_pitch elements), plus the fp32
+    // addend `add` of the same layout unless it is NULL, into dst of dtype (every dst_pitch
+    // elements), each value rounded once.
     void (*add_f32)(Backend *be, float *acc, const float *x, size_t n);
-    void (*store_f32)(Backend *be, void *dst, size_t dst_pitch, const float *src,
+    void (*store_f32)(Backend *be, void *dst, size_t dst_pitch, const float *src, const float *add,
                       size_t src_pitch, size_t width, size_t rows);
     // Fused softmax cross-entropy over logits (N,Vp), of which the first V columns are real;
     // target < 0 means "ignore" (loss 0, no gradient). With dscale == 0: losses (N) fp32 receive

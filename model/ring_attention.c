@@ -149,13 +149,20 @@ static void attend(RingAttention *ra, AttnParams *a, int backward) {
     timed(ra, RING_KERNEL);
 }
 
-// The rows (B, T) of width elements of the fp32 accumulator src (pitch width) into dst of the
-// dtype (pitch dst_pitch elements).
-static void store(RingAttention *ra, void *dst, int64_t dst_pitch, const float *src, int width,
-                  int B) {
-    ra->be->store_f32(ra->be, dst, (size_t)dst_pitch, src, (size_t)width, (size_t)width,
-                      (size_t)B * ra->T);
+// The rows [row0, row0 + rows) (of the B x T local tokens) of width elements of the fp32
+// accumulator src (pitch width), plus those of add (the same layout) unless it is NULL, into
+// dst of the dtype (pitch dst_pitch elements).
+static void store_rows(RingAttention *ra, void *dst, int64_t dst_pitch, const float *src, const float *add,
+                       int width, size_t row0, size_t rows) {
+    if (!rows) return;
+    const int64_t at_src = (int64_t)row0 * width;
+    ra->be->store_f32(ra->be, at(dst, (int64_t)row0 * dst_pitch, ra->ds), (size_t)dst_pitch, src + at_src,
+                      add ? add + at_src : NULL, (size_t)width, (size_t)width, rows);
     timed(ra, RING_STORE);
+}
+
+static void store(RingAttention *ra, void *dst, int64_t dst_pitch, const float *src, int width, int B) {
+    store_rows(ra, dst, dst_pitch, src, NULL, width, 0, (size_t)B * ra->T);
 }
 
 // The model's problem must be the fused QKV layout (k and v adjacent in each token's row, so a
@@ -408,12 +415,30 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
     timed_end(ra, 0);
 }
 
-// The part of this rank's dK/dV that arrives at step s (from rank + s) joins its accumulator.
+// The part of this rank's dK/dV that arrives at step s (from rank + s), in dkv_in[s & 1].
+static BlockPart returned_part(const RingAttention *ra, const AttnParams *p, int s) {
+    return block_part(ra, p, ring_rank(ra, ra->link.rank + s), ra->link.rank);
+}
+
+// The part that arrived at step s joins the accumulator.
 static void add_returned(RingAttention *ra, const AttnParams *p, int s) {
-    const BlockPart in = block_part(ra, p, ring_rank(ra, ra->link.rank + s), ra->link.rank);
+    const BlockPart in = returned_part(ra, p, s);
     if (!in.n) return;
     ra->be->add_f32(ra->be, ra->dkv_own + in.off, ra->dkv_in[s & 1] + in.off, in.n);
     timed(ra, RING_ADD);
+}
+
+// dK and dV of the local tokens into p->dk and p->dv (beside it in each row): the accumulator,
+// plus the part that arrived at step s > 0, added on the way instead of by a pass of its own
+// (s = 0: none). A part is whole rows of the (B, T, kvw) layout, so its rows take the sum and
+// those around it the accumulator alone.
+static void store_dkv(RingAttention *ra, const AttnParams *p, int s) {
+    const BlockPart in = s > 0 ? returned_part(ra, p, s) : (BlockPart){0, 0};
+    const size_t kvw = (size_t)ra->kvw, r0 = in.off / kvw, r1 = (in.off + in.n) / kvw;
+    const float *ret = ra->dkv_in[s & 1];
+    store_rows(ra, p->dk, p->dk_st.row, ra->dkv_own, NULL, ra->kvw, 0, r0);
+    store_rows(ra, p->dk, p->dk_st.row, ra->dkv_own, ret, ra->kvw, r0, r1 - r0);
+    store_rows(ra, p->dk, p->dk_st.row, ra->dkv_own, NULL, ra->kvw, r1, (size_t)p->B * ra->T - r1);
 }
 
 // Whether the backward calls of a span kind can share its buffers (attention.h's dsum and
@@ -509,12 +534,13 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
                                        block_part(ra, p, from, rank), from, sizeof(float));
         }
     }
-    // The returns not yet waited for: those of the last two steps.
+    // The returns not yet waited for: those of the last two steps (the last one's is added by
+    // the store).
     for (int s = size > 2 ? size - 2 : 1; s < size; s++) {
         wait_exchange(ra, dkv_x[s & 1]);
-        add_returned(ra, p, s);
+        if (s < size - 1) add_returned(ra, p, s);
     }
     store_dq(ra, p, dq_shared);
-    store(ra, p->dk, p->dk_st.row, ra->dkv_own, ra->kvw, p->B);
+    store_dkv(ra, p, size - 1);
     timed_end(ra, 1);
 }

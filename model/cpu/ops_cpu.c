@@ -37,10 +37,17 @@ static void cpu_synchronize(Backend *be) {}
 static void cpu_add_f32(Backend *be, float *acc, const float *x, size_t n) {
     cpu_add(be, acc, acc, x, n);
 }
-static void cpu_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src,
+static void cpu_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, const float *add,
                           size_t src_pitch, size_t width, size_t rows) {
-    cpu_copy_2d(be, dst, dst_pitch * sizeof(float), src, src_pitch * sizeof(float),
-                width * sizeof(float), rows);
+    if (!add) {
+        cpu_copy_2d(be, dst, dst_pitch * sizeof(float), src, src_pitch * sizeof(float),
+                    width * sizeof(float), rows);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        for (size_t w = 0; w < width; w++)
+            ((float *)dst)[r * dst_pitch + w] = src[r * src_pitch + w] + add[r * src_pitch + w];
 }
 
 static void cpu_upload_f32(Backend *be, void *dst, const float *host, size_t n) {

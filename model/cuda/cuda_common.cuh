@@ -153,8 +153,8 @@ void cuda_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, 
                                 int N, int C);
 void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n);
 void cuda_add_f32(Backend *be, float *acc, const float *x, size_t n);
-void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, size_t src_pitch,
-                    size_t width, size_t rows);
+void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, const float *add,
+                    size_t src_pitch, size_t width, size_t rows);
 void cuda_gelu_forward(Backend *be, void *out, const void *pre, size_t n);
 // dout (N, OC) *= gelu'(pre) in place when pre != NULL; dbias (OC) += column sums of the result
 // when dbias != NULL.

@@ -381,16 +381,23 @@ void cuda_add_f32(Backend *be, float *acc, const float *x, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
-// dst (rows, width; every dst_pitch elements) = src (fp32, every src_pitch elements); n =
-// rows * width. One thread per VEC elements of a row (VEC divides width and both pitches).
+// dst (rows, width; every dst_pitch elements) = src (fp32, every src_pitch elements) + add (the
+// same layout; none when NULL); n = rows * width. One thread per VEC elements of a row (VEC
+// divides width and both pitches).
 template <typename T, int VEC>
-__global__ void store_f32_kernel(T *dst, size_t dst_pitch, const float *src, size_t src_pitch,
+__global__ void store_f32_kernel(T *dst, size_t dst_pitch, const float *src, const float *add, size_t src_pitch,
                                  size_t width, size_t n) {
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
     const size_t r = i / width, w = i % width;
     float v[VEC];
     load_f32<float, VEC>(v, src + r * src_pitch + w);
+    if (add) {
+        float a[VEC];
+        load_f32<float, VEC>(a, add + r * src_pitch + w);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] += a[k];
+    }
     store_f32<T, VEC>(dst + r * dst_pitch + w, v);
 }
 
@@ -399,27 +406,28 @@ template <typename T> __global__ void convert_to_f32_kernel(float *dst, const T 
     if (i < n) dst[i] = to_f32(src[i]);
 }
 
-void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, size_t src_pitch,
-                    size_t width, size_t rows) {
+void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, const float *add,
+                    size_t src_pitch, size_t width, size_t rows) {
     const size_t n = width * rows;
     if (n == 0) return;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
         const bool by4 = width % 4 == 0 && dst_pitch % 4 == 0 && src_pitch % 4 == 0 &&
-                         (uintptr_t)src % 16 == 0 && (uintptr_t)dst % (4 * sizeof(E)) == 0;
+                         (uintptr_t)src % 16 == 0 && (uintptr_t)add % 16 == 0 &&
+                         (uintptr_t)dst % (4 * sizeof(E)) == 0;
         cudaStream_t st = cuda_ctx(be)->stream;
         if (by4)
             store_f32_kernel<E, 4><<<cdiv((long long)(n / 4), ELT_THREADS), ELT_THREADS, 0, st>>>(
-                (E *)dst, dst_pitch, src, src_pitch, width, n);
+                (E *)dst, dst_pitch, src, add, src_pitch, width, n);
         else
             store_f32_kernel<E, 1><<<cdiv((long long)n, ELT_THREADS), ELT_THREADS, 0, st>>>(
-                (E *)dst, dst_pitch, src, src_pitch, width, n);
+                (E *)dst, dst_pitch, src, add, src_pitch, width, n);
     });
     CUDA_CHECK_LAUNCH();
 }
 
 void cuda_convert_f32_to(Backend *be, void *dst, const float *src, size_t n) {
-    cuda_store_f32(be, dst, n, src, n, n, 1);
+    cuda_store_f32(be, dst, n, src, NULL, n, n, 1);
 }
 
 void cuda_convert_to_f32(Backend *be, float *dst, const void *src, size_t n) {

@@ -121,6 +121,62 @@ static void test_memory(Ctx *t) {
     free(x), free(y), free(z), free(zeros);
 }
 
+// x rounded to nearest (even) in dt, on the host.
+static float host_round(float x, DType dt) {
+    if (dt == DTYPE_F16) return (float)(_Float16)x;
+    if (dt != DTYPE_BF16) return x;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// copy_2d (its kernel: rows of >= 1 KiB in 16-byte pieces, and cudaMemcpy2DAsync otherwise),
+// store_f32 with and without an addend (vectors of 4 and single elements) and upload_f32 (whose
+// conversion runs as rows of the store), against the CPU backend and host rounding on the same
+// values: all exact (one rounding to dtype, of the same fp32 sum).
+static void test_strided(Ctx *t) {
+    const size_t es = dtype_size(t->dt);
+    const struct { size_t rows, width, src_pitch, dst_pitch; } cases[] = {
+        {66001, 768, 800, 776},   // the kernels (many rows: 64-bit indices past 2^24 pieces)
+        {37, 1026, 1030, 1034},   // odd widths: single elements, and copy_2d's fallback
+        {5, 8, 12, 16},           // narrow rows: copy_2d's fallback
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const size_t R = cases[k].rows, W = cases[k].width, SP = cases[k].src_pitch, DP = cases[k].dst_pitch;
+        const size_t nsrc = R * SP, ndst = R * DP;
+        float *x = rand_vec(t, nsrc, 0.0f, 1.0f), *y = rand_vec(t, nsrc, 0.0f, 1.0f);
+        float *d_x = t->gpu->alloc(t->gpu, nsrc * sizeof(float)), *d_y = t->gpu->alloc(t->gpu, nsrc * sizeof(float));
+        t->gpu->upload(t->gpu, d_x, x, nsrc * sizeof(float));
+        t->gpu->upload(t->gpu, d_y, y, nsrc * sizeof(float));
+        float *src_h = copy_of(x, nsrc);
+        void *d_src = dev_from(t, src_h, nsrc), *d_dst = dev_zeros(t, ndst);  // src_h: x rounded to dtype
+        float *want = xcalloc(ndst, sizeof(float)), *got;
+        t->cpu->copy_2d(t->cpu, want, DP * sizeof(float), src_h, SP * sizeof(float), W * sizeof(float), R);
+        t->gpu->copy_2d(t->gpu, d_dst, DP * es, d_src, SP * es, W * es, R);
+        got = fetch(t, d_dst, ndst);
+        EXPECT(memcmp(got, want, ndst * sizeof(float)) == 0, "copy_2d of %zu rows of %zu (%s)", R, W, dtype_name(t->dt));
+        free(got);
+        for (int with_add = 0; with_add < 2; with_add++) {
+            t->cpu->store_f32(t->cpu, want, DP, x, with_add ? y : NULL, SP, W, R);
+            for (size_t i = 0; i < ndst; i++) want[i] = host_round(want[i], t->dt);
+            t->gpu->fill_zero(t->gpu, d_dst, ndst * es);
+            t->gpu->store_f32(t->gpu, d_dst, DP, d_x, with_add ? d_y : NULL, SP, W, R);
+            got = fetch(t, d_dst, ndst);
+            EXPECT(memcmp(got, want, ndst * sizeof(float)) == 0, "store_f32%s of %zu rows of %zu (%s)",
+                   with_add ? " with an addend" : "", R, W, dtype_name(t->dt));
+            free(got);
+        }
+        int same = 1;
+        for (size_t i = 0; i < nsrc; i++) same &= src_h[i] == host_round(x[i], t->dt);
+        EXPECT(same, "upload_f32 of %zu elements (%s)", nsrc, dtype_name(t->dt));
+        t->gpu->release(t->gpu, d_x), t->gpu->release(t->gpu, d_y);
+        t->gpu->release(t->gpu, d_src), t->gpu->release(t->gpu, d_dst);
+        free(x), free(y), free(src_h), free(want);
+    }
+}
+
 // ---- embedding ----
 
 static void test_embed(Ctx *t) {
@@ -755,6 +811,7 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "%s %s", label, dtype_name(t.dt));      \
     TEST_CASE(name, fn(&t))
         RUN("memory", test_memory);
+        RUN("strided copies and fp32 stores", test_strided);
         RUN("embedding", test_embed);
         RUN("layernorm", test_layernorm);
         RUN("add", test_add);
