@@ -232,6 +232,10 @@ int attn_decode(AttnContext *ctx, AttnParams *p, char *err, size_t errlen);
 // The number of key splits attn_decode runs p (accepted by attn_check) with on ctx: >= 1 for
 // the split-KV kernel, 0 when p runs attn_forward's path.
 int attn_decode_splits(const AttnContext *ctx, const AttnParams *p);
+// Whether attn_backward runs p (accepted by attn_check) on ctx with the sm90 backward's stream-K
+// instance (attention/flash_bwd_sm90.cu: accumulate mode, every query seeing every key, key
+// tiles that leave the last wave part-empty), for tests and benchmarks: 1 or 0 (0 on the CPU).
+int attn_backward_stream_k(const AttnContext *ctx, const AttnParams *p);
 
 // The fused QKV layout: q, k and v are the head groups [NH | NKV | NKV] of one buffer qkv
 // (B, T, (NH + 2*NKV) * HS) and out is (B, T, NH * HS), elements of elem_bytes. Sets the four

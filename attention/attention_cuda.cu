@@ -411,6 +411,14 @@ extern "C" int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, 
     return 0;
 }
 
+// The deterministic backward alone runs without a dQ accumulator (bwd_rows).
+extern "C" int attn_gpu_backward_stream_k(const AttnGpu *g, const AttnParams *p) {
+    AttnKernelChoice c;
+    char err[256];
+    if (attn_select_kernel(*g, *p, 1, &c, err, sizeof err) != 0 || c.family != FAMILY_SM90) return 0;
+    return flash_bwd_sm90_stream_k(*p, c.extras, !p->deterministic, g->sms);
+}
+
 extern "C" int attn_gpu_decode_splits(const AttnGpu *g, const AttnParams *p) {
     return decode_plan(p, g->sms).splits;
 }

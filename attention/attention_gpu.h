@@ -21,6 +21,8 @@ int attn_gpu_run(AttnGpu *g, AttnParams *p, int backward, char *err, size_t errl
 int attn_gpu_decode(AttnGpu *g, AttnParams *p, char *err, size_t errlen);
 // The split count attn_gpu_decode would run p with, 0 for attn_gpu_run's forward.
 int attn_gpu_decode_splits(const AttnGpu *g, const AttnParams *p);
+// Whether attn_gpu_run's backward would run p with the sm90 stream-K instance.
+int attn_gpu_backward_stream_k(const AttnGpu *g, const AttnParams *p);
 // attn_dq_accum_store on the GPU, on params attn_check accepted (dq_accum set). Returns 0, or -1
 // with err set.
 int attn_gpu_dq_accum_store(AttnGpu *g, const AttnParams *p, char *err, size_t errlen);

@@ -97,6 +97,14 @@ int attn_decode_splits(const AttnContext *ctx, const AttnParams *p) {
     return 0;
 }
 
+int attn_backward_stream_k(const AttnContext *ctx, const AttnParams *p) {
+#ifdef FLASHGPT_CUDA
+    if (ctx->device == DEVICE_CUDA) return attn_gpu_backward_stream_k(ctx->gpu, p);
+#endif
+    (void)p;
+    return 0;
+}
+
 int attn_dq_accum_store(AttnContext *ctx, const AttnParams *p, char *err, size_t errlen) {
     if (attn_check(p, ctx->device, 1, err, errlen) != 0) return -1;
     if (!p->dq_accum) return set_error(err, errlen, "attention: dq_accum_store needs dq_accum");

@@ -415,6 +415,13 @@ static bool bwd_mask_uniform(const AttnParams &p) {
     return first.lo == 0 && first.hi == p.T_k && last.lo == 0 && last.hi == p.T_k;
 }
 
+// Stream-K when the units (key tiles, KV heads, batch rows) leave the last wave part-empty (kernel
+// comment): accumulate mode only (the dK and dV atomics), never deterministic.
+bool flash_bwd_sm90_stream_k(const AttnParams &p, bool extras, bool dq_accum, int sms) {
+    const int64_t units = (int64_t)cdiv(p.T_k, Sm90BwdTile<64>::BN) * p.NKV * p.B;  // BN: 128 at every HS
+    return !extras && dq_accum && p.accumulate && !p.deterministic && units % sms != 0 && bwd_mask_uniform(p);
+}
+
 template <typename T, int HS, bool EXTRAS>
 CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, int sms, TensorMapEncoder enc,
                                cudaStream_t s) {
@@ -423,10 +430,9 @@ CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN, &status);
     const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM, &status);
     if (status != CUDA_SUCCESS) return status;
-    const int64_t units = (int64_t)cdiv(p.T_k, Tile::BN) * p.NKV * p.B;
-    // Stream-K when the units leave the last wave part-empty (kernel comment): accumulate mode
-    // only (the dK and dV atomics), never deterministic.
-    if (!EXTRAS && dq_accum && p.accumulate && !p.deterministic && units % sms != 0 && bwd_mask_uniform(p)) {
+    static_assert(Tile::BN == Sm90BwdTile<64>::BN, "flash_bwd_sm90_stream_k counts units of 128 keys");
+    if (flash_bwd_sm90_stream_k(p, EXTRAS, dq_accum, sms)) {
+        const int64_t units = (int64_t)cdiv(p.T_k, Tile::BN) * p.NKV * p.B;
         const int64_t iters = units * (p.NH / p.NKV) * cdiv(p.T_q, Tile::BM);  // bwd_pairs' total per unit
         flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(flash_bwd_sm90_kernel<T, HS, false, true, true>,
                                                           dim3((unsigned)(iters < sms ? iters : sms)), Tile::NTHREADS,

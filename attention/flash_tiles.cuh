@@ -258,6 +258,9 @@ CUresult flash_fwd_sm90_launch(const AttnParams &p, TensorMapEncoder enc, cudaSt
 template <typename T, int HS, bool EXTRAS>
 CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, int sms,
                                TensorMapEncoder enc, cudaStream_t s);
+// Whether flash_bwd_sm90_launch runs p stream-K (its SPLIT instance) on sms multiprocessors, for
+// the plain (!extras) or the feature instance, with or without a dQ accumulator.
+bool flash_bwd_sm90_stream_k(const AttnParams &p, bool extras, bool dq_accum, int sms);
 bool flash_sm90_ok();  // this binary has sm_90a code for the current device
 
 // Backward helpers (flash_bwd_sm80.cu): D = rowsum(dO * O) (B, NH, T_q) when dsum is not NULL

@@ -368,6 +368,7 @@ static void test_refusals(void) {
     AttnContext *ctx = attn_context_create(DEVICE_CPU, NULL, ATTN_KERNEL_AUTO, err, sizeof err);
     EXPECT(attn_dq_accum_store(ctx, &p, err, sizeof err) != 0 && strstr(err, "dq_accum"),
            "the store without dq_accum must be refused: %s", err);
+    EXPECT(attn_backward_stream_k(ctx, &p) == 0, "the cpu has no stream-K backward");
     attn_context_destroy(ctx);
     p.dsum = NULL;
     p.dsum_ready = 0;

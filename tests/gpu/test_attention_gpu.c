@@ -667,8 +667,10 @@ static void chunks_shared(AttnContext *ctx, const ChunkCase *c, const AttnParams
 // then the backward of every pair with accumulate, from the merged out and lse, adding into fp32
 // dq, dk, dv that start from random values. Merged out and lse and the summed gradients must
 // match the unsplit problem's float64 reference within the bounds of run_case. Then the same
-// backward again with the calls' per-query work shared (chunks_shared).
-static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
+// backward again with the calls' per-query work shared (chunks_shared). With sm90 (ctx runs the
+// sm90 family), a case named "stream-K" must run some of its backward calls on the stream-K
+// instance (attn_backward_stream_k); a deterministic one never does.
+static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng, int sm90) {
     char err[ERR_LEN];
     const int B = c->B, T = c->T, NH = c->NH, NKV = c->NKV, HS = c->HS;
     const DType dt = c->dtype;
@@ -755,12 +757,18 @@ static void run_chunks(AttnContext *ctx, const ChunkCase *c, Rng *rng) {
     p.out = out.d;
     p.lse = lse_d;
     p.accumulate = 1;
+    int stream_k = 0;  // calls on the stream-K instance
     for (int kc = 0; kc < 2; kc++)
         for (int qc = 0; qc < 2; qc++) {
             AttnParams pp = chunk_params(&p, qb[qc], qb[qc + 1], kb[kc], kb[kc + 1]);
+            stream_k += attn_backward_stream_k(ctx, &pp);
             EXPECT(attn_backward(ctx, &pp, err, sizeof err) == 0, "%s: backward of chunk pair (%d, %d) refused: %s",
                    c->name, qc, kc, err);
         }
+    if (sm90 && strstr(c->name, "stream-K"))
+        EXPECT(stream_k > 0, "%s: no backward call ran the stream-K instance", c->name);
+    EXPECT(!c->deterministic && sm90 ? 1 : stream_k == 0, "%s: %d backward calls ran the stream-K instance (not "
+           "with the deterministic backward, nor off the sm90 family)", c->name, stream_k);
     CUDA_OK(cudaDeviceSynchronize());
     const char *names[3] = {"dq", "dk", "dv"};
     const double *ref[3] = {r64.dq, r64.dk, r64.dv}, *lowp[3] = {rlp.dq, rlp.dk, rlp.dv};
@@ -1097,6 +1105,9 @@ int main(int argc, char **argv) {
     AttnContext *ctxs[2] = {attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_AUTO, err, sizeof err),
                             attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_SM80, err, sizeof err)};
     CHECK(ctxs[0] && ctxs[1]);
+    // A context that asks for the sm90 family exists on a Hopper GPU with sm_90a code, where
+    // the automatic one runs that family.
+    AttnContext *sm90 = attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_SM90, err, sizeof err);
     for (int fam = 0; fam < 2; fam++) {
         for (int i = 0; i < n; i++) {
             char name[160];
@@ -1109,13 +1120,12 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_chunks; i++) {
             char name[160];
             snprintf(name, sizeof name, "%s%s", fam ? "[sm80] " : "", chunks[i].name);
-            TEST_CASE(name, run_chunks(ctxs[fam], &chunks[i], &rng));
+            TEST_CASE(name, run_chunks(ctxs[fam], &chunks[i], &rng, fam == 0 && sm90));
         }
     }
     TEST_CASE("refusals return a status and leave the process running", test_refusals(ctxs[0]));
     TEST_CASE("dropout masks of every forward/backward family pair equal attn_dropout_keep (offset as an argument, "
               "and split with device memory)", test_dropout_masks(ctxs));
-    AttnContext *sm90 = attn_context_create(DEVICE_CUDA, NULL, ATTN_KERNEL_SM90, err, sizeof err);
     if (!quick) TEST_CASE("softcap on the sm90 family, refused on sm80", test_softcap_families(sm90, ctxs[1], &rng));
     attn_context_destroy(sm90);
     attn_context_destroy(ctxs[0]);
