@@ -607,7 +607,8 @@ static AttnParams chunk_params(const AttnParams *p, int q0, int q1, int k0, int 
 // attn_dq_accum_store. dK and dV depend on D alone, the same floats, so with the deterministic
 // backward they and dQ equal run_chunks' (grads[g]->h: the calls' share) bitwise; without it the
 // accumulated dQ, and dK and dV where the stream-K backward shares a key tile between two blocks
-// (their atomics), sum in another order and keep run_chunks' bound against float64.
+// (their atomics), sum in another order: within 1e-5 of the calls' own (relative L2), and
+// within run_chunks' bound against float64.
 static void chunks_shared(AttnContext *ctx, const ChunkCase *c, const AttnParams *p, const int qb[3],
                           const int kb[3], Buf *const grads[3], float *const start[3],
                           const double *const ref[3], const double *const lowp[3]) {
@@ -647,11 +648,15 @@ static void chunks_shared(AttnContext *ctx, const ChunkCase *c, const AttnParams
         if (c->deterministic)
             EXPECT(memcmp(h, grads[g]->h, grads[g]->n * sizeof(float)) == 0,
                    "%s: %s with D shared differs from the calls' own", c->name, names[g]);
+        else  // the same sums in another order: far closer than either is to float64
+            EXPECT(rel_err_f32(h, grads[g]->h, grads[g]->n) <= 1e-5, "%s: %s with D shared is %.2e from the calls' "
+                   "own (relative L2; the order of a sum moves it by a few fp32 ulps)", c->name, names[g],
+                   rel_err_f32(h, grads[g]->h, grads[g]->n));
         Buf got = *grads[g];
         got.h = h;
         const double e_gpu = err_vs(&got, ref[g], ref[g], B, c->T, Hs[g], HS);
         const double bound = 2 * err_d(lowp[g], ref[g], grads[g]->n) + ATOL;
-        printf(" %s %.1e/%.1e", names[g], e_gpu, bound);
+        printf(" %s %.1e/%.1e (%.0e from own)", names[g], e_gpu, bound, rel_err_f32(h, grads[g]->h, grads[g]->n));
         EXPECT(e_gpu <= bound, "%s: shared %s error vs float64 %.3e > bound %.3e", c->name, names[g], e_gpu, bound);
         free(h);
     }
