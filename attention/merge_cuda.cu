@@ -9,7 +9,6 @@
 
 #include "attention/attention_gpu.h"
 #include "attention/flash_common.cuh"
-#include "attention/flash_mask.cuh"
 #include "attention/mask.h"
 
 namespace {

@@ -134,12 +134,12 @@ static float host_round(float x, DType dt) {
 
 // copy_2d (its kernel: rows of >= 1 KiB in 16-byte pieces, and cudaMemcpy2DAsync otherwise),
 // store_f32 with and without an addend (vectors of 4 and single elements) and upload_f32 (whose
-// conversion runs as rows of the store), against the CPU backend and host rounding on the same
+// conversion is the store of one long row), against the CPU backend and host rounding on the same
 // values: all exact (one rounding to dtype, of the same fp32 sum).
 static void test_strided(Ctx *t) {
     const size_t es = dtype_size(t->dt);
     const struct { size_t rows, width, src_pitch, dst_pitch; } cases[] = {
-        {66001, 768, 800, 776},   // the kernels (many rows: 64-bit indices past 2^24 pieces)
+        {66001, 768, 800, 776},   // the kernels, over many rows
         {37, 1026, 1030, 1034},   // odd widths: single elements, and copy_2d's fallback
         {5, 8, 12, 16},           // narrow rows: copy_2d's fallback
     };
