@@ -19,9 +19,9 @@ struct RingAttention {
     int qw;               // elements per token of the queries and the output: NH * HS
     void *kv_own;         // (B, T, kvw) this rank's block, packed from the fused layout
     void *kv_in[2];       // (B, T, kvw) the block of the step in hand and the next one's
-    float *dkv_own;       // (B, T, kvw) fp32: this rank's dK/dV, every rank's part added in
-    float *dkv_out[2];    // (B, T, kvw) fp32: this rank's part of an origin's dK/dV, going back
-    float *dkv_in[2];     // (B, T, kvw) fp32: another rank's part of this rank's dK/dV
+    float *dkv_own;       // (B, T, kvw) fp32: this rank's dK/dV, the returned chains added in
+    float *chain[3];      // (B, T, kvw) fp32: chain[s % 3], the chain buffer of step s (backward)
+    float *dkv_in;        // (B, T, kvw) fp32: a chain of this rank's dK/dV come back
     float *out_acc;       // (B, T, qw) fp32: the merged output; (B, T, qw) fp32 dQ in backward
     void *part_out;       // (B, T, qw) one call's output (up to two chunks) before its merge
     float *part_lse;      // (B, NH, T) its lse
@@ -76,11 +76,9 @@ RingAttention *ring_attention_create(Backend *be, const RingLink *link, int B, i
     const size_t block = block_elems(ra);
     ra->kv_own = be->alloc(be, block * ra->ds);
     ra->dkv_own = be->alloc(be, block * sizeof(float));
-    for (int i = 0; i < 2; i++) {
-        ra->kv_in[i] = be->alloc(be, block * ra->ds);
-        ra->dkv_out[i] = be->alloc(be, block * sizeof(float));
-        ra->dkv_in[i] = be->alloc(be, block * sizeof(float));
-    }
+    ra->dkv_in = be->alloc(be, block * sizeof(float));
+    for (int i = 0; i < 2; i++) ra->kv_in[i] = be->alloc(be, block * ra->ds);
+    for (int i = 0; i < 3; i++) ra->chain[i] = be->alloc(be, block * sizeof(float));
     ra->out_acc = be->alloc(be, (size_t)B * T_local * ra->qw * sizeof(float));
     ra->part_out = be->alloc(be, (size_t)B * T_local * ra->qw * ra->ds);
     ra->part_lse = be->alloc(be, (size_t)B * NH * T_local * sizeof(float));
@@ -94,11 +92,9 @@ void ring_attention_free(RingAttention *ra) {
     Backend *be = ra->be;
     be->release(be, ra->kv_own);
     be->release(be, ra->dkv_own);
-    for (int i = 0; i < 2; i++) {
-        be->release(be, ra->kv_in[i]);
-        be->release(be, ra->dkv_out[i]);
-        be->release(be, ra->dkv_in[i]);
-    }
+    be->release(be, ra->dkv_in);
+    for (int i = 0; i < 2; i++) be->release(be, ra->kv_in[i]);
+    for (int i = 0; i < 3; i++) be->release(be, ra->chain[i]);
     be->release(be, ra->out_acc);
     be->release(be, ra->part_out);
     be->release(be, ra->part_lse);
@@ -415,27 +411,109 @@ void ring_attention_forward(RingAttention *ra, const AttnParams *p) {
     timed_end(ra, 0);
 }
 
-// The part of this rank's dK/dV that arrives at step s (from rank + s), in dkv_in[s & 1].
-static BlockPart returned_part(const RingAttention *ra, const AttnParams *p, int s) {
-    return block_part(ra, p, ring_rank(ra, ra->link.rank + s), ra->link.rank);
+// The backward's chains. The part of origin o's dK/dV that the rank at ring distance s computes
+// (its visit at step s) joins a chain buffer of o's block that travels between the visitors of
+// one parity of s, two steps apart: the visitor at step s adds into the buffer that the one at
+// step s - 2 filled, so the parts are summed by the kernels' own accumulation instead of being
+// zeroed, returned and added one by one, and each hop has a whole step to arrive. A run of
+// visits of one parity (a segment: the visits at s, s + 2, ... while each reads some keys) ends
+// where the next one would read nothing, and its buffer goes back to o, which adds it into its
+// own (under the causal zigzag every step reads some keys: two segments, the odd and the even
+// steps, come back at the last two steps).
+
+// The rows of origin's block that the queries of the rank at ring distance s read (none outside
+// 1 <= s < size).
+static BlockPart visit(const RingAttention *ra, const AttnParams *p, int origin, int s) {
+    if (s < 1 || s >= ra->link.size) return (BlockPart){0, 0};
+    return block_part(ra, p, ring_rank(ra, origin + s), origin);
 }
 
-// The part that arrived at step s joins the accumulator.
+// The smallest range holding both (a block part is none, one half or all of the rows, so the
+// union of two is a range).
+static BlockPart part_union(BlockPart a, BlockPart b) {
+    if (!a.n) return b;
+    if (!b.n) return a;
+    const size_t lo = a.off < b.off ? a.off : b.off;
+    const size_t hi = a.off + a.n > b.off + b.n ? a.off + a.n : b.off + b.n;
+    return (BlockPart){lo, hi - lo};
+}
+
+// The rows of origin's chain buffer written after the visit at step s: the union of its
+// segment's visits up to s (none if the visit at s reads nothing).
+static BlockPart held(const RingAttention *ra, const AttnParams *p, int origin, int s) {
+    BlockPart u = {0, 0};
+    for (int j = s; j >= 1; j -= 2) {
+        const BlockPart v = visit(ra, p, origin, j);
+        if (!v.n) break;
+        u = part_union(u, v);
+    }
+    return u;
+}
+
+// Whether origin's segment goes on from the visit at step s to the one at s + 2.
+static int continues(const RingAttention *ra, const AttnParams *p, int origin, int s) {
+    return visit(ra, p, origin, s + 2).n > 0;
+}
+
+// The segment of this rank's dK/dV that comes back after step s (from the rank at distance s,
+// its last visitor), in dkv_in.
+static BlockPart returned_part(const RingAttention *ra, const AttnParams *p, int s) {
+    const int rank = ra->link.rank;
+    return continues(ra, p, rank, s) ? (BlockPart){0, 0} : held(ra, p, rank, s);
+}
+
+// The segment that came back after step s joins the accumulator.
 static void add_returned(RingAttention *ra, const AttnParams *p, int s) {
     const BlockPart in = returned_part(ra, p, s);
     if (!in.n) return;
-    ra->be->add_f32(ra->be, ra->dkv_own + in.off, ra->dkv_in[s & 1] + in.off, in.n);
+    ra->be->add_f32(ra->be, ra->dkv_own + in.off, ra->dkv_in + in.off, in.n);
     timed(ra, RING_ADD);
 }
 
+// The exchanges after step s: the hop (this rank's chain buffer to the next visitor, two ranks
+// on; the buffer of step s + 2 from the rank two back) and the return (a finished segment to its
+// origin; one of this rank's coming back). All the hops of the ring are in the first, so that
+// each pairs with its neighbours' alone.
+typedef struct {
+    int hop, ret;
+} Round;
+
+static Round start_round(RingAttention *ra, const AttnParams *p, int s) {
+    const int rank = ra->link.rank, origin = ring_rank(ra, rank - s);
+    const int prev = ring_rank(ra, rank - s - 2);  // the origin of the buffer of step s + 2
+    const BlockPart mine = held(ra, p, origin, s), none = {0, 0};
+    const int on = mine.n && continues(ra, p, origin, s);
+    const BlockPart hop_in = continues(ra, p, prev, s) ? held(ra, p, prev, s) : none;
+    float *buf = ra->chain[s % 3];
+    return (Round){
+        .hop = start_parts(ra, buf, on ? mine : none, ring_rank(ra, rank + 2),
+                           ra->chain[(s + 2) % 3], hop_in, ring_rank(ra, rank - 2), sizeof(float)),
+        .ret = start_parts(ra, buf, on ? none : mine, origin, ra->dkv_in, returned_part(ra, p, s),
+                           ring_rank(ra, rank + s), sizeof(float))};
+}
+
+// Before the visit at step s, the rows of its part that the chain buffer does not hold yet
+// (those the segment's earlier visits did not read) are zeroed.
+static void zero_new_rows(RingAttention *ra, const AttnParams *p, int origin, int s) {
+    const BlockPart in = held(ra, p, origin, s - 2), u = part_union(in, visit(ra, p, origin, s));
+    float *buf = ra->chain[s % 3];
+    if (!in.n) {
+        if (u.n) zero(ra, buf + u.off, u.n * sizeof(float));
+        return;
+    }
+    if (in.off > u.off) zero(ra, buf + u.off, (in.off - u.off) * sizeof(float));
+    if (u.off + u.n > in.off + in.n)
+        zero(ra, buf + in.off + in.n, (u.off + u.n - in.off - in.n) * sizeof(float));
+}
+
 // dK and dV of the local tokens into p->dk and p->dv (beside it in each row): the accumulator,
-// plus the part that arrived at step s > 0, added on the way instead of by a pass of its own
-// (s = 0: none). A part is whole rows of the (B, T, kvw) layout, so its rows take the sum and
+// plus the segment that came back after step s > 0, added on the way instead of by a pass of its
+// own (s = 0: none). A part is whole rows of the (B, T, kvw) layout, so its rows take the sum and
 // those around it the accumulator alone.
 static void store_dkv(RingAttention *ra, const AttnParams *p, int s) {
     const BlockPart in = s > 0 ? returned_part(ra, p, s) : (BlockPart){0, 0};
     const size_t kvw = (size_t)ra->kvw, r0 = in.off / kvw, r1 = (in.off + in.n) / kvw;
-    const float *ret = ra->dkv_in[s & 1];
+    const float *ret = ra->dkv_in;
     store_rows(ra, p->dk, p->dk_st.row, ra->dkv_own, NULL, ra->kvw, 0, r0);
     store_rows(ra, p->dk, p->dk_st.row, ra->dkv_own, ret, ra->kvw, r0, r1 - r0);
     store_rows(ra, p->dk, p->dk_st.row, ra->dkv_own, NULL, ra->kvw, r1, (size_t)p->B * ra->T - r1);
@@ -494,10 +572,11 @@ static void store_dq(RingAttention *ra, const AttnParams *p, int dq_shared) {
     store(ra, p->dq, p->dq_st.row, ra->out_acc, ra->qw, p->B);
 }
 
-// Backward: step s computes into dkv_out[s & 1] (only the rows of the keys it reads: their part
-// is zeroed, sent and added) and then starts its return to the origin, with rank + s's part of
-// this rank's dK/dV coming into dkv_in[s & 1]; that exchange is waited for only at step s + 2,
-// before both buffers are used again, so it overlaps step s + 1.
+// Backward: step 0 computes into the own accumulator, step s > 0 into chain[s % 3] (the buffer
+// of step s - 2's visitor, received after its step, or zeroed where the segment starts), which
+// then goes on to the next visitor or back to its origin. The exchanges after step s - 1 are
+// waited for after step s (their buffers are used again after it), so each overlaps a step;
+// the segment returned by them is added into the accumulator then, the last one by the store.
 void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
     check_layout(ra, p, 1);
     const int size = ra->link.size, rank = ra->link.rank;
@@ -508,18 +587,14 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
     pack_block(ra, p);
     zero(ra, ra->dkv_own, n * sizeof(float));
     if (!dq_shared) zero(ra, ra->out_acc, (size_t)p->B * ra->T * ra->qw * sizeof(float));
-    int kv_x = NO_EXCHANGE, dkv_x[2] = {NO_EXCHANGE, NO_EXCHANGE};  // dkv_x[s & 1]: step s's return
+    int kv_x = NO_EXCHANGE;
+    Round round = {NO_EXCHANGE, NO_EXCHANGE};  // the exchanges after the step before
     for (int s = 0; s < size; s++) {
-        if (s >= 3) {  // step s - 2's return is done (steps from 1 on return a part)
-            wait_exchange(ra, dkv_x[s & 1]);
-            add_returned(ra, p, s - 2);
-        }
         wait_exchange(ra, kv_x);
         kv_x = s + 1 < size ? start_step(ra, p, s + 1) : NO_EXCHANGE;
         const int origin = ring_rank(ra, rank - s);
-        const BlockPart part = block_part(ra, p, rank, origin);
-        float *dkv = s == 0 ? ra->dkv_own : ra->dkv_out[s & 1];
-        if (s > 0 && part.n) zero(ra, dkv + part.off, part.n * sizeof(float));
+        float *dkv = s == 0 ? ra->dkv_own : ra->chain[s % 3];
+        if (s > 0) zero_new_rows(ra, p, origin, s);
         Span sp[4];
         const int n_sp = step_spans(ra, p, rank, origin, sp);
         for (int k = 0; k < n_sp; k++) {
@@ -527,19 +602,18 @@ void ring_attention_backward(RingAttention *ra, const AttnParams *p) {
             if (shared) share_rows(ra, &a, span_kind(sp[k]), dq_shared);
             attend(ra, &a, 1);
         }
-        // This rank's part of origin's dK/dV goes back to it; rank + s's part of ours arrives.
         if (s > 0) {
-            const int from = ring_rank(ra, rank + s);
-            dkv_x[s & 1] = start_parts(ra, dkv, part, origin, ra->dkv_in[s & 1],
-                                       block_part(ra, p, from, rank), from, sizeof(float));
+            if (s > 1) {
+                wait_exchange(ra, round.hop);
+                wait_exchange(ra, round.ret);
+                add_returned(ra, p, s - 1);
+            }
+            round = start_round(ra, p, s);
         }
     }
-    // The returns not yet waited for: those of the last two steps (the last one's is added by
-    // the store).
-    for (int s = size > 2 ? size - 2 : 1; s < size; s++) {
-        wait_exchange(ra, dkv_x[s & 1]);
-        if (s < size - 1) add_returned(ra, p, s);
-    }
+    // The exchanges after the last step: their returned segment is added by the store.
+    wait_exchange(ra, round.hop);
+    wait_exchange(ra, round.ret);
     store_dq(ra, p, dq_shared);
     store_dkv(ra, p, size - 1);
     timed_end(ra, 1);

@@ -14,9 +14,11 @@
 // neither computed nor sent: sender and receiver decide it from positions alone (and where the
 // receiver reads one contiguous chunk of a block, only that chunk travels). Forward: the partial
 // results merge through their log-sum-exp into an fp32 accumulator, exactly. Backward, from the
-// saved output and global lse: each rank computes its queries' part of the origin's dK/dV in
-// fp32 and sends it back to the origin, which adds what returns into its own fp32 accumulator
-// (the return of step s overlaps step s + 1); dQ stays local (fp32 until the end). The calls of
+// saved output and global lse: each rank adds its queries' part of the origin's dK/dV in fp32
+// into a chain buffer of the origin's block that travels from visitor to visitor two ring ranks
+// apart (the visitors of the odd steps, and those of the even ones), each hop overlapping a step;
+// a chain comes back to the origin after its last visit and joins its own fp32 accumulator (under
+// the causal zigzag two chains, after the last two steps); dQ stays local (fp32 until the end). The calls of
 // one set of queries (all the local ones, or one half: a span kind) share their per-query work
 // (attention.h's dsum, dq_accum, with the flash backward): the first call of a kind computes its
 // D = rowsum(dO * O) for the later ones, and every call adds its dQ into the kind's accumulator,
@@ -25,7 +27,7 @@
 // dependency, so the host never blocks in the ring.
 //
 // Memory per rank: its own K/V block and two received ones of (B, T_local, 2 * NKV * HS), fp32
-// dK/dV (own, two outgoing, two incoming) of the same shape, an fp32 output and dQ of (B,
+// dK/dV (own, three chain buffers, one come back) of the same shape, an fp32 output and dQ of (B,
 // T_local, NH * HS), one partial output of the same shape, D (2 x (B, NH, T_local)) and the
 // dQ accumulators of the kinds in use (the fp32 dQ's size for all the queries, half of it for
 // one half; under the causal zigzag those two): O(T / size).

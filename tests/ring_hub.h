@@ -8,7 +8,7 @@
 #include "model/backend.h"
 #include "model/ring_attention.h"
 
-enum { HUB_MAXP = 4, HUB_MAXQ = 8 };
+enum { HUB_MAXP = 8, HUB_MAXQ = 4 };  // ranks; exchanges in flight per rank (RingLink's limit)
 
 // One started exchange of a rank.
 typedef struct {

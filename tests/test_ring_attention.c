@@ -1,6 +1,6 @@
 // Ring attention (model/ring_attention.c) in one process on the CPU backend (tests/ring_harness.h):
 // every rank's output, lse and gradients (of its zigzag tokens) against one attention call over
-// the whole sequence. Rings of 2, 3 and 4 ranks, chunks of 7, 5, 3 and 33 tokens (odd), causal
+// the whole sequence. Rings of 2, 3, 4, 6 and 8 ranks, chunks of 7, 5, 4, 3 and 33 tokens (mostly odd), causal
 // with and without a sliding window (pairs neither computed nor sent: the blocks are counted),
 // ALiBi, GQA; batches of 2 and 1 (where blocks of which one chunk is read travel as that
 // chunk); the calls of a span kind sharing D and a dQ accumulator, and (deterministic) adding dQ
@@ -51,6 +51,11 @@ int main(void) {
     TEST_CASE("3 ranks, chunks of 7, window 9, batch 1", run_ring(3, 7, 1, 9, 0, 0));
     TEST_CASE("4 ranks, chunks of 7, window 9, alibi", run_ring(4, 7, 2, 9, 1, 0));
     TEST_CASE("4 ranks, chunks of 8, window 3 (blocks not sent)", run_ring(4, 8, 2, 3, 0, 0));
+    TEST_CASE("8 ranks, chunks of 3, causal, batch 1 (dK/dV chains of 4 and 3 visits)",
+              run_ring(8, 3, 1, -1, 0, 0));
+    TEST_CASE("8 ranks, chunks of 5, causal", run_ring(8, 5, 2, -1, 0, 0));
+    TEST_CASE("8 ranks, chunks of 4, window 3 (chains cut: segments back early)", run_ring(8, 4, 2, 3, 0, 0));
+    TEST_CASE("6 ranks, chunks of 5, window 7, batch 1", run_ring(6, 5, 1, 7, 0, 0));
     TEST_CASE("2 ranks, chunks of 33 (tiles of 64 split), window 40", run_ring(2, 33, 2, 40, 0, 0));
     TEST_CASE("4 ranks, chunks of 5, causal, deterministic (dQ added per call)",
               run_ring(4, 5, 2, -1, 0, 1));
