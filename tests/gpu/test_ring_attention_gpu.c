@@ -51,6 +51,8 @@ int main(void) {
     TEST_CASE("bf16, 4 ranks, chunks of 96, causal, batch 1", run_ring(DTYPE_BF16, 4, 96, 1, -1, 0, 0));
     TEST_CASE("bf16, 4 ranks, chunks of 50, window 70", run_ring(DTYPE_BF16, 4, 50, 2, 70, 0, 0));
     TEST_CASE("bf16, 4 ranks, chunks of 40, window 20 (blocks not sent)", run_ring(DTYPE_BF16, 4, 40, 2, 20, 0, 0));
+    TEST_CASE("bf16, 8 ranks, chunks of 72, causal, batch 1 (dK/dV chains)", run_ring(DTYPE_BF16, 8, 72, 1, -1, 0, 0));
+    TEST_CASE("bf16, 8 ranks, chunks of 40, window 30 (chains cut)", run_ring(DTYPE_BF16, 8, 40, 2, 30, 0, 0));
     TEST_CASE("bf16, 2 ranks, chunks of 64, alibi", run_ring(DTYPE_BF16, 2, 64, 2, -1, 1, 0));
     TEST_CASE("fp16, 3 ranks, chunks of 129, causal", run_ring(DTYPE_F16, 3, 129, 2, -1, 0, 0));
     TEST_CASE("bf16, 4 ranks, chunks of 70, causal, deterministic (dQ added per call)",
