@@ -159,6 +159,7 @@ NOT_RUN = [
     (r"^bash scripts/setup\.sh && make test$",
      "runs the whole test suite, this test among them (scripts/setup.sh runs here in scripts/quickstart.sh)"),
     (r"^torchrun --nproc_per_node=2 ", "needs 2 GPUs (NCCL)"),
+    (r"^torchrun --nproc_per_node=8 ", "needs 8 GPUs (NCCL)"),
     (r"^mpirun -np 2 \./train_gpt train -c configs/gpt2_124m\.json$", "needs 2 GPUs (NCCL)"),
     (r"^sbatch ", "needs a Slurm cluster"),
     (r"--device cuda\b", f"{GPU} (--device cuda)"),
