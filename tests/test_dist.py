@@ -335,12 +335,12 @@ def test_resume_on_another_world_size(tmp_path, shards):
 # faults: a killed or a hung rank ends the job, non-zero, within a bounded time
 
 
-def start_long_run(tmp_path, shards, timeout_s, through_env):
+def start_long_run(tmp_path, shards, timeout_s, through_env, dist=None):
     """A long 2-rank run with a rank timeout of timeout_s, set through FLASHGPT_DIST_TIMEOUT
-    (through_env) or the config's dist.timeout."""
+    (through_env) or the config's dist.timeout; dist: more of the config's dist section."""
     path, run_dir = config(tmp_path, shards, "fault", train={"steps": 1000000},
                            log={"checkpoint_every": 0, "eval_every": 0, "every": 100},
-                           dist={} if through_env else {"timeout": timeout_s})
+                           dist=({} if through_env else {"timeout": timeout_s}) | (dist or {}))
     tag = str(os.getpid()) + str(time.monotonic_ns())
     args = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "FLASHGPT_TEST_JOB",
             BIN, "train", "-c", path, "--device", "cpu"]
