@@ -487,7 +487,7 @@ void gpt_init_weights_host(const GPT *m, float *host, uint64_t seed) {
             for (size_t j = 0; j < n; j++) p[j] = 1.0f;
         } else if (t->ndim == 2) {
             float s = k == PROJ_W || k == FCPROJ_W ? resid_std : std;
-            for (size_t j = 0; j < n; j++) p[j] = s * rng_normal(&rng);
+            rng_normal_fill(&rng, p, n, s);
         }
     }
 }
