@@ -371,9 +371,16 @@ def wait_exit(p, bound):
     return p.returncode, err, time.monotonic() - t0
 
 
+# With dist.context_parallel = 2 the two ranks are one group: the other rank's next ring exchange
+# ("ring send/receive") or collective, whichever it reaches first, fails the same way.
+FAULT_DIST = [{}, {"context_parallel": 2}]
+FAULT_IDS = ["dp", "cp"]
+
+
 @needs_mpi
-def test_killed_rank_ends_the_job(tmp_path, shards):
-    p, pids = start_long_run(tmp_path, shards, timeout_s=10, through_env=True)
+@pytest.mark.parametrize("dist", FAULT_DIST, ids=FAULT_IDS)
+def test_killed_rank_ends_the_job(tmp_path, shards, dist):
+    p, pids = start_long_run(tmp_path, shards, timeout_s=10, through_env=True, dist=dist)
     os.kill(pids[1], signal.SIGKILL)
     rc, err, _ = wait_exit(p, 60)
     assert rc != 0
@@ -381,10 +388,11 @@ def test_killed_rank_ends_the_job(tmp_path, shards):
 
 
 @needs_mpi
-def test_hung_rank_ends_the_job_after_the_timeout(tmp_path, shards):
+@pytest.mark.parametrize("dist", FAULT_DIST, ids=FAULT_IDS)
+def test_hung_rank_ends_the_job_after_the_timeout(tmp_path, shards, dist):
     # A stopped rank never enters the next collective: rank 0 waits dist.timeout seconds, says
     # what timed out, and MPI_Abort ends the job (the stopped rank included).
-    p, pids = start_long_run(tmp_path, shards, timeout_s=3, through_env=False)
+    p, pids = start_long_run(tmp_path, shards, timeout_s=3, through_env=False, dist=dist)
     os.kill(pids[1], signal.SIGSTOP)
     try:
         rc, err, waited = wait_exit(p, 60)
