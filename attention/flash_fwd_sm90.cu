@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
                           const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef FLASH_SM90_DEVICE
     using Tile = Sm90FwdTile<HS, NWG, BLOCKS>;
-    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::NTHREADS;
+    constexpr int BM = Tile::BM, BN = Tile::BN;
     constexpr int NS = BN / 8, NO = HS / 8;  // n8 column tiles of the scores and of the output
     constexpr int STAGES = Tile::STAGES;
     extern __shared__ unsigned char smem_raw[];
@@ -59,14 +59,14 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     }
 
     // Key tiles run from last to first (the partial diagonal and ragged tiles first, then the
-    // bulk): tile i starts at key key_n0(i), in stage i % STAGES. Thread 0 has the copy engine load
-    // each tile (keys past T_k read as zeros), which lands on the stage's `full` barrier; every
-    // thread arrives on `empty` when its warpgroup is done with the stage. Thread 0 refills a
-    // stage once all have released it, so warpgroups drift apart by up to a tile instead of
+    // bulk): tile i starts at key key_n0(i), in stage i % STAGES. One thread has the copy engine
+    // load each tile (keys past T_k read as zeros), which lands on the stage's `full` barrier;
+    // every MMA thread arrives on `empty` when its warpgroup is done with the stage. A stage is
+    // refilled once all have released it, so warpgroups drift apart by up to a tile instead of
     // meeting every tile. Q lands with tile 0 (rows past T_q read as zeros).
     const int n_tiles = qb.n_tiles();
     auto key_n0 = [&](int i) { return qb.key_tile(n_tiles - 1 - i) * BN; };  // i-th tile from the last
-    auto load_kv = [&](int i) {  // thread 0 only
+    auto load_kv = [&](int i) {  // one thread
         const int n0 = key_n0(i), st = i % STAGES;
         const uint32_t full = full0 + st * 8;
         if (i >= STAGES) mbar_wait(empty0 + st * 8, ((i / STAGES) - 1) & 1);
@@ -76,11 +76,22 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
         tma_load_sw128<BN, HS>(sV + st * BN * HS, &tm_v, n0, kvh, b, full);
     };
     if (tid == 0) {
-        for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, 1), mbar_init(empty0 + st * 8, NT);
+        for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, 1), mbar_init(empty0 + st * 8, Tile::NMMA);
         mbar_init_fence();
         for (int i = 0; i < STAGES && i < n_tiles; i++) load_kv(i);
     }
     __syncthreads();
+    // The producer warpgroup (Tile::PRODUCER) issues the refills, each once its stage is released;
+    // otherwise thread 0 does, after its own warpgroup's release (the step below).
+    if constexpr (Tile::PRODUCER) {
+        if (wg == NWG) {
+            setmaxnreg_dec<Tile::REGS_PRODUCER>();
+            if (tid == Tile::NMMA)
+                for (int i = STAGES; i < n_tiles; i++) load_kv(i);
+            return;
+        }
+        setmaxnreg_inc<Tile::REGS_MMA>();
+    }
 
     // Descriptors: this warpgroup's 64 rows of Q and stage 0 of K (K-major), of V (MN-major).
     const uint64_t q_desc = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16, 1024);
@@ -181,8 +192,9 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // (docs/PERFORMANCE.md): split loops with turns at HS 64 with three warpgroups (from 4K
     // queries), 1.04-1.07x the split loops alone; one loop at HS 64 with two warpgroups,
     // 1.04-1.06x the split loops, and at HS 128, where the split loops measured 0.95-0.99x.
-    // Turns with one loop measured 0.90-0.96x. The feature instances at HS 64 run split
-    // loops and mask their first tile whatever its class.
+    // Turns with one loop measured 0.90-0.96x while thread 0 refilled the stages; with the
+    // producer warpgroup, 1.01-1.09x the producer alone at HS 128 (docs/PERFORMANCE.md). The
+    // feature instances at HS 64 run split loops and mask their first tile whatever its class.
     constexpr bool SPLIT = HS == 64 && (NWG == 3 || EXTRAS);
     auto tile_softmax = [&](int i, auto masked) {
         if constexpr (std::is_same<decltype(masked), TileByClass>::value) {
@@ -192,7 +204,8 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
             softmax(i, masked);
         }
     };
-    // Warpgroup turns in the SPLIT instances (FlashAttention-3's ping-pong): the warpgroups issue
+    // Warpgroup turns in the SPLIT and PRODUCER instances (FlashAttention-3's ping-pong; not with
+    // two blocks per SM, where the other block fills the gaps): the warpgroups issue
     // their tensor-core work one after the other, so one's softmax runs while the next one's
     // GEMMs do. Warpgroup wg takes a turn on named barrier TURN0 + wg once warpgroup wg - 1
     // (mod NWG) has arrived on it after issuing its own; warpgroup 0 takes its first turn at once
@@ -201,11 +214,12 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // O += P V of the last tile).
     constexpr int TURN0 = 8;           // ids 1 .. NWG stage the output below
     constexpr int TURN_THREADS = 256;  // the warpgroup that waits and the one that arrives
+    constexpr bool TURNS = SPLIT || Tile::PRODUCER;
     auto turn_begin = [&](bool first) {
-        if (SPLIT && (!first || wg > 0)) named_barrier(TURN0 + wg, TURN_THREADS);
+        if (TURNS && (!first || wg > 0)) named_barrier(TURN0 + wg, TURN_THREADS);
     };
     auto turn_end = [&](bool last) {
-        if (SPLIT && (!last || wg < NWG - 1)) named_barrier_arrive(TURN0 + (wg + 1) % NWG, TURN_THREADS);
+        if (TURNS && (!last || wg < NWG - 1)) named_barrier_arrive(TURN0 + (wg + 1) % NWG, TURN_THREADS);
     };
     if (n_tiles > 0) {
         turn_begin(true);
@@ -229,7 +243,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
         mbar_arrive(empty0 + ((i - 1) % STAGES) * 8);
-        if (tid == 0 && i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
+        if (!Tile::PRODUCER && tid == 0 && i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
         rescale_and_pack();
     };
     if constexpr (SPLIT) {

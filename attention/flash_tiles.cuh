@@ -156,10 +156,16 @@ template <typename T, int HS> struct DqSmem {
 // one's prologue and epilogue run under the other's loop. Against BN 128 at one block per SM
 // (H200, 16K tokens): causal 1.14x at 1K, 1.08x at 2K (GPT-2's 16 x 1024, 12 heads: 1.09x);
 // full 0.95x / 0.93x, so attn_select_kernel takes it for causal rows below 4K only.
+// PRODUCER (two warpgroups at one block per SM): a third warpgroup has one thread issue the
+// copies and gives its registers to the two that compute (setmaxnreg: 2 x 240 + 24 = 3 x 168),
+// so no MMA warp waits for a stage's release to refill it and the warpgroups drift apart
+// freely. Three warpgroups (170 registers each) and two blocks per SM (128) have none to give.
 template <int HS, int NWG, int BLOCKS = 1> struct Sm90FwdTile {
     static constexpr int BM = 64 * NWG, BN = HS <= 128 && BLOCKS == 1 ? 128 : 64;
     static constexpr int STAGES = HS <= 128 && BLOCKS == 1 ? 3 : 2;
-    static constexpr int NTHREADS = 128 * NWG;
+    static constexpr bool PRODUCER = NWG == 2 && BLOCKS == 1;
+    static constexpr int NMMA = 128 * NWG, NTHREADS = NMMA + (PRODUCER ? 128 : 0);
+    static constexpr int REGS_MMA = 240, REGS_PRODUCER = 24;
     static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
     static_assert(NWG == 2 || (NWG == 3 && HS == 64), "warpgroups that fit the registers");
     static_assert(BLOCKS == 1 || (BLOCKS == 2 && NWG == 2 && HS == 64), "two blocks per SM at HS 64 only");
