@@ -193,7 +193,8 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // queries), 1.04-1.07x the split loops alone; one loop at HS 64 with two warpgroups,
     // 1.04-1.06x the split loops, and at HS 128, where the split loops measured 0.95-0.99x.
     // Turns with one loop measured 0.90-0.96x while thread 0 refilled the stages; with the
-    // producer warpgroup, 1.01-1.09x the producer alone at HS 128 (docs/PERFORMANCE.md). The
+    // producer warpgroup, 1.03-1.04x the producer alone at HS 128 at 1K and 2K queries, level
+    // (0.99-1.01x) from 8K (docs/PERFORMANCE.md). The
     // feature instances at HS 64 run split loops and mask their first tile whatever its class.
     constexpr bool SPLIT = HS == 64 && (NWG == 3 || EXTRAS);
     auto tile_softmax = [&](int i, auto masked) {
