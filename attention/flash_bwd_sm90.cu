@@ -10,10 +10,14 @@
 //   dQ += dS K                      (dS^T through shared memory, both operands MN-major; the
 //                                     two warpgroups split the BM x HS result into 64 x 64
 //                                     blocks and stage theirs in shared memory)
-// Each pair issues S^T and dP^T first; the next pair's copies and this pair's bookkeeping run
-// while the tensor cores work. A third warpgroup, the writer, gives most of its registers to the
-// two MMA warpgroups (setmaxnreg); one warp of it adds each staged dQ block into the fp32
-// accumulator with one bulk reduction, off the MMA warps' path. Soft-capping, ALiBi and dropout
+// Each pair issues S^T and dP^T first; this pair's bookkeeping runs while the tensor cores work.
+// A third warpgroup, the copy warpgroup, gives most of its registers to the two MMA warpgroups
+// (setmaxnreg). One warp of it, the loader, fills two stages of Q, dO, LSE, D and the rows' key
+// ranges ahead of the MMA warpgroups (K and V with each run's first pair), each stage as soon as
+// both MMA warpgroups have released it (its `empty` mbarrier); another, the writer, adds each
+// staged dQ block into the fp32 accumulator with one bulk reduction. The MMA warpgroups meet once
+// per pair, when dS^T is complete for the dQ product (dS^T is double-buffered, so the next pair's
+// stores need no second meeting). Soft-capping, ALiBi and dropout
 // live in the EXTRAS instances only (flash_mask.cuh's ScoreRule; the dropout mask is every
 // implementation's). The deterministic mode runs the instance without dQ (DQ false: no dQ
 // product, no writer; an EXTRAS one, whose features cost nothing when off) and
@@ -44,16 +48,21 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     constexpr int NQ = BM / 8;  // n8 column tiles (queries) of S^T and dP^T
     extern __shared__ unsigned char smem_raw[];
     auto &sm = smem_storage<Sm90BwdSmem<T, HS>>(smem_raw);
-    T *sK = sm.k, *sV = sm.v, *sQ = sm.q[0], *sdO = sm.dout[0], *sdS = sm.ds;
+    T *sK = sm.k, *sV = sm.v, *sQ = sm.q[0], *sdO = sm.dout[0], *sdS = sm.ds[0];
     float *sdQ = sm.dq[0], *sLse = sm.lse[0], *sD = sm.d[0];
     int2 *sRng = sm.rng[0];
-    const uint32_t qbar0 = smem_u32(sm.qbar);  // 2 mbarriers: a stage landed
+    int *sPartial = sm.partial;
+    const uint32_t full0 = smem_u32(sm.full), empty0 = smem_u32(sm.empty);  // per stage, 8 bytes apart
 
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
+    // A stage is full once the loader's lane 0 has issued its copies and every lane has stored
+    // its share of the rows (FULL_ARRIVALS) and the copies have landed; empty once every MMA thread
+    // has arrived after its last read of it.
+    constexpr int FULL_ARRIVALS = 1 + 32;
     if (tid == 0) {
-        mbar_init(qbar0, 1), mbar_init(qbar0 + 8, 1);
+        for (int st = 0; st < 2; st++) mbar_init(full0 + st * 8, FULL_ARRIVALS), mbar_init(empty0 + st * 8, NT);
         mbar_init_fence();
     }
     __syncthreads();
@@ -103,13 +112,65 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         n_iters = pairs.total;
     }
 
+    // The loader: the block's pairs in the MMA warpgroups' order into stage gi & 1 (gi the block's
+    // pairs so far). Lane 0 has the copy engine load Q and dO (K and V with a run's first pair,
+    // once the MMA warpgroups are done with the last run's: the previous pair's stage released);
+    // the lanes load LSE and D (zeros from m_valid on) and, for a partial tile, the visible key
+    // ranges of its rows. Rows past T_k or T_q read as zeros (flash_bwd_sm80.cu: their dS and P
+    // dO come out 0).
+    auto load_pairs = [&]() {
+        int gi = 0;
+        do {
+            int hi = SPLIT ? it_begin / pairs.n_mb : 0, mb = SPLIT ? it_begin % pairs.n_mb : 0;
+            for (int it = it_begin; it < it_end; it++, gi++) {
+                const int stage = gi & 1, h = kvh * pairs.G + hi, m0 = pairs.tile_m0(mb, BM);
+                if (++mb == pairs.n_mb) mb = 0, hi++;
+                const bool kv = it == it_begin;
+                if (gi >= 2) mbar_wait(empty0 + stage * 8, ((gi >> 1) - 1) & 1);
+                if (kv && gi >= 1) mbar_wait(empty0 + (stage ^ 1) * 8, ((gi - 1) >> 1) & 1);
+                const uint32_t full = full0 + stage * 8;
+                if (lane == 0) {
+                    mbar_arrive_expect_tx(full, (2 * BM + (kv ? 2 * BN : 0)) * HS * 2);
+                    if (kv) {
+                        tma_load_sw128<BN, HS>(sK, &tm_k, n0, kvh, b, full);
+                        tma_load_sw128<BN, HS>(sV, &tm_v, n0, kvh, b, full);
+                    }
+                    tma_load_sw128<BM, HS>(sQ + stage * BM * HS, &tm_q, m0, h, b, full);
+                    tma_load_sw128<BM, HS>(sdO + stage * BM * HS, &tm_do, m0, h, b, full);
+                }
+                const int m_valid = min(BM, p.T_q - m0);
+                const float *lse = p.lse + attn_lse_offset(&p, b, h) + m0;
+                const float *d = dsum + ((int64_t)b * p.NH + h) * p.T_q + m0;
+                for (int r = lane; r < BM; r += 32) {
+                    const bool ok = r < m_valid;
+                    sLse[stage * BM + r] = ok ? lse[r] : 0.f;
+                    sD[stage * BM + r] = ok ? d[r] : 0.f;
+                }
+                const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
+                const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
+                if (partial)
+                    for (int r = lane; r < BM; r += 32) {
+                        const RowRange rr = row_range(p, b, min(m0 + r, p.T_q - 1));
+                        sRng[stage * BM + r] = make_int2(rr.lo, rr.hi);
+                    }
+                if (lane == 0) sPartial[stage] = partial;
+                mbar_arrive(full);
+            }
+        } while (SPLIT && next_run());
+    };
+
     // Named barriers: 1 the MMA warpgroups; per MMA warpgroup w, DQ_FULL + w (its dQ block is
     // staged) and DQ_EMPTY + w (the writer has read it: the next may be staged), each the
     // warpgroup + one warp.
     constexpr int BAR_MMA = 1, DQ_FULL = 2, DQ_EMPTY = 4, NDQ = 128 + 32;
-    if (wg == 2) {  // the writer: pairs in the MMA warpgroups' order, each block as it is staged
-        setmaxnreg_dec<Tile::REGS_WRITER>();
+    if (wg == 2) {  // the copy warpgroup: warp 1 the loader, warp 0 the writer
+        setmaxnreg_dec<Tile::REGS_COPY>();
+        if (warp == 1) {
+            load_pairs();
+            return;
+        }
         if (warp != 0 || !DQ) return;
+        // the writer: pairs in the MMA warpgroups' order, each block as it is staged
         int gi = 0;  // the block's pairs so far
         do {
             int hi = SPLIT ? it_begin / pairs.n_mb : 0, mb = SPLIT ? it_begin % pairs.n_mb : 0;
@@ -138,38 +199,6 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     }
     setmaxnreg_inc<Tile::REGS_MMA>();
 
-    // The (query head, query tile) pairs are walked in order by a cursor (no division per step).
-    // load_stage copies the next pair's Q and dO into `stage` (thread 0, with the copy engine,
-    // landing on the stage's mbarrier; K and V come with the first pair) and its LSE and D (every
-    // thread, cp.async), and returns whether its tile is partial; only then do the visible key
-    // ranges of its rows go to shared memory (the only case that reads them). Rows past T_k or
-    // T_q read as zeros (flash_bwd_sm80.cu: their dS and P dO come out 0).
-    int cur_hi = 0, cur_mb = 0;  // the run's next pair to load: query head kvh * G + cur_hi, tile tile_m0(cur_mb)
-    auto load_stage = [&](int stage, bool kv) {
-        const int h = kvh * pairs.G + cur_hi, m0 = pairs.tile_m0(cur_mb, BM);
-        if (++cur_mb == pairs.n_mb) cur_mb = 0, cur_hi++;
-        const int m_valid = min(BM, p.T_q - m0);
-        if (tid == 0) {
-            const uint32_t bar = qbar0 + stage * 8;
-            mbar_arrive_expect_tx(bar, (2 * BM + (kv ? 2 * BN : 0)) * HS * 2);
-            if (kv) {
-                tma_load_sw128<BN, HS>(sK, &tm_k, n0, kvh, b, bar);
-                tma_load_sw128<BN, HS>(sV, &tm_v, n0, kvh, b, bar);
-            }
-            tma_load_sw128<BM, HS>(sQ + stage * BM * HS, &tm_q, m0, h, b, bar);
-            tma_load_sw128<BM, HS>(sdO + stage * BM * HS, &tm_do, m0, h, b, bar);
-        }
-        load_lse_d<BM, NT>(sLse + stage * BM, sD + stage * BM, p, dsum, b, h, m0, m_valid, tid);
-        const RowRange first = row_range(p, b, m0), last = row_range(p, b, m0 + m_valid - 1);
-        const bool partial = tile_class(first, last, n0, n0 + BN) != TILE_FULL;
-        if (partial)
-            for (int r = tid; r < BM; r += NT) {
-                const RowRange rr = row_range(p, b, min(m0 + r, p.T_q - 1));
-                sRng[stage * BM + r] = make_int2(rr.lo, rr.hi);
-            }
-        return partial;
-    };
-
     float dk[HS / 2], dv[HS / 2];  // this warpgroup's (64 keys, HS), zeroed at each run's start
     const float scale_log2 = p.scale * LOG2E_F;
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
@@ -189,12 +218,12 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     const uint64_t dqb_desc = sw128_desc(k_base + dq_b * BN * 128, BN * 128, 1024);
     // This thread's dS^T stores: row krow + 8r, column 8j + 2t, at the byte address
     // ds_row[r] + (((j & 7) ^ g) << 4) + (j >> 3) * BN * 128 (sw128_offset with the row fixed).
+    // The pair's dS^T buffer (gi & 1): ds_buf(gi) more, in these addresses and in dqa_desc.
     uint32_t ds_row[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) ds_row[r] = ds_base + (krow + 8 * r) * 128 + 4 * t;
+    auto ds_buf = [](int gi) { return (uint32_t)((gi & 1) * BN * BM * sizeof(T)); };
 
-    // Each pair: S^T and dP^T are issued first, then the next pair's copies and this pair's
-    // bookkeeping run while the tensor cores work.
     // dK and dV of the run's keys (fp32 in accumulate mode, attention.h) += this warpgroup's: with
     // SPLIT by atomics (two blocks may share the unit), else by the block that owns its rows.
     auto add_dk_dv = [&]() {
@@ -223,15 +252,9 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     do {
 #pragma unroll
         for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.f;
-        cur_hi = SPLIT ? it_begin / pairs.n_mb : 0, cur_mb = SPLIT ? it_begin % pairs.n_mb : 0;
-        bool partial_cur = false, partial_next = false;
-        if (it_begin < it_end) partial_cur = load_stage(gi & 1, true);
-        cp_async_commit();
         for (int it = it_begin; it < it_end; it++, gi++) {
             const int stage = gi & 1;
-            cp_async_wait<0>();
-            mbar_wait(qbar0 + stage * 8, (gi >> 1) & 1);
-            named_barrier(BAR_MMA, NT);  // this stage (and K, V) landed; every warpgroup is done with the pair before
+            mbar_wait(full0 + stage * 8, (gi >> 1) & 1);  // this stage (and K, V) landed
 
             const uint32_t q_base = smem_u32(sQ + stage * BM * HS), o_base = smem_u32(sdO + stage * BM * HS);
             const uint64_t q_kdesc = sw128_desc(q_base, 16, 1024), o_kdesc = sw128_desc(o_base, 16, 1024);
@@ -247,10 +270,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 Wgmma<T, BM, 0, 0>::ss(dpt, desc_add(vrows_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32),
                                        desc_add(o_kdesc, (ks >> 2) * BM * 128 + (ks & 3) * 32), ks > 0);
             wgmma_commit();
-            if (it + 1 < it_end) partial_next = load_stage(stage ^ 1, false);
-            cp_async_commit();
 
-            const bool partial = partial_cur;
+            const bool partial = sPartial[stage];
             const float *cLse = sLse + stage * BM, *cD = sD + stage * BM;
             const int2 *cRng = sRng + stage * BM;
             const uint64_t q_mndesc = sw128_desc(q_base, BM * 128, 1024), o_mndesc = sw128_desc(o_base, BM * 128, 1024);
@@ -286,7 +307,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             // P^T after dropout in registers (for dV): emit stores row pair r of column tile j.
             uint32_t pa[BM / 16][4], sa[BM / 16][4];
             auto emit = [&](int j, int r, uint32_t pk, uint32_t ds) {
-                const uint32_t addr = ds_row[r] + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
+                const uint32_t addr = ds_row[r] + ds_buf(gi) + ((((unsigned)j & 7) ^ (unsigned)g) << 4) + (j >> 3) * BN * 128;
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds) : "memory");
                 sa[j >> 1][(j & 1) * 2 + r] = ds;
                 pa[j >> 1][(j & 1) * 2 + r] = pk;
@@ -353,7 +374,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             if constexpr (DQ) {
 #pragma unroll
                 for (int ks = 0; ks < BN / 16; ks++)
-                    Wgmma<T, 64, 1, 1>::ss(dq, desc_add(dqa_desc, ks * 16 * 128), desc_add(dqb_desc, ks * 16 * 128), ks > 0);
+                    Wgmma<T, 64, 1, 1>::ss(dq, desc_add(dqa_desc, ds_buf(gi) + ks * 16 * 128), desc_add(dqb_desc, ks * 16 * 128), ks > 0);
                 wgmma_commit();
             }
 #pragma unroll
@@ -377,10 +398,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             wgmma_fence_regs(dv);
             wgmma_fence_regs(pa);
             wgmma_fence_regs(sa);
-            partial_cur = partial_next;
+            mbar_arrive(empty0 + stage * 8);
         }
-        cp_async_wait<0>();
-        named_barrier(BAR_MMA, NT);  // every warpgroup is done with K and V (also when no query tile was visible)
         if constexpr (SPLIT) add_dk_dv();
     } while (SPLIT && next_run());
     if constexpr (SPLIT) return;
@@ -389,6 +408,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
         add_dk_dv();
         return;
     }
+    named_barrier(BAR_MMA, NT);  // every warpgroup is done with K and V (also when no query tile was visible)
 
     // dK = scale * dS^T Q and dV, staged through sK and sV, then stored with 16-byte writes.
 #pragma unroll

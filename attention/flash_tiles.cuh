@@ -183,32 +183,37 @@ template <typename T, int HS, int NWG, int BLOCKS = 1> struct Sm90FwdSmem {
 
 // Hopper backward (flash_bwd_sm90.cu, wgmma): two MMA warpgroups of 64 keys share a key tile of
 // BN keys; query tiles of BM rows stream through a two-stage Q/dO pipeline; a third warpgroup
-// (one warp of it) adds their dQ blocks into the accumulator. Per MMA thread: S^T and dP^T BM/2
-// fp32 each, dK and dV HS/2 each, dQ 32.
+// (one warp of it) loads the stages and another adds their dQ blocks into the accumulator. Per
+// MMA thread: S^T and dP^T BM/2 fp32 each, dK and dV HS/2 each, dQ 32. At 24 registers the
+// loader keeps a few of its values in local memory (ptxas: 40-80 bytes, about 460 with
+// Stream-K's run cursor; the MMA warpgroups spill nothing). 40 for the copy warpgroup and 232
+// for the MMA ones measured 0.93-0.97x at HS 64 (docs/PERFORMANCE.md).
 //   HS 64:  BM 128 (dQ split between the warpgroups by query halves).
 //   HS 128: BM 64  (dQ split by column halves; dK and dV already take 128 registers).
 template <int HS> struct Sm90BwdTile {
     static constexpr int NWG = 2, NMMA = 128 * NWG, NTHREADS = NMMA + 128;
-    static constexpr int REGS_MMA = 240, REGS_WRITER = 24;  // setmaxnreg: 2 x 240 + 24 = 3 x 168
+    static constexpr int REGS_MMA = 240, REGS_COPY = 24;  // setmaxnreg: 2 x 240 + 24 = 3 x 168
     static constexpr int BN = 64 * NWG, BM = HS <= 64 ? 128 : 64;
     static_assert(HS % 64 == 0 && BM % 64 == 0, "SW128 tiles are whole 64-column blocks");
 };
-// Two stages of Q and of dO, K and V (at the end the staging areas of dK and dV), dS^T (keys x
-// queries), every tile SW128 and a multiple of 1 KB (so each stays 1024-byte aligned); a 64 x 64
-// fp32 dQ block per MMA warpgroup; two stages of LSE, D and the visible key ranges of the rows;
-// and per stage the mbarrier on which its copies land.
+// Two stages of Q and of dO, K and V (at the end the staging areas of dK and dV), two of dS^T
+// (keys x queries), every tile SW128 and a multiple of 1 KB (so each stays 1024-byte aligned); a
+// 64 x 64 fp32 dQ block per MMA warpgroup; two stages of LSE, D, the visible key ranges of the
+// rows and whether the tile is partial; and per stage the mbarriers on which it is full (its
+// copies landed) and empty (both MMA warpgroups are done with it).
 template <typename T, int HS> struct Sm90BwdSmem {
     using Tile = Sm90BwdTile<HS>;
     alignas(1024) T q[2][Tile::BM * HS];
     T dout[2][Tile::BM * HS];
     T k[Tile::BN * HS];
     T v[Tile::BN * HS];
-    T ds[Tile::BN * Tile::BM];
+    T ds[2][Tile::BN * Tile::BM];
     float dq[Tile::NWG][4096];
     float lse[2][Tile::BM];
     float d[2][Tile::BM];
     int2 rng[2][Tile::BM];
-    uint64_t qbar[2];
+    int partial[2];
+    uint64_t full[2], empty[2];
 };
 
 // The head width of the sm90 tiles for head size HS: SW128 tiles are whole 64-column blocks, so
