@@ -18,6 +18,16 @@
 
 typedef enum { EPI_NONE = 0, EPI_GELU = 1 } Epilogue;  // matmul epilogue (tanh-approximate GELU)
 
+// The dropout op's mask (Backend.dropout: p, seed, offset, offset_dev) applied inside another op
+// to one of its tensors, over that tensor's flat element index: each element becomes its value
+// times attn_dropout_scale(p) when kept, 0 when dropped, rounded to the dtype, exactly what the
+// dropout op would have left there. A NULL DropMask, or p == 0, applies nothing.
+typedef struct {
+    float p;
+    uint64_t seed, offset;
+    const uint64_t *offset_dev;
+} DropMask;
+
 
 typedef struct Backend Backend;
 struct Backend {
@@ -64,10 +74,11 @@ struct Backend {
                               const void *w, const void *b, int N, int C);
     // dinp (N,C) ACCUMULATES (it is the residual stream's gradient); dw, db (C) accumulate.
     // dcopy (N,C), or NULL, receives dinp's new values too (the residual gradient the branch
-    // below starts from: the backward of the residual add, fused).
+    // below starts from: the backward of the residual add, fused), through dcopy_drop (the
+    // backward of that branch's residual dropout, fused; NULL: none).
     void (*layernorm_backward)(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
                                const void *dout, const void *inp, const void *w, const float *mean,
-                               const float *rstd, int N, int C);
+                               const float *rstd, int N, int C, const DropMask *dcopy_drop);
     // out (N,OC) = epi(inp (N,C) @ w (OC,C)^T + bias (OC or NULL)). With EPI_GELU, pre (N,OC)
     // receives the values before GELU (needed by backward); otherwise pre is NULL.
     void (*matmul_forward)(Backend *be, void *out, void *pre, const void *inp, const void *w,
@@ -78,8 +89,9 @@ struct Backend {
     void (*matmul_backward)(Backend *be, void *dinp, void *dw, void *dbias, void *dout,
                             const void *pre, const void *inp, const void *w, int N, int C, int OC,
                             Epilogue epi);
-    // out = a + b over n elements (out may alias a or b).
-    void (*add)(Backend *be, void *out, const void *a, const void *b, size_t n);
+    // out = a + b_drop(b) over n elements (out may alias a or b; b_drop NULL: b as it is).
+    void (*add)(Backend *be, void *out, const void *a, const void *b, size_t n,
+                const DropMask *b_drop);
     // fp32 accumulators (context parallelism's ring): acc += x over n fp32 elements, and the
     // store of rows of width elements from fp32 src (every src_pitch elements), plus the fp32
     // addend `add` of the same layout unless it is NULL, into dst of dtype (every dst_pitch
@@ -146,11 +158,12 @@ struct Backend {
     void *(*capture_end)(Backend *be, char *err, size_t errlen);
     int (*graph_launch)(Backend *be, void *graph);
     void (*graph_free)(Backend *be, void *graph);
-    // The residual add and the LayerNorm after it in one pass: res (N,C) = a + b, rounded once
-    // to the dtype (res may alias a or b), then out = LayerNorm(res) as layernorm_forward.
+    // The residual add and the LayerNorm after it in one pass: res (N,C) = a + b_drop(b) (the
+    // branch's residual dropout fused; NULL: b as it is), rounded once to the dtype (res may
+    // alias a or b; b is left as it is), then out = LayerNorm(res) as layernorm_forward.
     void (*add_layernorm_forward)(Backend *be, void *res, void *out, float *mean, float *rstd,
                                   const void *a, const void *b, const void *w, const void *bias,
-                                  int N, int C);
+                                  int N, int C, const DropMask *b_drop);
 
     // ---- device time (benchmark breakdowns) ----
     // A mark is a point in the backend's queue: mark_record places it after the work queued so

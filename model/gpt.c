@@ -197,10 +197,18 @@ static uint64_t site_offset(const GPT *m, int l, int site) {
     return m->dropout_base + (uint64_t)l * SITES_PER_LAYER + (uint64_t)site;
 }
 
-// Residual dropout of site (l, site) over x (n), in place; also its own backward on a gradient.
+// The mask of residual dropout site (l, site), for an op that applies it on the way (its own
+// backward on a gradient); p = 0 while the last forward runs without residual dropout.
+static DropMask resid_mask(const GPT *m, int l, int site) {
+    const DropMask d = {m->drop_resid ? m->resid_dropout : 0.0f, m->dropout_seed, site_offset(m, l, site),
+                        m->rng_base};
+    return d;
+}
+
+// Residual dropout of site (l, site) over x (n), in place.
 static void resid_dropout(GPT *m, void *x, size_t n, int l, int site) {
-    m->be->dropout(m->be, x, n, m->resid_dropout, m->dropout_seed, site_offset(m, l, site),
-                   m->rng_base);
+    const DropMask d = resid_mask(m, l, site);
+    m->be->dropout(m->be, x, n, d.p, d.seed, d.offset, d.offset_dev);
 }
 
 // Pointer to tensor i inside the flat buffer `base` (params or grads).
@@ -587,7 +595,7 @@ static void kv_store(GPT *m, int l, const BlockActs *a, int pos, int B, int T) {
 // (p->B, T) tokens are first stored in the cache from that position on (p's k and v already
 // point into it). pos (N)
 // backend int32 gives the RoPE positions (NULL: i % T). With drop, the last forward's residual
-// dropout masks apply to both branch outputs.
+// dropout masks apply to both branch outputs (inside the residual adds).
 static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x_out, void *scratch,
                           int N, int T, const int *pos, AttnParams *p, int kv_pos, int drop) {
     Backend *be = m->be;
@@ -603,15 +611,15 @@ static void block_forward(GPT *m, int l, BlockActs *a, const void *x_in, void *x
     attention_forward(m, p, kv_pos >= 0);
     be->matmul_forward(be, scratch, NULL, a->atty, layer_ptr(m, w, l, PROJ_W),
                        layer_ptr(m, w, l, PROJ_B), N, C, C, EPI_NONE);
-    if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_PROJ);
+    const DropMask proj_drop = resid_mask(m, l, SITE_PROJ), mlp_drop = resid_mask(m, l, SITE_MLP);
     be->add_layernorm_forward(be, a->res_attn, a->ln2, a->ln2_mean, a->ln2_rstd, x_in, scratch,
-                              layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C);
+                              layer_ptr(m, w, l, LN2_W), layer_ptr(m, w, l, LN2_B), N, C,
+                              drop ? &proj_drop : NULL);
     be->matmul_forward(be, a->fch, a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W),
                        layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
     be->matmul_forward(be, scratch, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W),
                        layer_ptr(m, w, l, FCPROJ_B), N, 4 * C, C, EPI_NONE);
-    if (drop) resid_dropout(m, scratch, (size_t)N * C, l, SITE_MLP);
-    be->add(be, x_out, a->res_attn, scratch, (size_t)N * C);
+    be->add(be, x_out, a->res_attn, scratch, (size_t)N * C, drop ? &mlp_drop : NULL);
 }
 
 // The logits of head rows [r0, r0 + n) of the last forward into the chunk buffer.
@@ -857,12 +865,13 @@ void gpt_backward(GPT *m, float grad_scale) {
     head_backward(m, N, (float)((double)grad_scale / (double)m->n_loss));
     be->fill_zero(be, m->dres, NC);
     const void *x_last = m->acts[g->L - 1].res_mlp;
-    // Each LayerNorm backward also leaves a copy of the residual gradient in dtmp: the branch
-    // below it consumes that copy (through its dropout mask; matmul_backward may use it as
-    // scratch) while dres carries the residual path.
+    // Each LayerNorm backward also leaves a copy of the residual gradient in dtmp, through the
+    // residual dropout mask of the branch below it, which consumes that copy (matmul_backward may
+    // use it as scratch) while dres carries the residual path.
+    DropMask below = resid_mask(m, g->L - 1, SITE_MLP);
     be->layernorm_backward(be, m->dres, m->dtmp, tensor_ptr(m, dw, m->lnf_i),
                            tensor_ptr(m, dw, m->lnf_i + 1), m->dln, x_last,
-                           tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C);
+                           tensor_ptr(m, w, m->lnf_i), m->lnf_mean, m->lnf_rstd, N, C, &below);
     report_grads(m, m->lnf_i, 2);
 
     for (int l = g->L - 1; l >= 0; l--) {
@@ -879,16 +888,15 @@ void gpt_backward(GPT *m, float grad_scale) {
                                layer_ptr(m, w, l, FC_B), N, C, 4 * C, EPI_GELU);
         }
         // MLP branch, from dtmp.
-        if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_MLP);
         be->matmul_backward(be, m->dfch, layer_ptr(m, dw, l, FCPROJ_W), layer_ptr(m, dw, l, FCPROJ_B),
                             m->dtmp, NULL, a->fch, layer_ptr(m, w, l, FCPROJ_W), N, 4 * C, C, EPI_NONE);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, FC_W), layer_ptr(m, dw, l, FC_B), m->dfch,
                             a->fch_pre, a->ln2, layer_ptr(m, w, l, FC_W), N, C, 4 * C, EPI_GELU);
+        below = resid_mask(m, l, SITE_PROJ);
         be->layernorm_backward(be, m->dres, m->dtmp, layer_ptr(m, dw, l, LN2_W),
                                layer_ptr(m, dw, l, LN2_B), m->dln, a->res_attn,
-                               layer_ptr(m, w, l, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
+                               layer_ptr(m, w, l, LN2_W), a->ln2_mean, a->ln2_rstd, N, C, &below);
         // Attention branch, from dtmp.
-        if (m->drop_resid) resid_dropout(m, m->dtmp, (size_t)N * C, l, SITE_PROJ);
         be->matmul_backward(be, m->datty, layer_ptr(m, dw, l, PROJ_W), layer_ptr(m, dw, l, PROJ_B),
                             m->dtmp, NULL, a->atty, layer_ptr(m, w, l, PROJ_W), N, C, C, EPI_NONE);
         attn_fused_qkv_grads(&p, m->dqkv, m->datty, m->ds);
@@ -896,9 +904,10 @@ void gpt_backward(GPT *m, float grad_scale) {
         if (m->rope) be->rope_backward(be, m->dqkv, m->rope, m->pos, N, T, g->NH, g->NKV, g->HS);
         be->matmul_backward(be, m->dln, layer_ptr(m, dw, l, QKV_W), layer_ptr(m, dw, l, QKV_B), m->dqkv,
                             NULL, a->ln1, layer_ptr(m, w, l, QKV_W), N, C, m->OCq, EPI_NONE);
+        if (l > 0) below = resid_mask(m, l - 1, SITE_MLP);   // layer l - 1's MLP branch
         be->layernorm_backward(be, m->dres, l > 0 ? m->dtmp : NULL, layer_ptr(m, dw, l, LN1_W),
                                layer_ptr(m, dw, l, LN1_B), m->dln, x_in, layer_ptr(m, w, l, LN1_W),
-                               a->ln1_mean, a->ln1_rstd, N, C);
+                               a->ln1_mean, a->ln1_rstd, N, C, l > 0 ? &below : NULL);
         report_layer(m, l);
     }
     if (m->drop_resid) resid_dropout(m, m->dres, (size_t)N * C, g->L, 0);

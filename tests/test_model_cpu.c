@@ -141,16 +141,16 @@ static void test_layernorm(Backend *be, Rng *r, int N, int C) {
     EXPECT(rel_err_d(mean, mean_ref, N) < OP_TOL, "ln mean rel err %g", rel_err_d(mean, mean_ref, N));
     EXPECT(rel_err_d(rstd, rstd_ref, N) < OP_TOL, "ln rstd rel err %g", rel_err_d(rstd, rstd_ref, N));
     float dcopy[N * C];
-    be->layernorm_backward(be, dinp, dcopy, dw, db, dout, inp, w, mean, rstd, N, C);
+    be->layernorm_backward(be, dinp, dcopy, dw, db, dout, inp, w, mean, rstd, N, C, NULL);
     EXPECT(rel_err_d(dinp, dinp_ref, N * C) < OP_TOL, "ln dinp rel err %g", rel_err_d(dinp, dinp_ref, N * C));
     EXPECT(memcmp(dcopy, dinp, sizeof dcopy) == 0, "ln dcopy holds exactly the new dinp");
     // The fused residual add: res = inp + dout (in place of a copy of inp), then the same
     // LayerNorm of res, bit for bit.
     float res[N * C], sum[N * C], out2[N * C], mean2[N], rstd2[N];
     memcpy(res, inp, sizeof res);
-    be->add(be, sum, inp, dout, (size_t)N * C);
+    be->add(be, sum, inp, dout, (size_t)N * C, NULL);
     be->layernorm_forward(be, out, mean, rstd, sum, w, b, N, C);
-    be->add_layernorm_forward(be, res, out2, mean2, rstd2, res, dout, w, b, N, C);
+    be->add_layernorm_forward(be, res, out2, mean2, rstd2, res, dout, w, b, N, C, NULL);
     EXPECT(memcmp(res, sum, sizeof res) == 0, "add+ln res is the add");
     EXPECT(memcmp(out2, out, sizeof out) == 0 && memcmp(mean2, mean, sizeof mean) == 0 &&
                memcmp(rstd2, rstd, sizeof rstd) == 0,
@@ -222,10 +222,63 @@ static void test_add(Backend *be, Rng *r, int n) {
     fill_normal(r, a, n, 1.0f);
     fill_normal(r, b, n, 1.0f);
     for (int i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
-    be->add(be, out, a, b, n);
+    be->add(be, out, a, b, n, NULL);
     EXPECT(max_abs_diff(out, ref, n) < 1e-6, "add differs");
-    be->add(be, a, a, b, n);   // in place
+    be->add(be, a, a, b, n, NULL);   // in place
     EXPECT(max_abs_diff(a, ref, n) < 1e-6, "in-place add differs");
+}
+
+// The dropout mask inside the ops that take a DropMask is the dropout op's, bit for bit: add
+// (out = a + dropout(b), b left alone; in place), add_layernorm_forward (res = a + dropout(b),
+// then the LayerNorm of res) and layernorm_backward's copy (dcopy = dropout(new dinp), dinp
+// itself undropped); p = 0 and a NULL mask apply nothing. The offset's device part is a host
+// value here (the CPU backend reads it directly).
+static void test_fused_dropout(Backend *be, Rng *r, int N, int C, float p) {
+    const size_t n = (size_t)N * C;
+    const uint64_t part = 5;
+    const DropMask d = {p, 99, ((uint64_t)1 << 32) + 7, &part};
+    float a[n], b[n], b0[n], dropped[n], want[n], got[n], w[C], bias[C];
+    float out[n], out2[n], mean[N], mean2[N], rstd[N], rstd2[N];
+    fill_normal(r, a, n, 1.0f);
+    fill_normal(r, b, n, 1.0f);
+    fill_normal(r, w, C, 1.0f);
+    fill_normal(r, bias, C, 1.0f);
+    memcpy(b0, b, sizeof b);
+    memcpy(dropped, b, sizeof b);
+    be->dropout(be, dropped, n, p, d.seed, d.offset, d.offset_dev);
+    be->add(be, want, a, dropped, n, NULL);
+    be->add(be, got, a, b, n, &d);
+    EXPECT(memcmp(got, want, sizeof got) == 0, "N %d C %d p %g: add with b's mask is dropout, then add", N, C, p);
+    EXPECT(memcmp(b, b0, sizeof b) == 0, "add with a mask leaves b alone");
+    memcpy(got, a, sizeof got);
+    be->add(be, got, got, b, n, &d);
+    EXPECT(memcmp(got, want, sizeof got) == 0, "add with b's mask in place of a");
+    const DropMask off = {0.0f, d.seed, d.offset, d.offset_dev};
+    be->add(be, got, a, b, n, &off);
+    be->add(be, want, a, b, n, NULL);
+    EXPECT(memcmp(got, want, sizeof got) == 0, "add with p = 0 is the plain add");
+
+    float res[n], sum[n];
+    be->add(be, sum, a, dropped, n, NULL);
+    be->layernorm_forward(be, out, mean, rstd, sum, w, bias, N, C);
+    be->add_layernorm_forward(be, res, out2, mean2, rstd2, a, b, w, bias, N, C, &d);
+    EXPECT(memcmp(res, sum, sizeof res) == 0 && memcmp(out2, out, sizeof out) == 0 &&
+               memcmp(mean2, mean, sizeof mean) == 0 && memcmp(rstd2, rstd, sizeof rstd) == 0,
+           "N %d C %d p %g: add+ln with b's mask is dropout, add, LayerNorm", N, C, p);
+    EXPECT(memcmp(b, b0, sizeof b) == 0, "add+ln with a mask leaves b alone");
+
+    float dinp[n], dinp2[n], dcopy[n], dw[C], db[C], dw2[C], db2[C];
+    fill_normal(r, dinp, n, 1.0f);
+    memcpy(dinp2, dinp, sizeof dinp);
+    memset(dw, 0, sizeof dw), memset(db, 0, sizeof db), memset(dw2, 0, sizeof dw2), memset(db2, 0, sizeof db2);
+    be->layernorm_backward(be, dinp, NULL, dw, db, b, a, w, mean, rstd, N, C, NULL);
+    be->layernorm_backward(be, dinp2, dcopy, dw2, db2, b, a, w, mean, rstd, N, C, &d);
+    EXPECT(memcmp(dinp2, dinp, sizeof dinp) == 0 && memcmp(dw2, dw, sizeof dw) == 0 &&
+               memcmp(db2, db, sizeof db) == 0,
+           "ln backward with a mask on dcopy: dinp, dw, db as without");
+    memcpy(want, dinp, sizeof want);
+    be->dropout(be, want, n, p, d.seed, d.offset, d.offset_dev);
+    EXPECT(memcmp(dcopy, want, sizeof dcopy) == 0, "N %d C %d p %g: ln backward's dcopy is dropout(new dinp)", N, C, p);
 }
 
 // Dropout keeps element i iff attn_philox_keep(seed, offset, i, p), scaling it by one fp32
@@ -1237,6 +1290,8 @@ int main(void) {
     TEST_CASE("cpu add", test_add(be, &r, 1001));
     TEST_CASE("cpu add (threaded)", test_add(be, &r, 40009));
     TEST_CASE("cpu dropout p 0.2", test_dropout_op(be, &r, 1001, 0.2f));
+    TEST_CASE("cpu dropout inside add, add+ln, ln backward", test_fused_dropout(be, &r, 7, 37, 0.2f));
+    TEST_CASE("cpu dropout inside add, add+ln, ln backward (threaded)", test_fused_dropout(be, &r, 300, 131, 0.5f));
     TEST_CASE("cpu dropout p 0.5 (threaded)", test_dropout_op(be, &r, 40009, 0.5f));
     TEST_CASE("cpu dropout p 0.9 (threaded)", test_dropout_op(be, &r, 100003, 0.9f));
     TEST_CASE("cpu softmax cross-entropy (ignored rows, padded columns)", test_softmax_xent(be, &r, 13));

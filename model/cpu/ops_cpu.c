@@ -35,7 +35,7 @@ static void cpu_copy_2d(Backend *be, void *dst, size_t dst_pitch, const void *sr
 }
 static void cpu_synchronize(Backend *be) {}
 static void cpu_add_f32(Backend *be, float *acc, const float *x, size_t n) {
-    cpu_add(be, acc, acc, x, n);
+    cpu_add(be, acc, acc, x, n, NULL);
 }
 static void cpu_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, const float *add,
                           size_t src_pitch, size_t width, size_t rows) {

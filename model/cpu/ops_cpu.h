@@ -19,11 +19,11 @@ void cpu_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, con
                            const void *w, const void *b, int N, int C);
 void cpu_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
                             const void *dout, const void *inp, const void *w, const float *mean,
-                            const float *rstd, int N, int C);
+                            const float *rstd, int N, int C, const DropMask *dcopy_drop);
 void cpu_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
                                const void *a, const void *b, const void *w, const void *bias,
-                               int N, int C);
-void cpu_add(Backend *be, void *out, const void *a, const void *b, size_t n);
+                               int N, int C, const DropMask *b_drop);
+void cpu_add(Backend *be, void *out, const void *a, const void *b, size_t n, const DropMask *b_drop);
 void cpu_softmax_xent(Backend *be, void *logits, float *losses, float *lse, const int *targets,
                       int N, int V, int Vp, float dscale);
 void cpu_matmul_forward(Backend *be, void *out, void *pre, const void *inp, const void *w,
@@ -34,6 +34,8 @@ void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *d
 // ops_cpu_dropout.c
 void cpu_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
                  const uint64_t *offset_dev);
+// out = a + (x through d's mask) over n elements (out may alias a or x); d->p > 0.
+void cpu_dropout_add(void *out, const void *a, const void *x, size_t n, const DropMask *d);
 // ops_cpu_rope.c
 void cpu_rope_forward(Backend *be, void *qkv, const float *table, const int *pos, int N, int T,
                       int NH, int NKV, int HS);

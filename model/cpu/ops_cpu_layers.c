@@ -68,17 +68,17 @@ void cpu_layernorm_forward(Backend *be, void *out_, float *mean, float *rstd, co
     }
 }
 
-// The reference of the fused op: the add, then the LayerNorm.
+// The reference of the fused op: the add (through b's dropout mask), then the LayerNorm.
 void cpu_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
                                const void *a, const void *b, const void *w, const void *bias,
-                               int N, int C) {
-    cpu_add(be, res, a, b, (size_t)N * C);
+                               int N, int C, const DropMask *b_drop) {
+    cpu_add(be, res, a, b, (size_t)N * C, b_drop);
     cpu_layernorm_forward(be, out, mean, rstd, res, w, bias, N, C);
 }
 
 void cpu_layernorm_backward(Backend *be, void *dinp_, void *dcopy_, void *dw_, void *db_,
                             const void *dout_, const void *inp_, const void *w_, const float *mean,
-                            const float *rstd, int N, int C) {
+                            const float *rstd, int N, int C, const DropMask *dcopy_drop) {
     float *dinp = dinp_;        // (N, C), accumulates
     float *dw = dw_, *db = db_;  // (C), accumulate
     const float *dout = dout_, *inp = inp_;  // (N, C)
@@ -110,9 +110,16 @@ void cpu_layernorm_backward(Backend *be, void *dinp_, void *dcopy_, void *dw_, v
             }
         }
     }
+    if (dcopy_ && dcopy_drop && dcopy_drop->p > 0.0f)
+        cpu_dropout(be, dcopy_, (size_t)N * C, dcopy_drop->p, dcopy_drop->seed, dcopy_drop->offset,
+                    dcopy_drop->offset_dev);
 }
 
-void cpu_add(Backend *be, void *out_, const void *a_, const void *b_, size_t n) {
+void cpu_add(Backend *be, void *out_, const void *a_, const void *b_, size_t n, const DropMask *b_drop) {
+    if (b_drop && b_drop->p > 0.0f) {
+        cpu_dropout_add(out_, a_, b_, n, b_drop);
+        return;
+    }
     float *out = out_;
     const float *a = a_, *b = b_;
     #pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)

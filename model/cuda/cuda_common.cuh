@@ -18,6 +18,7 @@ extern "C" {
 #include "common/check.h"
 #include "model/backend.h"
 }
+#include "model/dropout.h"
 
 
 // The backend's private state (Backend.ctx): no globals, everything a call needs is here.
@@ -134,6 +135,31 @@ __device__ __forceinline__ float gelu_grad_f32(float x) {
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
 }
 
+// ---- the dropout op's mask inside other ops (Backend's DropMask) ----
+
+// A DropMask as kernels take it, by value; on == false applies nothing.
+struct DropArgs {
+    bool on;
+    uint32_t thresh;   // attn_dropout_threshold(p)
+    float scale;       // attn_dropout_scale(p)
+    uint64_t seed, offset;
+    const uint64_t *offset_dev;   // NULL, or added to offset when the kernel runs
+};
+// The kernels' form of d (ops_cuda_dropout.cu): off for NULL or p == 0; p must be below 1.
+DropArgs drop_args(const DropMask *d);
+
+// v, the VEC values of T at flat indices e0 .. e0 + VEC - 1 (VEC divides 16 and e0, so they
+// share a Philox block), as the dropout op would leave them: times the scale when kept, 0 when
+// dropped, rounded to T.
+template <typename T, int VEC>
+__device__ __forceinline__ void drop_apply(const DropArgs &d, size_t e0, float (&v)[VEC]) {
+    if (!d.on) return;
+    const uint64_t off = d.offset + (d.offset_dev ? *d.offset_dev : 0);
+    const uint32_t keep = dropout_keep16(d.seed, off, e0 / 16, d.thresh) >> (e0 % 16);
+#pragma unroll
+    for (int i = 0; i < VEC; i++) v[i] = to_f32(from_f32<T>(v[i] * (keep >> i & 1 ? d.scale : 0.0f)));
+}
+
 // ---- launchers shared between the backend's files ----
 
 // ops_cuda_layers.cu: deterministic column sums. Adds the column sums of the (N, C) fp32
@@ -147,11 +173,11 @@ void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, co
                             const void *w, const void *b, int N, int C);
 void cuda_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
                              const void *dout, const void *inp, const void *w, const float *mean,
-                             const float *rstd, int N, int C);
+                             const float *rstd, int N, int C, const DropMask *dcopy_drop);
 void cuda_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
                                 const void *a, const void *b, const void *w, const void *bias,
-                                int N, int C);
-void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n);
+                                int N, int C, const DropMask *b_drop);
+void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n, const DropMask *b_drop);
 void cuda_add_f32(Backend *be, float *acc, const float *x, size_t n);
 void cuda_store_f32(Backend *be, void *dst, size_t dst_pitch, const float *src, const float *add,
                     size_t src_pitch, size_t width, size_t rows);
@@ -180,6 +206,8 @@ void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *
 // ops_cuda_dropout.cu
 void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
                   const uint64_t *offset_dev);
+// out = a + (x through d's mask) over n elements (out may alias a or x); d->p > 0.
+void cuda_dropout_add(Backend *be, void *out, const void *a, const void *x, size_t n, const DropMask *d);
 
 // ops_cuda_async.cu
 void *cuda_host_alloc(Backend *be, size_t bytes);

@@ -1,46 +1,64 @@
-// ops_cuda_dropout: the CUDA backend's dropout (Backend.dropout), in place in the compute dtype.
-// One thread per Philox block of 16 consecutive elements (16-byte loads where x is aligned); the
-// keep decisions come from model/dropout.h, the same as the CPU backend's, and the product is
-// computed in fp32 and rounded once to the dtype (bitwise the CPU's result in fp32).
+// ops_cuda_dropout: the CUDA backend's dropout (Backend.dropout), in place in the compute dtype,
+// and the same mask on the way into a residual add (cuda_dropout_add: Backend.add's DropMask).
+// One thread per Philox block of 16 consecutive elements (16-byte accesses where the pointers
+// allow); the keep decisions come from model/dropout.h, the same as the CPU backend's, and the
+// product is computed in fp32 and rounded once to the dtype (bitwise the CPU's result in fp32),
+// then added to the addend in fp32 and rounded again, as Backend.add would.
 #include "model/cuda/cuda_common.cuh"
-#include "model/dropout.h"
 
 #define DROPOUT_THREADS 256   // threads per block, each deciding 16 elements
 
+DropArgs drop_args(const DropMask *d) {
+    DropArgs a = {};
+    if (!d || d->p <= 0.0f) return a;
+    if (!(d->p < 1.0f)) fatal(EXIT_RUNTIME, "cuda dropout: p = %g must be below 1", (double)d->p);
+    a.on = true;
+    a.thresh = attn_dropout_threshold(d->p);
+    a.scale = attn_dropout_scale(d->p);
+    a.seed = d->seed;
+    a.offset = d->offset;
+    a.offset_dev = d->offset_dev;
+    return a;
+}
+
+// out = a + dropout(x), or dropout(x) without a (n elements; out may alias a or x: each thread
+// reads its elements before writing them).
 template <typename T>
-__global__ void dropout_kernel(T *x, size_t n, uint32_t thresh, float scale, uint64_t seed,
-                               uint64_t offset, const uint64_t *offset_dev, bool aligned) {
+__global__ void dropout_kernel(T *out, const T *a, const T *x, size_t n, DropArgs d, bool aligned) {
     const size_t blk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t e0 = blk * 16;
     if (e0 >= n) return;
-    const uint32_t keep = dropout_keep16(seed, offset + (offset_dev ? *offset_dev : 0), blk, thresh);
+    const uint32_t keep = dropout_keep16(d.seed, d.offset + (d.offset_dev ? *d.offset_dev : 0), blk, d.thresh);
+    auto one = [&](float v, int j, const T *addend) {   // element e0 + j; NaN stays NaN, as in PyTorch
+        const T dropped = from_f32<T>(v * (keep >> j & 1 ? d.scale : 0.0f));
+        return addend ? from_f32<T>(to_f32(*addend) + to_f32(dropped)) : dropped;
+    };
     if (aligned && e0 + 16 <= n) {
         constexpr int V = 16 / sizeof(T);   // elements per 16-byte vector
-        uint4 *v = reinterpret_cast<uint4 *>(x + e0);
 #pragma unroll
         for (int q = 0; q < 16 / V; q++) {
-            uint4 u = v[q];
+            uint4 u = reinterpret_cast<const uint4 *>(x + e0)[q], ua = {};
+            if (a) ua = reinterpret_cast<const uint4 *>(a + e0)[q];
             T *el = reinterpret_cast<T *>(&u);
+            const T *ael = reinterpret_cast<const T *>(&ua);
 #pragma unroll
-            for (int k = 0; k < V; k++)   // NaN stays NaN, as in PyTorch
-                el[k] = from_f32<T>(to_f32(el[k]) * (keep >> (q * V + k) & 1 ? scale : 0.0f));
-            v[q] = u;
+            for (int k = 0; k < V; k++) el[k] = one(to_f32(el[k]), q * V + k, a ? ael + k : nullptr);
+            reinterpret_cast<uint4 *>(out + e0)[q] = u;
         }
         return;
     }
-    for (int j = 0; j < 16 && e0 + j < n; j++)
-        x[e0 + j] = from_f32<T>(to_f32(x[e0 + j]) * (keep >> j & 1 ? scale : 0.0f));
+    for (int j = 0; j < 16 && e0 + j < n; j++) out[e0 + j] = one(to_f32(x[e0 + j]), j, a ? a + e0 + j : nullptr);
 }
 
-static void launch_dropout(Backend *be, void *x, size_t n, uint32_t thresh, float scale,
-                           uint64_t seed, uint64_t offset, const uint64_t *offset_dev) {
+void cuda_dropout_add(Backend *be, void *out, const void *a, const void *x, size_t n, const DropMask *d) {
+    if (n == 0) return;
+    const DropArgs args = drop_args(d);
     const long long n_blk = (long long)((n + 15) / 16);
-    const bool aligned = (uintptr_t)x % 16 == 0;
+    const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)a % 16 == 0;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
-        dropout_kernel<E><<<cdiv(n_blk, DROPOUT_THREADS), DROPOUT_THREADS, 0,
-                            cuda_ctx(be)->stream>>>((E *)x, n, thresh, scale, seed, offset,
-                                                    offset_dev, aligned);
+        dropout_kernel<E><<<cdiv(n_blk, DROPOUT_THREADS), DROPOUT_THREADS, 0, cuda_ctx(be)->stream>>>(
+            (E *)out, (const E *)a, (const E *)x, n, args, aligned);
     });
     CUDA_CHECK_LAUNCH();
 }
@@ -48,6 +66,6 @@ static void launch_dropout(Backend *be, void *x, size_t n, uint32_t thresh, floa
 void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
                   const uint64_t *offset_dev) {
     if (n == 0 || p <= 0.0f) return;
-    if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cuda dropout: p = %g must be below 1", (double)p);
-    launch_dropout(be, x, n, attn_dropout_threshold(p), attn_dropout_scale(p), seed, offset, offset_dev);
+    const DropMask d = {p, seed, offset, offset_dev};
+    cuda_dropout_add(be, x, NULL, x, n, &d);
 }

@@ -1,6 +1,7 @@
 // ops_cuda_layers: the CUDA backend's element-wise and row-wise ops: embedding forward,
-// LayerNorm forward (alone or fused with the residual add before it) and backward (fp32
-// statistics; optionally also writing a copy of the residual gradient), residual add, GELU, the bias/GELU backward of the
+// LayerNorm forward (alone or fused with the residual add before it and the branch's dropout)
+// and backward (fp32 statistics; optionally also writing a copy of the residual gradient through
+// a dropout mask), residual add, GELU, the bias/GELU backward of the
 // linear layer, dtype conversions, and the deterministic column sums that parameter gradients
 // (LayerNorm weight/bias, linear bias) are reduced with.
 //
@@ -48,11 +49,12 @@ void cuda_embed_forward(Backend *be, void *out, const int *tokens, const int *po
 // ---- LayerNorm ----
 
 // One warp per row; lane l owns the VEC-element groups starting at (l + 32 k) VEC. With res
-// (the fused residual add), the row is first res = inp + add, rounded to T and stored; the lane
-// then reads back only what it wrote itself.
+// (the fused residual add), the row is first res = inp + drop(add), rounded to T and stored;
+// the lane then reads back only what it wrote itself.
 template <typename T, int VEC>
 __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, T *res, const T *inp,
-                                         const T *add, const T *w, const T *b, int N, int C) {
+                                         const T *add, DropArgs drop, const T *w, const T *b, int N,
+                                         int C) {
     const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
     const T *x = (res ? res : inp) + (size_t)row * C;   // (C)
@@ -63,6 +65,7 @@ __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, T *re
             float y[VEC];
             load_f32<T, VEC>(v, inp + (size_t)row * C + c);
             load_f32<T, VEC>(y, add + (size_t)row * C + c);
+            drop_apply<T, VEC>(drop, (size_t)row * C + c, y);
 #pragma unroll
             for (int i = 0; i < VEC; i++) v[i] = to_f32(from_f32<T>(v[i] + y[i]));
             store_f32<T, VEC>(res + (size_t)row * C + c, v);
@@ -96,17 +99,18 @@ __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, T *re
     }
 }
 
-// LayerNorm of inp, or with res of res = inp + add.
+// LayerNorm of inp, or with res of res = inp + drop(add).
 static void launch_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, void *res,
-                                     const void *inp, const void *add, const void *w,
-                                     const void *b, int N, int C) {
+                                     const void *inp, const void *add, const DropMask *drop,
+                                     const void *w, const void *b, int N, int C) {
+    const DropArgs d = drop_args(drop);
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
         dispatch_vec<E>(C, {out, res, inp, add, w, b}, [&](auto vec) {
             constexpr int V = decltype(vec)::value;
             layernorm_forward_kernel<E, V><<<cdiv(N, LN_WARPS), LN_WARPS * 32, 0,
                                                  cuda_ctx(be)->stream>>>(
-                (E *)out, mean, rstd, (E *)res, (const E *)inp, (const E *)add, (const E *)w,
+                (E *)out, mean, rstd, (E *)res, (const E *)inp, (const E *)add, d, (const E *)w,
                 (const E *)b, N, C);
         });
     });
@@ -115,13 +119,13 @@ static void launch_layernorm_forward(Backend *be, void *out, float *mean, float 
 
 void cuda_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
                             const void *w, const void *b, int N, int C) {
-    launch_layernorm_forward(be, out, mean, rstd, NULL, inp, NULL, w, b, N, C);
+    launch_layernorm_forward(be, out, mean, rstd, NULL, inp, NULL, NULL, w, b, N, C);
 }
 
 void cuda_add_layernorm_forward(Backend *be, void *res, void *out, float *mean, float *rstd,
                                 const void *a, const void *b, const void *w, const void *bias,
-                                int N, int C) {
-    launch_layernorm_forward(be, out, mean, rstd, res, a, b, w, bias, N, C);
+                                int N, int C, const DropMask *b_drop) {
+    launch_layernorm_forward(be, out, mean, rstd, res, a, b, b_drop, w, bias, N, C);
 }
 
 // Asks L2 to fetch the line holding p (no register, no wait).
@@ -135,9 +139,9 @@ __device__ __forceinline__ void prefetch_l2(const void *p) {
 // in shared memory (each lane touches only its own columns: no atomics), then added over the
 // warps in a fixed order into partial (2, gridDim.x, C). Deterministic. Column c = g VEC + i is
 // kept at i G + g (G = C / VEC groups), so the 32 lanes of a warp, which hold adjacent groups,
-// hit 32 different banks.
+// hit 32 different banks. dcopy gets dinp's new values through `drop`.
 template <typename T, int VEC>
-__global__ void layernorm_backward_kernel(T *dinp, T *dcopy, float *partial, const T *dout,
+__global__ void layernorm_backward_kernel(T *dinp, T *dcopy, DropArgs drop, float *partial, const T *dout,
                                           const T *inp, const T *w, const float *mean,
                                           const float *rstd, int N, int C) {
     extern __shared__ float sh_acc[];   // (warps, 2, VEC, G)
@@ -185,7 +189,12 @@ __global__ void layernorm_backward_kernel(T *dinp, T *dcopy, float *partial, con
             for (int i = 0; i < VEC; i++)
                 out[i] += s * (dv[i] * wv[i] - a - (xv[i] - m) * s * bb);
             store_f32<T, VEC>(di + c, out);
-            if (dcopy) store_f32<T, VEC>(dcopy + (size_t)row * C + c, out);
+            if (dcopy) {
+#pragma unroll
+                for (int i = 0; i < VEC; i++) out[i] = to_f32(from_f32<T>(out[i]));   // dinp's value
+                drop_apply<T, VEC>(drop, (size_t)row * C + c, out);
+                store_f32<T, VEC>(dcopy + (size_t)row * C + c, out);
+            }
         }
     }
     __syncthreads();
@@ -203,8 +212,9 @@ __global__ void layernorm_backward_kernel(T *dinp, T *dcopy, float *partial, con
 
 void cuda_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, void *db,
                              const void *dout, const void *inp, const void *w, const float *mean,
-                             const float *rstd, int N, int C) {
+                             const float *rstd, int N, int C, const DropMask *dcopy_drop) {
     CudaCtx *ctx = cuda_ctx(be);
+    const DropArgs drop = drop_args(dcopy_drop);
     // As many warps as the per-warp column sums leave room for: 8 up to C = 768 within the
     // default 48 KB of shared memory, fewer (and the opt-in maximum) for wider rows.
     const size_t per_warp = 2 * (size_t)C * sizeof(float);
@@ -226,7 +236,7 @@ void cuda_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, voi
                 CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem));
             kernel<<<blocks, warps * 32, smem, ctx->stream>>>(
-                (E *)dinp, (E *)dcopy, partial, (const E *)dout, (const E *)inp, (const E *)w, mean,
+                (E *)dinp, (E *)dcopy, drop, partial, (const E *)dout, (const E *)inp, (const E *)w, mean,
                 rstd, N, C);
         });
     });
@@ -366,7 +376,11 @@ static void add_launch(cudaStream_t st, E *out, const E *a, const E *b, size_t n
     });
 }
 
-void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n) {
+void cuda_add(Backend *be, void *out, const void *a, const void *b, size_t n, const DropMask *b_drop) {
+    if (b_drop && b_drop->p > 0.0f) {
+        cuda_dropout_add(be, out, a, b, n, b_drop);
+        return;
+    }
     if (n == 0) return;
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);

@@ -311,8 +311,8 @@ static void test_layernorm_case(Ctx *t, int N, int C) {
     void *d_dout = dev_from(t, dout, (size_t)N * C), *d_dinp = dev_from(t, dinp, (size_t)N * C);
     void *d_dw = dev_from(t, dw, C), *d_db = dev_from(t, db, C), *d_dcopy = dev_zeros(t, (size_t)N * C);
     t->gpu->layernorm_backward(t->gpu, d_dinp, d_dcopy, d_dw, d_db, d_dout, d_x, d_w, d_mean,
-                               d_rstd, N, C);
-    t->cpu->layernorm_backward(t->cpu, dinp, NULL, dw, db, dout, x, w, mean, rstd, N, C);
+                               d_rstd, N, C, NULL);
+    t->cpu->layernorm_backward(t->cpu, dinp, NULL, dw, db, dout, x, w, mean, rstd, N, C, NULL);
     float *g_dinp = fetch(t, d_dinp, (size_t)N * C), *g_dw = fetch(t, d_dw, C),
           *g_db = fetch(t, d_db, C), *g_dcopy = fetch(t, d_dcopy, (size_t)N * C);
     snprintf(what, sizeof what, "layernorm_backward dinp (+=) N=%d C=%d", N, C);
@@ -329,8 +329,8 @@ static void test_layernorm_case(Ctx *t, int N, int C) {
     // CPU's on the GPU's (rounded) res, so both sides normalise the same values.
     float *y = rand_vec(t, (size_t)N * C, 0.0f, 1.0f), *res = xmalloc((size_t)N * C * sizeof(float));
     void *d_y = dev_from(t, y, (size_t)N * C);
-    t->gpu->add_layernorm_forward(t->gpu, d_x, d_out, d_mean, d_rstd, d_x, d_y, d_w, d_b, N, C);
-    t->cpu->add(t->cpu, res, x, y, (size_t)N * C);
+    t->gpu->add_layernorm_forward(t->gpu, d_x, d_out, d_mean, d_rstd, d_x, d_y, d_w, d_b, N, C, NULL);
+    t->cpu->add(t->cpu, res, x, y, (size_t)N * C, NULL);
     float *g_res = fetch(t, d_x, (size_t)N * C);
     snprintf(what, sizeof what, "add_layernorm_forward res N=%d C=%d", N, C);
     expect_close(t, what, g_res, res, (size_t)N * C, tol(t->u, 1, 2));
@@ -367,8 +367,8 @@ static void test_add(Ctx *t) {
     float *a = rand_vec(t, n, 0.0f, 1.0f), *b = rand_vec(t, n, 0.0f, 1.0f);
     void *d_a = dev_from(t, a, n), *d_b = dev_from(t, b, n);
     float *ref = xmalloc(n * sizeof(float));
-    t->cpu->add(t->cpu, ref, a, b, n);
-    t->gpu->add(t->gpu, d_a, d_a, d_b, n);  // out aliasing a
+    t->cpu->add(t->cpu, ref, a, b, n, NULL);
+    t->gpu->add(t->gpu, d_a, d_a, d_b, n, NULL);  // out aliasing a
     float *out = fetch(t, d_a, n);
     expect_close(t, "add (out aliases a)", out, ref, n, tol(t->u, 1, 2));
     t->gpu->release(t->gpu, d_a);
@@ -420,6 +420,78 @@ static void test_dropout(Ctx *t) {
             t->gpu->release(t->gpu, d_x);
             free(x), free(ref), free(out);
         }
+}
+
+// The dropout mask inside add, add_layernorm_forward and layernorm_backward's copy is the
+// dropout op's (whose mask the test above checks against the CPU), bit for bit: each fused op
+// against the GPU's own dropout op followed by the plain op, on the same inputs, with the
+// offset's per-step part in device memory. C = 72 runs the vector paths (one Philox block per
+// 8 bf16/fp16 or 4 fp32 elements), C = 70 the element-wise ones; n = N C = 21000 and 21700 end
+// in a ragged Philox block for the add.
+static void test_fused_dropout_case(Ctx *t, int N, int C, float p) {
+    const size_t n = (size_t)N * C, es = dtype_size(t->dt);
+    uint64_t *part = t->gpu->alloc(t->gpu, sizeof(uint64_t));
+    t->gpu->set_u64(t->gpu, part, 41);
+    const DropMask d = {p, 0x5eedull, ((uint64_t)2 << 32) + 9, part};
+    float *a = rand_vec(t, n, 0.0f, 1.0f), *b = rand_vec(t, n, 0.0f, 1.0f), *w = rand_vec(t, C, 0.0f, 1.0f);
+    float *bias = rand_vec(t, C, 0.0f, 1.0f), *dinp = rand_vec(t, n, 0.0f, 1.0f);
+    void *d_a = dev_from(t, a, n), *d_b = dev_from(t, b, n), *d_w = dev_from(t, w, C), *d_bias = dev_from(t, bias, C);
+    void *d_drop = dev_from(t, b, n), *d_want = dev_zeros(t, n), *d_got = dev_zeros(t, n);
+    void *d_out = dev_zeros(t, n), *d_out2 = dev_zeros(t, n);
+    float *d_mean = t->gpu->alloc(t->gpu, N * sizeof(float)), *d_rstd = t->gpu->alloc(t->gpu, N * sizeof(float));
+    float *d_mean2 = t->gpu->alloc(t->gpu, N * sizeof(float)), *d_rstd2 = t->gpu->alloc(t->gpu, N * sizeof(float));
+    t->gpu->dropout(t->gpu, d_drop, n, p, d.seed, d.offset + 41, NULL);   // b through the mask
+    float *b_before = fetch(t, d_b, n);
+
+    // add: out = a + dropout(b), into a third buffer and in place of a.
+    t->gpu->add(t->gpu, d_want, d_a, d_drop, n, NULL);
+    t->gpu->add(t->gpu, d_got, d_a, d_b, n, &d);
+    float *want = fetch(t, d_want, n), *got = fetch(t, d_got, n);
+    EXPECT(memcmp(got, want, n * sizeof(float)) == 0, "%s add N %d C %d p %g: not dropout, then add",
+           dtype_name(t->dt), N, C, p);
+    free(got);
+    t->gpu->copy(t->gpu, d_got, d_a, n * es);
+    t->gpu->add(t->gpu, d_got, d_got, d_b, n, &d);
+    got = fetch(t, d_got, n);
+    EXPECT(memcmp(got, want, n * sizeof(float)) == 0, "%s add in place N %d C %d p %g", dtype_name(t->dt), N, C, p);
+    free(got);
+
+    // add_layernorm_forward: res = a + dropout(b), then the LayerNorm of res.
+    t->gpu->add_layernorm_forward(t->gpu, d_want, d_out, d_mean, d_rstd, d_a, d_drop, d_w, d_bias, N, C, NULL);
+    t->gpu->add_layernorm_forward(t->gpu, d_got, d_out2, d_mean2, d_rstd2, d_a, d_b, d_w, d_bias, N, C, &d);
+    float *res = fetch(t, d_want, n), *res2 = fetch(t, d_got, n), *out = fetch(t, d_out, n), *out2 = fetch(t, d_out2, n);
+    float *m1 = fetch_f32(t, d_mean, N), *m2 = fetch_f32(t, d_mean2, N), *r1 = fetch_f32(t, d_rstd, N), *r2 = fetch_f32(t, d_rstd2, N);
+    EXPECT(memcmp(res2, res, n * sizeof(float)) == 0 && memcmp(out2, out, n * sizeof(float)) == 0 &&
+               memcmp(m2, m1, N * sizeof(float)) == 0 && memcmp(r2, r1, N * sizeof(float)) == 0,
+           "%s add_layernorm_forward N %d C %d p %g: not dropout, then add and LayerNorm", dtype_name(t->dt), N, C, p);
+    float *b_now = fetch(t, d_b, n);
+    EXPECT(memcmp(b_now, b_before, n * sizeof(float)) == 0, "%s: the fused ops leave b alone", dtype_name(t->dt));
+
+    // layernorm_backward: dcopy = dropout(new dinp); dinp, dw, db as without the mask.
+    void *d_dinp = dev_from(t, dinp, n), *d_dinp2 = dev_from(t, dinp, n), *d_dcopy = dev_zeros(t, n);
+    void *d_dw = dev_zeros(t, C), *d_db = dev_zeros(t, C), *d_dw2 = dev_zeros(t, C), *d_db2 = dev_zeros(t, C);
+    t->gpu->layernorm_backward(t->gpu, d_dinp, d_want, d_dw, d_db, d_b, d_a, d_w, d_mean, d_rstd, N, C, NULL);
+    t->gpu->dropout(t->gpu, d_want, n, p, d.seed, d.offset + 41, NULL);
+    t->gpu->layernorm_backward(t->gpu, d_dinp2, d_dcopy, d_dw2, d_db2, d_b, d_a, d_w, d_mean, d_rstd, N, C, &d);
+    float *g1 = fetch(t, d_dinp, n), *g2 = fetch(t, d_dinp2, n), *c1 = fetch(t, d_want, n), *c2 = fetch(t, d_dcopy, n);
+    float *w1 = fetch(t, d_dw, C), *w2 = fetch(t, d_dw2, C), *b1 = fetch(t, d_db, C), *b2 = fetch(t, d_db2, C);
+    EXPECT(memcmp(g2, g1, n * sizeof(float)) == 0 && memcmp(w2, w1, C * sizeof(float)) == 0 &&
+               memcmp(b2, b1, C * sizeof(float)) == 0,
+           "%s layernorm_backward N %d C %d: dinp, dw, db as without the mask", dtype_name(t->dt), N, C);
+    EXPECT(memcmp(c2, c1, n * sizeof(float)) == 0, "%s layernorm_backward N %d C %d p %g: dcopy is not dropout(new dinp)",
+           dtype_name(t->dt), N, C, p);
+
+    void *bufs[] = {part, d_a, d_b, d_w, d_bias, d_drop, d_want, d_got, d_out, d_out2, d_mean, d_rstd, d_mean2,
+                    d_rstd2, d_dinp, d_dinp2, d_dcopy, d_dw, d_db, d_dw2, d_db2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
+    float *hosts[] = {a, b, w, bias, dinp, want, b_before, res, res2, out, out2, m1, m2, r1, r2, b_now, g1, g2,
+                      c1, c2, w1, w2, b1, b2};
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) free(hosts[i]);
+}
+
+static void test_fused_dropout(Ctx *t) {
+    test_fused_dropout_case(t, 300, 72, 0.2f);
+    test_fused_dropout_case(t, 310, 70, 0.5f);
 }
 
 // ---- matmul ----
@@ -816,6 +888,7 @@ int main(int argc, char **argv) {
         RUN("layernorm", test_layernorm);
         RUN("add", test_add);
         RUN("dropout", test_dropout);
+        RUN("dropout inside add, add+ln and ln backward", test_fused_dropout);
         RUN("matmul", test_matmul);
         RUN("softmax_xent", test_softmax_xent);
         RUN("attention", test_attention);
