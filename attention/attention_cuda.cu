@@ -115,9 +115,10 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
     // imbalanced over 192-row tiles); the other head sizes fit two only, and so do the feature
     // instances (a block mask among them needs query tiles that divide its blocks: BM 128).
     c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
-    // Below that, the plain causal HS 64 forward runs two blocks per SM (Sm90FwdTile's BLOCKS 2,
-    // with its measurements): one block's prologue and epilogue run under the other's loop.
-    c->fwd_blocks = p.HS == 64 && c->fwd_wgs == 2 && !c->extras && p.causal ? 2 : 1;
+    // Below that, the causal HS 64 forward runs two blocks per SM (Sm90FwdTile's BLOCKS 2, with
+    // its measurements): one block's prologue and epilogue run under the other's loop. The
+    // feature instance gains from it only at the shortest rows (below 1K queries).
+    c->fwd_blocks = p.HS == 64 && p.causal && p.T_q < (c->extras ? 1024 : 4096) ? 2 : 1;
     return 0;
 }
 
@@ -186,7 +187,7 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
 template <typename T, int HS, bool EXTRAS>
 static CUresult sm90_forward(const AttnParams &p, const AttnKernelChoice &c, TensorMapEncoder enc, cudaStream_t s) {
     if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) return flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
-    if (HS == 64 && !EXTRAS && c.fwd_blocks == 2) return flash_fwd_sm90_launch<T, 64, 2, false, 2>(p, enc, s);
+    if (HS == 64 && c.fwd_blocks == 2) return flash_fwd_sm90_launch<T, 64, 2, EXTRAS, 2>(p, enc, s);
     return flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
 }
 template <typename T, int HS, bool EXTRAS>

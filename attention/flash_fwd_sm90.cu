@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // O += P V of the last tile).
     constexpr int TURN0 = 8;           // ids 1 .. NWG stage the output below
     constexpr int TURN_THREADS = 256;  // the warpgroup that waits and the one that arrives
-    constexpr bool TURNS = SPLIT || Tile::PRODUCER;
+    constexpr bool TURNS = (SPLIT && BLOCKS == 1) || Tile::PRODUCER;
     auto turn_begin = [&](bool first) {
         if (TURNS && (!first || wg > 0)) named_barrier(TURN0 + wg, TURN_THREADS);
     };
@@ -305,9 +305,8 @@ bool flash_sm90_ok() {
     return a.binaryVersion == 90;
 }
 
-// Every head size with two warpgroups, plain and with the features; HS 64 also with three, and
-// with two blocks per SM, plain only (the feature instances run two warpgroups, one block per
-// SM: attn_select_kernel).
+// Every head size with two warpgroups, plain and with the features; HS 64 also with three (plain
+// only) and with two blocks per SM (plain and with the features): attn_select_kernel.
 #define INSTANTIATE_FWD_SM90_HS(T, HS)                                                                          \
     template CUresult flash_fwd_sm90_launch<T, HS, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
     template CUresult flash_fwd_sm90_launch<T, HS, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
@@ -317,6 +316,7 @@ bool flash_sm90_ok() {
     INSTANTIATE_FWD_SM90_HS(T, 128)                                                                              \
     INSTANTIATE_FWD_SM90_HS(T, 256)                                                                              \
     template CUresult flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
-    template CUresult flash_fwd_sm90_launch<T, 64, 2, false, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+    template CUresult flash_fwd_sm90_launch<T, 64, 2, false, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template CUresult flash_fwd_sm90_launch<T, 64, 2, true, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t);
 INSTANTIATE_FWD_SM90(__nv_bfloat16)
 INSTANTIATE_FWD_SM90(__half)

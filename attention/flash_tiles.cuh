@@ -151,11 +151,14 @@ template <typename T, int HS> struct DqSmem {
 //   HS 256: BN 64, two stages (Q and three stages at BN 128 would take 320 KB; these 192 KB), O
 //           at 128 registers per thread.
 // Tiles are whole 64-column blocks: HS 96 runs in HS 128's tiles (sm90_tile_hs).
-// BLOCKS 2 (HS 64, two warpgroups, the plain instance): BN 64 and two stages, so that two blocks
-// share a multiprocessor (128 registers per thread, no spills, 48 KB of shared memory each) and
-// one's prologue and epilogue run under the other's loop. Against BN 128 at one block per SM
-// (H200, 16K tokens): causal 1.14x at 1K, 1.08x at 2K (GPT-2's 16 x 1024, 12 heads: 1.09x);
-// full 0.95x / 0.93x, so attn_select_kernel takes it for causal rows below 4K only.
+// BLOCKS 2 (HS 64, two warpgroups): BN 64 and two stages, so that two blocks share a
+// multiprocessor (128 registers per thread, no spills, plain or with the features; 48 KB of
+// shared memory each) and one's prologue and epilogue run under the other's loop. Plain, against
+// BN 128 at one block per SM (H200, 16K tokens): causal 1.14x at 1K, 1.08x at 2K (GPT-2's
+// 16 x 1024, 12 heads: 1.09x); full 0.95x / 0.93x, so attn_select_kernel takes it for causal
+// rows below 4K only. The feature instance with dropout 0.2 (H100, 16K tokens, 32 heads): causal
+// 1.23x at 256, 1.13x at 512, 1.03x at 1K, 0.97x at 2K (shakespeare_char's 64 x 256, 6 heads:
+// 1.10x), so it takes it below 1K queries.
 // PRODUCER (two warpgroups at one block per SM): a third warpgroup has one thread issue the
 // copies and gives its registers to the two that compute (setmaxnreg: 2 x 240 + 24 = 3 x 168),
 // so no MMA warp waits for a stage's release to refill it and the warpgroups drift apart
