@@ -157,7 +157,8 @@ __device__ __forceinline__ void drop_apply(const DropArgs &d, size_t e0, float (
     const uint64_t off = d.offset + (d.offset_dev ? *d.offset_dev : 0);
     const uint32_t keep = dropout_keep16(d.seed, off, e0 / 16, d.thresh) >> (e0 % 16);
 #pragma unroll
-    for (int i = 0; i < VEC; i++) v[i] = to_f32(from_f32<T>(v[i] * (keep >> i & 1 ? d.scale : 0.0f)));
+    for (int i = 0; i < VEC; i++)   // __fmul_rn: rounded on its own, never fused into a later add
+        v[i] = to_f32(from_f32<T>(__fmul_rn(v[i], keep >> i & 1 ? d.scale : 0.0f)));
 }
 
 // ---- launchers shared between the backend's files ----

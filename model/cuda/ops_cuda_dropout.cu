@@ -30,7 +30,8 @@ __global__ void dropout_kernel(T *out, const T *a, const T *x, size_t n, DropArg
     if (e0 >= n) return;
     const uint32_t keep = dropout_keep16(d.seed, d.offset + (d.offset_dev ? *d.offset_dev : 0), blk, d.thresh);
     auto one = [&](float v, int j, const T *addend) {   // element e0 + j; NaN stays NaN, as in PyTorch
-        const T dropped = from_f32<T>(v * (keep >> j & 1 ? d.scale : 0.0f));
+        // __fmul_rn: the product rounded on its own (in fp32 no FMA may fuse it with the add).
+        const T dropped = from_f32<T>(__fmul_rn(v, keep >> j & 1 ? d.scale : 0.0f));
         return addend ? from_f32<T>(to_f32(*addend) + to_f32(dropped)) : dropped;
     };
     if (aligned && e0 + 16 <= n) {
