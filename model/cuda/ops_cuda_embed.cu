@@ -1,21 +1,33 @@
 // ops_cuda_embed: the embedding backward, deterministic. Rows of dout are scattered into the
 // token table (and the position table) without atomics: the row indices are sorted by table
-// row with CUB's stable radix sort, then one block per distinct table row adds that row's
-// contributions in ascending token order in fp32 and rounds once into the gradient. The result is
-// bitwise the same on every run. A table row that many tokens share (a frequent token) is summed
-// by one block serially; that is the price of the fixed order.
+// row with CUB's stable radix sort (positions i % T come out of a fill in that order, no sort),
+// then one block per distinct table row adds that row's contributions in ascending token order
+// in fp32 and rounds once into the gradient. The result is bitwise the same on every run. A
+// table row that many tokens share (a frequent token) is summed by one block serially; that is
+// the price of the fixed order, and why the block first finds its run's end, so that the loads
+// of the run are issued several at a time ahead of the adds.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "model/cuda/cuda_common.cuh"
 
 #define EMB_THREADS 256
 
-// keys[i] = table row of token i (its position i % T when ids is NULL); vals[i] = i.
-__global__ void embed_keys_kernel(int *keys, int *vals, const int *ids, int N, int T) {
+// keys[i] = table row of token i; vals[i] = i.
+__global__ void embed_keys_kernel(int *keys, int *vals, const int *ids, int N) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
-    keys[i] = ids ? ids[i] : i % T;
+    keys[i] = ids[i];
     vals[i] = i;
+}
+
+// What the stable sort gives for keys i % T of N = B T tokens, directly: sorted entry s is
+// position s / B of batch row s % B, token (s % B) T + s / B.
+__global__ void embed_pos_keys_kernel(int *keys, int *rows, int N, int T) {
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= N) return;
+    const int B = N / T;
+    keys[s] = s / B;
+    rows[s] = (s % B) * T + s / B;
 }
 
 // keys (N) sorted, rows (N) the token index of each sorted key, ascending within equal keys.
@@ -28,8 +40,11 @@ __global__ void embed_scatter_kernel(T *table, const T *dout, const int *keys, c
     if (i > 0 && keys[i - 1] == key) return;
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
+    int end = i + 1;
+    while (end < N && keys[end] == key) end++;
     float acc = 0.0f;
-    for (int j = i; j < N && keys[j] == key; j++) acc += to_f32(dout[(size_t)rows[j] * C + c]);
+#pragma unroll 8
+    for (int j = i; j < end; j++) acc += to_f32(dout[(size_t)rows[j] * C + c]);
     T *t = table + (size_t)key * C + c;
     *t = from_f32<T>(to_f32(*t) + acc);
 }
@@ -42,19 +57,25 @@ static void embed_scatter(Backend *be, void *table, const void *dout, const int 
     const int end_bit = (int)sizeof(int) * 8 - 1;
     const size_t ib = align256((size_t)N * sizeof(int));
     size_t sort_bytes = 0;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const int *)NULL, (int *)NULL,
-                                               (const int *)NULL, (int *)NULL, N, 0, end_bit,
-                                               ctx->stream));
+    if (ids)
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const int *)NULL, (int *)NULL,
+                                                   (const int *)NULL, (int *)NULL, N, 0, end_bit,
+                                                   ctx->stream));
     char *s = (char *)cuda_scratch(ctx, 4 * ib + sort_bytes);
     int *keys_in = (int *)s, *keys = (int *)(s + ib);              // (N)
     int *rows_in = (int *)(s + 2 * ib), *rows = (int *)(s + 3 * ib);  // (N)
     void *sort_tmp = s + 4 * ib;
 
-    embed_keys_kernel<<<cdiv(N, EMB_THREADS), EMB_THREADS, 0, ctx->stream>>>(keys_in, rows_in, ids,
-                                                                             N, T);
-    CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, keys_in, keys, rows_in, rows,
-                                               N, 0, end_bit, ctx->stream));
+    if (ids) {
+        embed_keys_kernel<<<cdiv(N, EMB_THREADS), EMB_THREADS, 0, ctx->stream>>>(keys_in, rows_in,
+                                                                                 ids, N);
+        CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, keys_in, keys, rows_in,
+                                                   rows, N, 0, end_bit, ctx->stream));
+    } else {
+        embed_pos_keys_kernel<<<cdiv(N, EMB_THREADS), EMB_THREADS, 0, ctx->stream>>>(keys, rows, N, T);
+        CUDA_CHECK_LAUNCH();
+    }
     dispatch_dtype(be->dtype, [&](auto tag) {
         using E = decltype(tag);
         embed_scatter_kernel<E><<<dim3(N, cdiv(C, EMB_THREADS)), EMB_THREADS, 0, ctx->stream>>>(
