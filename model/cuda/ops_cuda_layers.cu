@@ -249,13 +249,15 @@ void cuda_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, voi
 
 // Block (32, COL_ROWS_PAR) per 32 columns: thread (x, y) adds chunks y, y + COL_ROWS_PAR, ... of
 // column x in order, then row 0 adds the COL_ROWS_PAR results in order: a fixed order for any
-// launch, so the sums are bitwise reproducible.
+// launch, so the sums are bitwise reproducible. The loop is unrolled so that its loads are in
+// flight together ahead of the (still sequential) adds.
 template <typename T>
 __global__ void colsum_finish_kernel(T *out, const float *partial, int n_chunks, int C) {
     __shared__ float sh[COL_ROWS_PAR][COL_TILE + 1];
     const int c = blockIdx.x * COL_TILE + threadIdx.x;
     float s = 0.0f;
     if (c < C)
+#pragma unroll 8
         for (int k = threadIdx.y; k < n_chunks; k += COL_ROWS_PAR) s += partial[(size_t)k * C + c];
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
