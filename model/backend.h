@@ -18,10 +18,10 @@
 
 typedef enum { EPI_NONE = 0, EPI_GELU = 1 } Epilogue;  // matmul epilogue (tanh-approximate GELU)
 
-// The dropout op's mask (Backend.dropout: p, seed, offset, offset_dev) applied inside another op
-// to one of its tensors, over that tensor's flat element index: each element becomes its value
-// times attn_dropout_scale(p) when kept, 0 when dropped, rounded to the dtype, exactly what the
-// dropout op would have left there. A NULL DropMask, or p == 0, applies nothing.
+// A dropout mask (Backend.dropout's rule), for the dropout op or applied inside another op to one
+// of its tensors, over that tensor's flat element index: each element becomes its value times
+// attn_dropout_scale(p) when kept, 0 when dropped, rounded to the dtype, exactly what the dropout
+// op would have left there. A NULL DropMask, or p == 0, applies nothing.
 typedef struct {
     float p;
     uint64_t seed, offset;
@@ -107,14 +107,14 @@ struct Backend {
     // from the lse of an earlier dscale == 0 call on the same logits; losses are not written.
     void (*softmax_xent)(Backend *be, void *logits, float *losses, float *lse, const int *targets,
                          int N, int V, int Vp, float dscale);
-    // Dropout in place over x (n), 0 <= p < 1: element i becomes x[i] * attn_dropout_scale(p) (the
-    // inverse of the kept share, p to the nearest 1/256) when kept, 0 when dropped; kept iff
-    // attn_philox_keep(seed, offset, i, p) (attention/philox.h), so every backend
-    // and every thread count drops the same elements. Applied to a gradient with the same (p, seed,
-    // offset) it is its own backward. offset_dev: NULL, or one uint64 of backend memory added to
-    // offset when the op runs (AttnParams.offset_dev's rule: a captured graph's per-step part).
-    void (*dropout)(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
-                    const uint64_t *offset_dev);
+    // Dropout in place over x (n) by mask d (NULL or p == 0: none), 0 <= p < 1: element i becomes
+    // x[i] * attn_dropout_scale(p) (the inverse of the kept share, p to the nearest 1/256) when
+    // kept, 0 when dropped; kept iff attn_philox_keep(seed, offset, i, p) (attention/philox.h), so
+    // every backend and every thread count drops the same elements. Applied to a gradient with
+    // the same mask it is its own backward. offset_dev: NULL, or one uint64 of backend memory
+    // added to offset when the op runs (AttnParams.offset_dev's rule: a captured graph's
+    // per-step part).
+    void (*dropout)(Backend *be, void *x, size_t n, const DropMask *d);
     // Rotary position embedding, half-split convention (GPT-NeoX, Llama): in place on the query
     // and key heads of the fused buffer qkv (N, (NH + 2*NKV) * HS); the value heads are left
     // alone. In each of the first NH + NKV heads the pairs (x[d], x[d + HS/2]), d < HS/2, turn by

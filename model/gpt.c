@@ -208,7 +208,7 @@ static DropMask resid_mask(const GPT *m, int l, int site) {
 // Residual dropout of site (l, site) over x (n), in place.
 static void resid_dropout(GPT *m, void *x, size_t n, int l, int site) {
     const DropMask d = resid_mask(m, l, site);
-    m->be->dropout(m->be, x, n, d.p, d.seed, d.offset, d.offset_dev);
+    m->be->dropout(m->be, x, n, &d);
 }
 
 // Pointer to tensor i inside the flat buffer `base` (params or grads).

@@ -245,7 +245,7 @@ static void test_fused_dropout(Backend *be, Rng *r, int N, int C, float p) {
     fill_normal(r, bias, C, 1.0f);
     memcpy(b0, b, sizeof b);
     memcpy(dropped, b, sizeof b);
-    be->dropout(be, dropped, n, p, d.seed, d.offset, d.offset_dev);
+    be->dropout(be, dropped, n, &d);
     be->add(be, want, a, dropped, n, NULL);
     be->add(be, got, a, b, n, &d);
     EXPECT(memcmp(got, want, sizeof got) == 0, "N %d C %d p %g: add with b's mask is dropout, then add", N, C, p);
@@ -277,7 +277,7 @@ static void test_fused_dropout(Backend *be, Rng *r, int N, int C, float p) {
                memcmp(db2, db, sizeof db) == 0,
            "ln backward with a mask on dcopy: dinp, dw, db as without");
     memcpy(want, dinp, sizeof want);
-    be->dropout(be, want, n, p, d.seed, d.offset, d.offset_dev);
+    be->dropout(be, want, n, &d);
     EXPECT(memcmp(dcopy, want, sizeof dcopy) == 0, "N %d C %d p %g: ln backward's dcopy is dropout(new dinp)", N, C, p);
 }
 
@@ -300,7 +300,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     fill_normal(r, x0, n, 1.0f);
     fill_normal(r, g0, n, 1.0f);
     memcpy(x, x0, (size_t)n * sizeof(float));
-    be->dropout(be, x, n, p, seed, offset, NULL);
+    be->dropout(be, x, n, &(DropMask){p, seed, offset, NULL});
     long kept = 0;
     int mask_ok = 1, value_ok = 1;
     for (int i = 0; i < n; i++) {
@@ -317,7 +317,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
 
     // Backward: a gradient through the same (p, seed, offset) is masked and scaled the same way.
     memcpy(g, g0, (size_t)n * sizeof(float));
-    be->dropout(be, g, n, p, seed, offset, NULL);
+    be->dropout(be, g, n, &(DropMask){p, seed, offset, NULL});
     int grad_ok = 1;
     for (int i = 0; i < n; i++) grad_ok &= g[i] == (x[i] != 0.0f ? g0[i] * scale : 0.0f);
     EXPECT(grad_ok, "n %d p %g: the gradient must go through the forward's mask", n, p);
@@ -325,7 +325,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     // Another offset, then another seed: independent masks.
     for (int k = 0; k < 2; k++) {
         memcpy(y, x0, (size_t)n * sizeof(float));
-        be->dropout(be, y, n, p, seed + (uint64_t)k, offset + (uint64_t)(1 - k), NULL);
+        be->dropout(be, y, n, &(DropMask){p, seed + (uint64_t)k, offset + (uint64_t)(1 - k), NULL});
         long differ = 0;
         for (int i = 0; i < n; i++) differ += (y[i] != 0.0f) != (x[i] != 0.0f);
         const double q = 2.0 * pr * (1.0 - pr), dm = n * q, dsd = sqrt(n * q * (1.0 - q));
@@ -337,7 +337,7 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     memcpy(y, x0, (size_t)n * sizeof(float));
-    be->dropout(be, y, n, p, seed, offset, NULL);
+    be->dropout(be, y, n, &(DropMask){p, seed, offset, NULL});
     omp_set_num_threads(threads);
     EXPECT(memcmp(x, y, (size_t)n * sizeof(float)) == 0, "n %d p %g: 1 thread differs from %d",
            n, p, threads);
@@ -347,14 +347,14 @@ static void test_dropout_op(Backend *be, Rng *r, int n, float p) {
     uint64_t *part = be->alloc(be, sizeof(uint64_t));
     be->set_u64(be, part, offset + 5);
     memcpy(y, x0, (size_t)n * sizeof(float));
-    be->dropout(be, y, n, p, seed, (uint64_t)-5, part);
+    be->dropout(be, y, n, &(DropMask){p, seed, (uint64_t)-5, part});
     be->release(be, part);
     EXPECT(memcmp(x, y, (size_t)n * sizeof(float)) == 0,
            "n %d p %g: the offset split with offset_dev draws another mask", n, p);
 
     // p = 0 is the identity.
     memcpy(y, x0, (size_t)n * sizeof(float));
-    be->dropout(be, y, n, 0.0f, seed, offset, NULL);
+    be->dropout(be, y, n, &(DropMask){0.0f, seed, offset, NULL});
     EXPECT(memcmp(x0, y, (size_t)n * sizeof(float)) == 0, "p = 0 must not change x");
     free(x0), free(x), free(g0), free(g), free(y);
 }

@@ -32,8 +32,7 @@ void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *d
                          const void *pre, const void *inp, const void *w, int N, int C, int OC,
                          Epilogue epi);
 // ops_cpu_dropout.c
-void cpu_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
-                 const uint64_t *offset_dev);
+void cpu_dropout(Backend *be, void *x, size_t n, const DropMask *d);
 // out = a + (x through d's mask) over n elements (out may alias a or x); d->p > 0.
 void cpu_dropout_add(void *out, const void *a, const void *x, size_t n, const DropMask *d);
 // ops_cpu_rope.c

@@ -7,9 +7,9 @@
 #include "model/cpu/ops_cpu.h"
 
 // out = a + dropout(x), or dropout(x) without a, over n elements (out may alias a or x).
-static void dropout_into(float *out, const float *a, const float *x, size_t n, float p, uint64_t seed,
-                         uint64_t offset, const uint64_t *offset_dev) {
-    if (offset_dev) offset += *offset_dev;
+static void dropout_into(float *out, const float *a, const float *x, size_t n, const DropMask *d) {
+    const float p = d->p;
+    const uint64_t seed = d->seed, offset = d->offset + (d->offset_dev ? *d->offset_dev : 0);
     if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cpu dropout: p = %g must be below 1", (double)p);
     const uint32_t thresh = attn_dropout_threshold(p);
     const float scale = attn_dropout_scale(p);
@@ -25,12 +25,10 @@ static void dropout_into(float *out, const float *a, const float *x, size_t n, f
     }
 }
 
-void cpu_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
-                 const uint64_t *offset_dev) {
-    if (p <= 0.0f) return;
-    dropout_into(x, NULL, x, n, p, seed, offset, offset_dev);
+void cpu_dropout(Backend *be, void *x, size_t n, const DropMask *d) {
+    if (d && d->p > 0.0f) dropout_into(x, NULL, x, n, d);
 }
 
 void cpu_dropout_add(void *out, const void *a, const void *x, size_t n, const DropMask *d) {
-    dropout_into(out, a, x, n, d->p, d->seed, d->offset, d->offset_dev);
+    dropout_into(out, a, x, n, d);
 }

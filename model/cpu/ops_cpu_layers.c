@@ -110,9 +110,7 @@ void cpu_layernorm_backward(Backend *be, void *dinp_, void *dcopy_, void *dw_, v
             }
         }
     }
-    if (dcopy_ && dcopy_drop && dcopy_drop->p > 0.0f)
-        cpu_dropout(be, dcopy_, (size_t)N * C, dcopy_drop->p, dcopy_drop->seed, dcopy_drop->offset,
-                    dcopy_drop->offset_dev);
+    if (dcopy_) cpu_dropout(be, dcopy_, (size_t)N * C, dcopy_drop);
 }
 
 void cpu_add(Backend *be, void *out_, const void *a_, const void *b_, size_t n, const DropMask *b_drop) {

@@ -148,14 +148,18 @@ struct DropArgs {
 // The kernels' form of d (ops_cuda_dropout.cu): off for NULL or p == 0; p must be below 1.
 DropArgs drop_args(const DropMask *d);
 
+// The keep bits of Philox block blk under d (bit k: element 16 blk + k).
+__device__ __forceinline__ uint32_t drop_keep16(const DropArgs &d, uint64_t blk) {
+    return dropout_keep16(d.seed, d.offset + (d.offset_dev ? *d.offset_dev : 0), blk, d.thresh);
+}
+
 // v, the VEC values of T at flat indices e0 .. e0 + VEC - 1 (VEC divides 16 and e0, so they
 // share a Philox block), as the dropout op would leave them: times the scale when kept, 0 when
 // dropped, rounded to T.
 template <typename T, int VEC>
 __device__ __forceinline__ void drop_apply(const DropArgs &d, size_t e0, float (&v)[VEC]) {
     if (!d.on) return;
-    const uint64_t off = d.offset + (d.offset_dev ? *d.offset_dev : 0);
-    const uint32_t keep = dropout_keep16(d.seed, off, e0 / 16, d.thresh) >> (e0 % 16);
+    const uint32_t keep = drop_keep16(d, e0 / 16) >> (e0 % 16);
 #pragma unroll
     for (int i = 0; i < VEC; i++)   // __fmul_rn: rounded on its own, never fused into a later add
         v[i] = to_f32(from_f32<T>(__fmul_rn(v[i], keep >> i & 1 ? d.scale : 0.0f)));
@@ -205,8 +209,7 @@ void cuda_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *
                           Epilogue epi);
 
 // ops_cuda_dropout.cu
-void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
-                  const uint64_t *offset_dev);
+void cuda_dropout(Backend *be, void *x, size_t n, const DropMask *d);
 // out = a + (x through d's mask) over n elements (out may alias a or x); d->p > 0.
 void cuda_dropout_add(Backend *be, void *out, const void *a, const void *x, size_t n, const DropMask *d);
 

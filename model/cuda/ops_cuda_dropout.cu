@@ -28,7 +28,7 @@ __global__ void dropout_kernel(T *out, const T *a, const T *x, size_t n, DropArg
     const size_t blk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t e0 = blk * 16;
     if (e0 >= n) return;
-    const uint32_t keep = dropout_keep16(d.seed, d.offset + (d.offset_dev ? *d.offset_dev : 0), blk, d.thresh);
+    const uint32_t keep = drop_keep16(d, blk);
     auto one = [&](float v, int j, const T *addend) {   // element e0 + j; NaN stays NaN, as in PyTorch
         // __fmul_rn: the product rounded on its own (in fp32 no FMA may fuse it with the add).
         const T dropped = from_f32<T>(__fmul_rn(v, keep >> j & 1 ? d.scale : 0.0f));
@@ -64,9 +64,6 @@ void cuda_dropout_add(Backend *be, void *out, const void *a, const void *x, size
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_dropout(Backend *be, void *x, size_t n, float p, uint64_t seed, uint64_t offset,
-                  const uint64_t *offset_dev) {
-    if (n == 0 || p <= 0.0f) return;
-    const DropMask d = {p, seed, offset, offset_dev};
-    cuda_dropout_add(be, x, NULL, x, n, &d);
+void cuda_dropout(Backend *be, void *x, size_t n, const DropMask *d) {
+    if (d && d->p > 0.0f) cuda_dropout_add(be, x, NULL, x, n, d);
 }

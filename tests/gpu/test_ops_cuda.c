@@ -394,17 +394,17 @@ static void test_dropout(Ctx *t) {
                 if (x[i] == 0.0f) x[i] = 1.0f;
             void *d_x = dev_from(t, x, n);
             float *ref = copy_of(x, n);
-            t->cpu->dropout(t->cpu, ref, n, p, seed, offset + (uint64_t)pi, NULL);
+            t->cpu->dropout(t->cpu, ref, n, &(DropMask){p, seed, offset + (uint64_t)pi, NULL});
             // Every other size takes the offset as a host part plus a part in device memory
             // (the counter a CUDA graph reads), which must draw the mask of their sum.
             if (si % 2) {
                 uint64_t *part = t->gpu->alloc(t->gpu, sizeof(uint64_t));
                 t->gpu->set_u64(t->gpu, part, offset + (uint64_t)pi - 1000);
-                t->gpu->dropout(t->gpu, d_x, n, p, seed, 1000, part);
+                t->gpu->dropout(t->gpu, d_x, n, &(DropMask){p, seed, 1000, part});
                 t->gpu->synchronize(t->gpu);
                 t->gpu->release(t->gpu, part);
             } else {
-                t->gpu->dropout(t->gpu, d_x, n, p, seed, offset + (uint64_t)pi, NULL);
+                t->gpu->dropout(t->gpu, d_x, n, &(DropMask){p, seed, offset + (uint64_t)pi, NULL});
             }
             float *out = fetch(t, d_x, n);
             size_t differ = 0;
@@ -440,7 +440,7 @@ static void test_fused_dropout_case(Ctx *t, int N, int C, float p) {
     void *d_out = dev_zeros(t, n), *d_out2 = dev_zeros(t, n);
     float *d_mean = t->gpu->alloc(t->gpu, N * sizeof(float)), *d_rstd = t->gpu->alloc(t->gpu, N * sizeof(float));
     float *d_mean2 = t->gpu->alloc(t->gpu, N * sizeof(float)), *d_rstd2 = t->gpu->alloc(t->gpu, N * sizeof(float));
-    t->gpu->dropout(t->gpu, d_drop, n, p, d.seed, d.offset + 41, NULL);   // b through the mask
+    t->gpu->dropout(t->gpu, d_drop, n, &(DropMask){p, d.seed, d.offset + 41, NULL});   // b through the mask
     float *b_before = fetch(t, d_b, n);
 
     // add: out = a + dropout(b), into a third buffer and in place of a.
@@ -471,7 +471,7 @@ static void test_fused_dropout_case(Ctx *t, int N, int C, float p) {
     void *d_dinp = dev_from(t, dinp, n), *d_dinp2 = dev_from(t, dinp, n), *d_dcopy = dev_zeros(t, n);
     void *d_dw = dev_zeros(t, C), *d_db = dev_zeros(t, C), *d_dw2 = dev_zeros(t, C), *d_db2 = dev_zeros(t, C);
     t->gpu->layernorm_backward(t->gpu, d_dinp, d_want, d_dw, d_db, d_b, d_a, d_w, d_mean, d_rstd, N, C, NULL);
-    t->gpu->dropout(t->gpu, d_want, n, p, d.seed, d.offset + 41, NULL);
+    t->gpu->dropout(t->gpu, d_want, n, &(DropMask){p, d.seed, d.offset + 41, NULL});
     t->gpu->layernorm_backward(t->gpu, d_dinp2, d_dcopy, d_dw2, d_db2, d_b, d_a, d_w, d_mean, d_rstd, N, C, &d);
     float *g1 = fetch(t, d_dinp, n), *g2 = fetch(t, d_dinp2, n), *c1 = fetch(t, d_want, n), *c2 = fetch(t, d_dcopy, n);
     float *w1 = fetch(t, d_dw, C), *w2 = fetch(t, d_dw2, C), *b1 = fetch(t, d_db, C), *b2 = fetch(t, d_db2, C);
