@@ -99,6 +99,10 @@ static const CfgKey KEYS[] = {
      "capture the optimizer step once as a CUDA graph and replay it: auto = where the run "
      "allows it (one process on the cuda backend, no attention.doc_mask), on = "
      "required (exit 2 where it is not possible), off = launch every kernel each step"},
+    {"train.classifier_chunk", CFG_INT, OFF(train.classifier_chunk), "0", 0, 1 << 30, NULL,
+     "tokens per chunk of the classifier (head matmul and cross-entropy): only one chunk's "
+     "logits exist at a time, and backward recomputes every chunk's but the last; 0 = auto "
+     "(chunks of at most 2 GiB of logits)"},
 
     {"optim.lr", CFG_FLOAT, OFF(optim.lr), "6e-4", 0, 10, NULL, "peak learning rate"},
     {"optim.min_lr", CFG_FLOAT, OFF(optim.min_lr), "6e-5", 0, 10, NULL, "learning rate at the end of the decay"},

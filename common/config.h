@@ -40,6 +40,7 @@ typedef struct {
         int divergence_steps;                // bad steps in a row that send the run back; 0 = off
         float divergence_factor;             // a loss above this x the running mean is a spike
         CudaGraphMode cuda_graph;            // replay the step as one CUDA graph
+        int classifier_chunk;                // tokens per chunk of the classifier; 0 = auto
     } train;
     struct {
         float lr, min_lr;

@@ -4,12 +4,13 @@
 //
 // Per block (pre-LayerNorm):  x' = x + proj(attention(qkv(ln1(x))));  x'' = x' + fcproj(gelu(fc(ln2(x'))))
 // Head: logits = lnf(x_L) @ wte^T over Vp padded columns, of which the first V are real.
-// The head runs over chunks of rows (at most HEAD_CHUNK_BYTES of logits each), so the logits
-// never exist for the whole batch: the forward turns each chunk into its losses and log-sum-exp
-// and keeps only those; the backward recomputes each chunk's logits (all but the last chunk of
-// the forward, still in the buffer) and turns them into dlogits in place, then into that
-// chunk's rows of the lnf gradient and the chunk's share of the wte gradient. gpt_logits_f32
-// computes the logits it is asked for chunk by chunk from the kept lnf output.
+// The head runs over chunks of rows (train.classifier_chunk, or at most HEAD_CHUNK_BYTES of
+// logits each), so the logits never exist for the whole batch: the forward turns each chunk
+// into its losses and log-sum-exp and keeps only those; the backward recomputes each chunk's
+// logits (all but the last chunk of the forward, still in the buffer) and turns them into
+// dlogits in place, then into that chunk's rows of the lnf gradient and the chunk's share of
+// the wte gradient. gpt_logits_f32 computes the logits it is asked for chunk by chunk from the
+// kept lnf output.
 //
 // Positions: learned (wpe table added to the token embedding), rope (q and k rotated in place in
 // the fused qkv buffer right after its matmul, from a cos/sin table computed once in
@@ -51,8 +52,9 @@
 #include "model/ring_attention.h"
 #include "model/sparse_lists.h"
 
-// Logits per head chunk: 2 GiB, so a bf16 batch of 16 x 1024 tokens over GPT-2's vocabulary
-// (1.5 GiB of logits) is one chunk and recomputes nothing; 524,288 tokens run in 25 chunks.
+// Logits per head chunk unless train.classifier_chunk sets the rows: 2 GiB, so a bf16 batch of
+// 16 x 1024 tokens over GPT-2's vocabulary (1.5 GiB of logits) is one chunk and recomputes
+// nothing; 524,288 tokens run in 25 chunks.
 #define HEAD_CHUNK_BYTES ((size_t)2 << 30)
 // Prompt tokens per prefill chunk: GPT-2 124M's activations for them are about 110 MiB in
 // bf16, and 4096 queries give the flash kernels 32 query tiles per head to spread over the GPU.
@@ -423,7 +425,9 @@ GPT *gpt_create(const GPTConfig *cfg, Backend *be, int B, int T, const Config *r
         free(slopes);
     }
     if (cfg->pos == POS_ROPE) m->rope = rope_table(m);
-    const size_t head_rows = HEAD_CHUNK_BYTES / ((size_t)cfg->Vp * m->ds);
+    const size_t head_rows = run && run->train.classifier_chunk > 0
+                                 ? (size_t)run->train.classifier_chunk
+                                 : HEAD_CHUNK_BYTES / ((size_t)cfg->Vp * m->ds);
     m->head_cap = m->head_rows = (size_t)B * T < head_rows ? B * T : (int)head_rows;
     m->head_chunk = -1;
     m->pre_cap = m->pre_rows = cfg->maxT < PREFILL_ROWS ? cfg->maxT : PREFILL_ROWS;

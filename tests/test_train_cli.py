@@ -161,6 +161,22 @@ def test_training_lowers_loss_and_logs(tmp_path):
     assert ckpts == ["ckpt_00000040", "ckpt_00000050", "ckpt_00000060"]  # keep_checkpoints 3
 
 
+def test_classifier_chunk_trains_the_same(tmp_path):
+    """train.classifier_chunk = 37 runs the head over 4 chunks of the 128 rows (a ragged last
+    one), recomputing 3 chunks' logits in backward: the same losses as one chunk, to fp32 rounding
+    (the wte gradient adds the chunks' shares in another order)."""
+    losses = []
+    for chunk in [0, 37]:
+        cfg = tiny(tmp_path / str(chunk))
+        r = run(["train", "-c", write_config(tmp_path, cfg, f"{chunk}.json"), "--set", "train.steps=20",
+                 "--set", f"train.classifier_chunk={chunk}"])
+        assert r.returncode == 0, r.stderr
+        losses.append([e["loss"] for e in train_events(cfg["log"]["dir"])])
+    assert len(losses[0]) == 20 and losses[0][0] == losses[1][0]
+    for a, b in zip(*losses):
+        assert abs(a - b) <= 1e-4 * abs(a), (a, b)
+
+
 def _resume_losses(tmp_path, **sections):
     """Trains 40 steps in one go (a) and, in b, 40 steps stopped after the checkpoint at step 20
     and resumed; returns the per-step losses of both. sections update TINY's sections."""
