@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,15 +22,10 @@
 #define TMP_PREFIX ".tmp-" CKPT_PREFIX   // a checkpoint being written
 #define TRASH_PREFIX ".trash-"            // a directory being deleted
 
-// weights (host fp32, gpt_num_params) or NULL for the model's own parameters.
-static int write_model(const char *dir, GPT *m, const float *weights, const Config *c,
+// weights: host fp32 (gpt_num_params). Touches no backend memory (it may run on a thread of
+// its own).
+static int write_model(const char *dir, const GPT *m, const float *weights, const Config *c,
                        FileDigest *d, char *err, size_t errlen) {
-    float *copy = NULL;
-    if (!weights) {
-        copy = xmalloc(gpt_num_params(m) * sizeof(float));
-        gpt_get_params_f32(m, copy);
-        weights = copy;
-    }
     StFile f;
     st_init(&f);
     for (int i = 0; i < gpt_num_tensors(m); i++) {
@@ -45,7 +41,6 @@ static int write_model(const char *dir, GPT *m, const float *weights, const Conf
     int rc = st_write_digest(&f, path, d, err, errlen);
     free(cfg);
     st_free(&f);
-    free(copy);
     return rc;
 }
 
@@ -121,27 +116,46 @@ static void gather_digests(Comm *comm, const FileDigest *mine, FileDigest *all) 
     }
 }
 
-// Rank 0's part: the weights, the tokenizer, then state.json with the digests of every file
-// (opt_digests: the world ranks' optimizer files).
-static int write_rank0(const char *dir, GPT *m, const OptimState *opt, const TrainState *st,
-                       const Config *c, const FileDigest *opt_digests, int world, char *err,
-                       size_t errlen) {
+// Rank 0's files besides state.json: the weights and the tokenizer, with their digests
+// (files[0], and files[1] when there is a tokenizer; n their count). It runs on a thread of its
+// own beside the optimizer file's write, so it reads only host memory.
+typedef struct {
+    const char *dir;
+    const GPT *m;
+    const float *weights;   // host fp32 (gpt_num_params)
+    const Config *c;
+    CkptFile files[2];
+    int n, rc;
+    char err[ERR_LEN];
+} Rank0Files;
+
+static void *write_rank0_files(void *arg) {
+    Rank0Files *w = arg;
+    int copied;
+    w->n = 0;
+    snprintf(w->files[0].name, sizeof w->files[0].name, "model.safetensors");
+    w->rc = write_model(w->dir, w->m, w->weights, w->c, &w->files[0].digest, w->err, sizeof w->err);
+    if (w->rc == 0) w->n = 1;
+    if (w->rc == 0) w->rc = copy_tokenizer(w->dir, w->c, &w->files[1], &copied, w->err, sizeof w->err);
+    if (w->rc == 0) w->n += copied;
+    return NULL;
+}
+
+// state.json with the digests of every file: rank 0's (mine, n of them) and the world ranks'
+// optimizer files (opt_digests).
+static int write_state(const char *dir, const TrainState *st, const Config *c, const CkptFile *mine,
+                       int n_mine, const FileDigest *opt_digests, int world, char *err, size_t errlen) {
     CkptFile *files = xcalloc((size_t)world + 2, sizeof(CkptFile));
-    int n = 0, copied, rc = -1;
-    snprintf(files[n].name, sizeof files[n].name, "model.safetensors");
-    if (write_model(dir, m, opt->master, c, &files[n].digest, err, errlen) != 0) goto done;
-    n++;
-    if (copy_tokenizer(dir, c, &files[n], &copied, err, errlen) != 0) goto done;
-    n += copied;
+    int n = 0;
+    for (; n < n_mine; n++) files[n] = mine[n];
     for (int r = 0; r < world; r++, n++) {
         snprintf(files[n].name, sizeof files[n].name, "optimizer_rank%d.safetensors", r);
         files[n].digest = opt_digests[r];
     }
     char *text = ckpt_state_format(st, c, files, n);
     CkptFile self;
-    rc = write_recorded(dir, "state.json", text, strlen(text), &self, err, errlen);
+    const int rc = write_recorded(dir, "state.json", text, strlen(text), &self, err, errlen);
     free(text);
-done:
     free(files);
     return rc;
 }
@@ -298,14 +312,32 @@ int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, con
         return ok ? set_error(err, errlen, "rank 0 could not create '%s'", tmp) : -1;
     // Every rank writes its shard of the optimizer state and hands its digest to rank 0, which
     // writes the rest and state.json; the directory is renamed into place only when every part
-    // is written (the checkpoint is complete).
+    // is written (the checkpoint is complete). Rank 0 writes the weights and the tokenizer on a
+    // second thread meanwhile (the weights fetched from the model first when the optimizer
+    // holds no master copy): the two files' writes and hashes overlap.
     FileDigest mine, *digests = xcalloc((size_t)comm->world, sizeof(FileDigest));
     memset(&mine, 0, sizeof mine);
+    Rank0Files r0 = {.dir = tmp, .m = m, .weights = opt->master, .c = c};
+    float *weights = NULL;
+    pthread_t thread;
+    int started = 0;
+    if (rank == 0) {
+        if (!r0.weights) {
+            weights = xmalloc(gpt_num_params(m) * sizeof(float));
+            gpt_get_params_f32(m, weights);
+            r0.weights = weights;
+        }
+        started = pthread_create(&thread, NULL, write_rank0_files, &r0) == 0;
+        if (!started) write_rank0_files(&r0);
+    }
     ok = write_optimizer(tmp, opt, rank, &mine, err, errlen) == 0;
+    if (started) pthread_join(thread, NULL);
+    free(weights);
+    if (ok && r0.rc != 0) ok = 0, snprintf(err, errlen, "%s", r0.err);
     const int all_written = comm_all_ok(comm, ok);
     if (all_written) gather_digests(comm, &mine, digests);
     if (all_written && rank == 0)
-        ok = write_rank0(tmp, m, opt, st, c, digests, comm->world, err, errlen) == 0;
+        ok = write_state(tmp, st, c, r0.files, r0.n, digests, comm->world, err, errlen) == 0;
     free(digests);
     if (!all_written || !comm_all_ok(comm, ok)) {
         if (rank == 0) remove_tree(tmp);
