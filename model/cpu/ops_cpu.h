@@ -33,7 +33,8 @@ void cpu_matmul_backward(Backend *be, void *dinp, void *dw, void *dbias, void *d
                          Epilogue epi);
 // ops_cpu_dropout.c
 void cpu_dropout(Backend *be, void *x, size_t n, const DropMask *d);
-// out = a + (x through d's mask) over n elements (out may alias a or x); d->p > 0.
+// out = a + (x through d's mask), or x through it without a (NULL), over n elements (out may
+// alias a or x); d->p > 0.
 void cpu_dropout_add(void *out, const void *a, const void *x, size_t n, const DropMask *d);
 // ops_cpu_rope.c
 void cpu_rope_forward(Backend *be, void *qkv, const float *table, const int *pos, int N, int T,

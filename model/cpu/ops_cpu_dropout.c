@@ -6,8 +6,10 @@
 #include "model/dropout.h"
 #include "model/cpu/ops_cpu.h"
 
-// out = a + dropout(x), or dropout(x) without a, over n elements (out may alias a or x).
-static void dropout_into(float *out, const float *a, const float *x, size_t n, const DropMask *d) {
+// out = a + dropout(x), or dropout(x) without a (NULL), over n elements (out may alias a or x).
+void cpu_dropout_add(void *out_, const void *a_, const void *x_, size_t n, const DropMask *d) {
+    float *out = out_;
+    const float *a = a_, *x = x_;   // (n)
     const float p = d->p;
     const uint64_t seed = d->seed, offset = d->offset + (d->offset_dev ? *d->offset_dev : 0);
     if (!(p < 1.0f)) fatal(EXIT_RUNTIME, "cpu dropout: p = %g must be below 1", (double)p);
@@ -26,9 +28,5 @@ static void dropout_into(float *out, const float *a, const float *x, size_t n, c
 }
 
 void cpu_dropout(Backend *be, void *x, size_t n, const DropMask *d) {
-    if (d && d->p > 0.0f) dropout_into(x, NULL, x, n, d);
-}
-
-void cpu_dropout_add(void *out, const void *a, const void *x, size_t n, const DropMask *d) {
-    dropout_into(out, a, x, n, d);
+    if (d && d->p > 0.0f) cpu_dropout_add(x, NULL, x, n, d);
 }
