@@ -135,8 +135,9 @@ static void *write_rank0_files(void *arg) {
     w->n = 0;
     snprintf(w->files[0].name, sizeof w->files[0].name, "model.safetensors");
     w->rc = write_model(w->dir, w->m, w->weights, w->c, &w->files[0].digest, w->err, sizeof w->err);
-    if (w->rc == 0) w->n = 1;
-    if (w->rc == 0) w->rc = copy_tokenizer(w->dir, w->c, &w->files[1], &copied, w->err, sizeof w->err);
+    if (w->rc != 0) return NULL;
+    w->n = 1;
+    w->rc = copy_tokenizer(w->dir, w->c, &w->files[1], &copied, w->err, sizeof w->err);
     if (w->rc == 0) w->n += copied;
     return NULL;
 }
