@@ -214,7 +214,20 @@ static void run_sample(Run *r, long long step) {
     free(text);
 }
 
-static void run_checkpoint(Run *r) {
+// A checkpoint in two halves (trainer/checkpoint.h): begin starts writing the files, end
+// writes the state as it is then (the RNG after a sample run between the two) and moves the
+// checkpoint into place.
+static CkptWrite *checkpoint_begin(Run *r) {
+    char err[ERR_LEN];
+    CkptWrite *w = checkpoint_save_begin(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer),
+                                         r->state.step, &r->cfg, r->comm, err, sizeof err);
+    if (!w)
+        fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)",
+              r->state.step, err);
+    return w;
+}
+
+static void checkpoint_end(Run *r, CkptWrite *w) {
     char err[ERR_LEN], path[4096];
     TrainState *st = &r->state;
     st->scaler = *trainer_scaler(r->trainer);
@@ -222,14 +235,14 @@ static void run_checkpoint(Run *r) {
     DatasetState ds = dataset_get_state(r->train);
     st->data[0] = ds.a, st->data[1] = ds.b, st->data[2] = ds.c;
     st->guard_loss_mean = r->guard.mean;
-    if (checkpoint_save_dist(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer), st,
-                             &r->cfg, r->cfg.log.keep_checkpoints, r->comm, path, sizeof path, err,
-                             sizeof err) != 0)
+    if (checkpoint_save_end(w, st, r->cfg.log.keep_checkpoints, path, sizeof path, err, sizeof err) != 0)
         fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)", st->step, err);
     printf("checkpoint %s\n", path);
     metrics_write(&r->metrics, "checkpoint", st->step, "path", 's', path, NULL);
     r->went_back = 0;
 }
+
+static void run_checkpoint(Run *r) { checkpoint_end(r, checkpoint_begin(r)); }
 
 static uint64_t data_position(const Run *r) { return dataset_get_state(r->train).a; }
 
@@ -375,9 +388,12 @@ static int cmd_train(int argc, char **argv) {
             // A stop request skips evaluation and samples: a preempted job has a grace period.
             const int stopping = s.stop && step < total;
             if (!stopping && r.val && every(c->log.eval_every, step, total)) run_eval(&r, step);
+            // A checkpoint's files are written while the sample of the same step runs.
+            CkptWrite *ckpt = stopping || every(c->log.checkpoint_every, step, total)
+                                  ? checkpoint_begin(&r) : NULL;
             if (!stopping && r.launch.rank == 0 && every(c->log.sample_every, step, total))
                 run_sample(&r, step);
-            if (stopping || every(c->log.checkpoint_every, step, total)) run_checkpoint(&r);
+            if (ckpt) checkpoint_end(&r, ckpt);
             if (stopping) {
                 printf("stopped by a signal after step %lld of %lld: the checkpoint above holds the "
                        "run; the same command resumes it\n", step, total);

@@ -223,6 +223,19 @@ def test_resume_with_dropout_is_bitwise_exact(tmp_path):
     assert all(full[s] != plain[s] for s in range(1, 41))  # dropout really is on
 
 
+def test_resume_draws_the_same_samples(tmp_path):
+    # The checkpoint at step 20 is written while that step's sample runs, and holds the RNG as
+    # it is after the sample: the resumed run's samples at 30 and 40 are the uninterrupted run's.
+    _resume_losses(tmp_path, log={"sample_every": 10})
+    texts = {}
+    for name in ["a", "b"]:
+        for e in train_events(str(tmp_path / name / "run"), "sample"):
+            texts.setdefault(name, {})[e["step"]] = e["text"]  # later lines (the resumed run) win
+    assert sorted(texts["a"]) == [10, 20, 30, 40] and sorted(texts["b"]) == [10, 20, 30, 40]
+    assert texts["a"] == texts["b"]
+    assert len(set(texts["a"].values())) == 4   # each sample is a new draw
+
+
 def test_resume_refuses_other_architecture(tmp_path):
     cfg = tiny(tmp_path)
     path = write_config(tmp_path, cfg)

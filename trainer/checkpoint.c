@@ -291,65 +291,123 @@ void checkpoint_remove_leftovers(const char *run_dir) {
     closedir(d);
 }
 
+// This rank's optimizer file, on a thread of its own (it reads only host memory).
+typedef struct {
+    const char *dir;
+    const OptimState *opt;
+    int rank, rc;
+    FileDigest digest;
+    char err[ERR_LEN];
+} OptimFile;
+
+static void *write_optimizer_file(void *arg) {
+    OptimFile *w = arg;
+    w->rc = write_optimizer(w->dir, w->opt, w->rank, &w->digest, w->err, sizeof w->err);
+    return NULL;
+}
+
+struct CkptWrite {
+    char run_dir[4096], tmp[4096], final[4096], name[64];
+    long long step;
+    Comm *comm;
+    const Config *c;
+    OptimFile opt;
+    Rank0Files r0;
+    float *weights;   // the model's weights when the optimizer holds no master copy, or NULL
+    pthread_t opt_thread, r0_thread;
+    int opt_started, r0_started;
+};
+
+// Runs fn(arg) on a new thread (*started = 1), or here when no thread can be made.
+static void start_writer(pthread_t *thread, int *started, void *(*fn)(void *), void *arg) {
+    *started = pthread_create(thread, NULL, fn, arg) == 0;
+    if (!*started) fn(arg);
+}
+
+CkptWrite *checkpoint_save_begin(const char *run_dir, GPT *m, const OptimState *opt, long long step,
+                                 const Config *c, Comm *comm, char *err, size_t errlen) {
+    if (opt->n != gpt_num_params(m)) {
+        set_error(err, errlen, "checkpoint: optimizer state has %zu elements, the model %zu", opt->n,
+                  gpt_num_params(m));
+        return NULL;
+    }
+    CkptWrite *w = xcalloc(1, sizeof *w);
+    const int rank = comm->rank;
+    // One name every rank derives alike; a leftover of a crashed attempt at this step is removed.
+    snprintf(w->run_dir, sizeof w->run_dir, "%s", run_dir);
+    snprintf(w->name, sizeof w->name, CKPT_PREFIX "%08lld", step);
+    snprintf(w->tmp, sizeof w->tmp, "%s/" TMP_PREFIX "%08lld", run_dir, step);
+    snprintf(w->final, sizeof w->final, "%s/%s", run_dir, w->name);
+    w->step = step, w->comm = comm, w->c = c;
+    int ok = 1;
+    if (rank == 0) {
+        remove_tree(w->tmp);
+        ok = mkdir_p(w->tmp, err, errlen) == 0;
+    }
+    if (!comm_all_ok(comm, ok)) {
+        if (ok) set_error(err, errlen, "rank 0 could not create '%s'", w->tmp);
+        free(w);
+        return NULL;
+    }
+    // Every rank writes its shard of the optimizer state, rank 0 also the weights and the
+    // tokenizer (the weights fetched from the model first when the optimizer holds no master
+    // copy), each on a thread of its own: the files' writes and hashes overlap each other and
+    // whatever the caller does until checkpoint_save_end.
+    w->opt = (OptimFile){.dir = w->tmp, .opt = opt, .rank = rank};
+    start_writer(&w->opt_thread, &w->opt_started, write_optimizer_file, &w->opt);
+    if (rank == 0) {
+        w->r0 = (Rank0Files){.dir = w->tmp, .m = m, .weights = opt->master, .c = c};
+        if (!w->r0.weights) {
+            w->weights = xmalloc(gpt_num_params(m) * sizeof(float));
+            gpt_get_params_f32(m, w->weights);
+            w->r0.weights = w->weights;
+        }
+        start_writer(&w->r0_thread, &w->r0_started, write_rank0_files, &w->r0);
+    }
+    return w;
+}
+
+int checkpoint_save_end(CkptWrite *w, const TrainState *st, int keep, char *path_out,
+                        size_t path_len, char *err, size_t errlen) {
+    Comm *comm = w->comm;
+    const int rank = comm->rank;
+    if (w->opt_started) pthread_join(w->opt_thread, NULL);
+    if (w->r0_started) pthread_join(w->r0_thread, NULL);
+    int ok = w->opt.rc == 0 && w->r0.rc == 0;
+    if (st->step != w->step) ok = 0, set_error(err, errlen, "checkpoint: state of step %lld for "
+                                               "the checkpoint of step %lld", st->step, w->step);
+    else if (w->opt.rc != 0) snprintf(err, errlen, "%s", w->opt.err);
+    else if (w->r0.rc != 0) snprintf(err, errlen, "%s", w->r0.err);
+    // The directory is renamed into place only when every rank's part and state.json (with
+    // every file's digest) are written: the checkpoint is complete only when all parts are.
+    FileDigest *digests = xcalloc((size_t)comm->world, sizeof(FileDigest));
+    const int all_written = comm_all_ok(comm, ok);
+    if (all_written) gather_digests(comm, &w->opt.digest, digests);
+    if (all_written && rank == 0)
+        ok = write_state(w->tmp, st, w->c, w->r0.files, w->r0.n, digests, comm->world, err,
+                         errlen) == 0;
+    free(digests);
+    int rc = 0;
+    if (!all_written || !comm_all_ok(comm, ok)) {
+        if (rank == 0) remove_tree(w->tmp);
+        rc = ok ? set_error(err, errlen, "another rank could not write its part of '%s' (its log "
+                                         "says why)", w->tmp) : -1;
+    } else {
+        ok = rank != 0 || publish(w->run_dir, w->tmp, w->final, w->name, keep, err, errlen) == 0;
+        if (!comm_all_ok(comm, ok))
+            rc = ok ? set_error(err, errlen, "rank 0 could not move '%s' into place", w->tmp) : -1;
+        else if (path_out) snprintf(path_out, path_len, "%s", w->final);
+    }
+    free(w->weights);
+    free(w);
+    return rc;
+}
+
 int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
                          const Config *c, int keep, Comm *comm, char *path_out, size_t path_len,
                          char *err, size_t errlen) {
-    if (opt->n != gpt_num_params(m))
-        return set_error(err, errlen, "checkpoint: optimizer state has %zu elements, the model %zu",
-                         opt->n, gpt_num_params(m));
-    const int rank = comm->rank;
-    char tmp[4096], final[4096];
-    // One name every rank derives alike; a leftover of a crashed attempt at this step is removed.
-    char name[64];
-    snprintf(name, sizeof name, CKPT_PREFIX "%08lld", st->step);
-    snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "%08lld", run_dir, st->step);
-    snprintf(final, sizeof final, "%s/%s", run_dir, name);
-    int ok = 1;
-    if (rank == 0) {
-        remove_tree(tmp);
-        ok = mkdir_p(tmp, err, errlen) == 0;
-    }
-    if (!comm_all_ok(comm, ok))
-        return ok ? set_error(err, errlen, "rank 0 could not create '%s'", tmp) : -1;
-    // Every rank writes its shard of the optimizer state and hands its digest to rank 0, which
-    // writes the rest and state.json; the directory is renamed into place only when every part
-    // is written (the checkpoint is complete). Rank 0 writes the weights and the tokenizer on a
-    // second thread meanwhile (the weights fetched from the model first when the optimizer
-    // holds no master copy): the two files' writes and hashes overlap.
-    FileDigest mine, *digests = xcalloc((size_t)comm->world, sizeof(FileDigest));
-    memset(&mine, 0, sizeof mine);
-    Rank0Files r0 = {.dir = tmp, .m = m, .weights = opt->master, .c = c};
-    float *weights = NULL;
-    pthread_t thread;
-    int started = 0;
-    if (rank == 0) {
-        if (!r0.weights) {
-            weights = xmalloc(gpt_num_params(m) * sizeof(float));
-            gpt_get_params_f32(m, weights);
-            r0.weights = weights;
-        }
-        started = pthread_create(&thread, NULL, write_rank0_files, &r0) == 0;
-        if (!started) write_rank0_files(&r0);
-    }
-    ok = write_optimizer(tmp, opt, rank, &mine, err, errlen) == 0;
-    if (started) pthread_join(thread, NULL);
-    free(weights);
-    if (ok && r0.rc != 0) ok = 0, snprintf(err, errlen, "%s", r0.err);
-    const int all_written = comm_all_ok(comm, ok);
-    if (all_written) gather_digests(comm, &mine, digests);
-    if (all_written && rank == 0)
-        ok = write_state(tmp, st, c, r0.files, r0.n, digests, comm->world, err, errlen) == 0;
-    free(digests);
-    if (!all_written || !comm_all_ok(comm, ok)) {
-        if (rank == 0) remove_tree(tmp);
-        return ok ? set_error(err, errlen, "another rank could not write its part of '%s' (its log "
-                                           "says why)", tmp) : -1;
-    }
-    ok = rank != 0 || publish(run_dir, tmp, final, name, keep, err, errlen) == 0;
-    if (!comm_all_ok(comm, ok))
-        return ok ? set_error(err, errlen, "rank 0 could not move '%s' into place", tmp) : -1;
-    if (path_out) snprintf(path_out, path_len, "%s", final);
-    return 0;
+    CkptWrite *w = checkpoint_save_begin(run_dir, m, opt, st->step, c, comm, err, errlen);
+    return w ? checkpoint_save_end(w, st, keep, path_out, path_len, err, errlen) : -1;
 }
 
 long long checkpoint_find_before(const char *run_dir, long long step, char *path, size_t path_len) {

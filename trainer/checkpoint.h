@@ -56,6 +56,20 @@ int checkpoint_save_state(const char *run_dir, GPT *m, const OptimState *opt, co
 int checkpoint_save_dist(const char *run_dir, GPT *m, const OptimState *opt, const TrainState *st,
                          const Config *c, int keep, Comm *comm, char *path_out, size_t path_len,
                          char *err, size_t errlen);
+// checkpoint_save_dist in two halves, so that the files are written while the caller goes on
+// (the run's sample at the same step). checkpoint_save_begin (collective) creates the temporary
+// directory and starts writing every file but state.json on threads of their own, from opt's
+// host views (and the model's weights, fetched here when opt->master is NULL): until
+// checkpoint_save_end the caller may run the model but must leave opt's buffers as they are.
+// It returns NULL with err set (on every rank alike) when the directory cannot be made.
+// checkpoint_save_end (collective) waits for the files, writes state.json from st (the state of
+// begin's step, as it is at the end: the RNG after the sample), moves the checkpoint into place,
+// frees w and returns what checkpoint_save_dist returns.
+typedef struct CkptWrite CkptWrite;
+CkptWrite *checkpoint_save_begin(const char *run_dir, GPT *m, const OptimState *opt, long long step,
+                                 const Config *c, Comm *comm, char *err, size_t errlen);
+int checkpoint_save_end(CkptWrite *w, const TrainState *st, int keep, char *path_out,
+                        size_t path_len, char *err, size_t errlen);
 // The step-0 checkpoint of a model that has not trained (an import): the model's parameters,
 // zero AdamW moments, the RNG seeded from train.seed, the scaler's initial state.
 int checkpoint_save_initial(const char *run_dir, GPT *m, const Config *c, char *path_out,
