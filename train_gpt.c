@@ -217,13 +217,16 @@ static void run_sample(Run *r, long long step) {
 // A checkpoint in two halves (trainer/checkpoint.h): begin starts writing the files, end
 // writes the state as it is then (the RNG after a sample run between the two) and moves the
 // checkpoint into place.
+__attribute__((noreturn)) static void checkpoint_failed(const Run *r, const char *err) {
+    fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)",
+          r->state.step, err);
+}
+
 static CkptWrite *checkpoint_begin(Run *r) {
     char err[ERR_LEN];
     CkptWrite *w = checkpoint_save_begin(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer),
                                          r->state.step, &r->cfg, r->comm, err, sizeof err);
-    if (!w)
-        fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)",
-              r->state.step, err);
+    if (!w) checkpoint_failed(r, err);
     return w;
 }
 
@@ -236,7 +239,7 @@ static void checkpoint_end(Run *r, CkptWrite *w) {
     st->data[0] = ds.a, st->data[1] = ds.b, st->data[2] = ds.c;
     st->guard_loss_mean = r->guard.mean;
     if (checkpoint_save_end(w, st, r->cfg.log.keep_checkpoints, path, sizeof path, err, sizeof err) != 0)
-        fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)", st->step, err);
+        checkpoint_failed(r, err);
     printf("checkpoint %s\n", path);
     metrics_write(&r->metrics, "checkpoint", st->step, "path", 's', path, NULL);
     r->went_back = 0;
