@@ -65,9 +65,9 @@ static size_t sm80_bwd_smem_bytes(int HS) {
 // Picks the kernel family and tile from (arch, dtype, head size, features, direction, T).
 // Hopper (compute capability 9.0, with sm_90a code in this binary) runs the wgmma family, every
 // feature included, unless the context asked for sm80; softcap runs on that family only. The
-// wgmma family's forward takes head sizes 64, 96, 128 and 256, its backward 64 and 128; the other
-// head sizes of the sm80 family (32, and the backward at 96 and 256) run that family on Hopper
-// too, whatever the context asked for.
+// wgmma family takes every head size (32 in HS 64's tiles, 96 in HS 128's) but the backward at
+// 256, whose dK and dV would not fit the registers (flash_bwd_sm90.cu): that backward runs the
+// sm80 family on Hopper too, and a context that asked for sm90 refuses it with a message.
 // fp32 (no tensor-core flash kernel) and impl naive run the materialised version, and the
 // feature instance (EXTRAS: soft-capping, ALiBi, dropout, a block mask) runs where the plain one
 // lacks a feature (attn_route, attention/route.c). Only the sm90
@@ -93,16 +93,21 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
         return -1;
     }
     const bool hopper = g.kernel != ATTN_KERNEL_SM80 && g.arch == 90 && g.sm90_ok;
-    const bool sm90_hs = backward ? p.HS == 64 || p.HS == 128 : p.HS != 32;
+    const bool sm90_hs = !backward || p.HS != 256;
     c->family = hopper && sm90_hs ? FAMILY_SM90 : FAMILY_SM80;
     if (p.softcap > 0.f && c->family == FAMILY_SM80) {
         if (hopper)
             snprintf(err, errlen, "attention: softcap at head size HS = %d runs on the cpu and the naive cuda path "
                      "only (the sm90 flash kernels' %s takes it at HS %s): use impl naive (attention.impl = naive)",
-                     p.HS, backward ? "backward" : "forward", backward ? "64 and 128" : "64, 96, 128 and 256");
+                     p.HS, backward ? "backward" : "forward", backward ? "32, 64, 96 and 128" : "32, 64, 96, 128 and 256");
         else
             snprintf(err, errlen, "attention: softcap runs on the sm90 flash kernels (a Hopper GPU, kernel auto or "
                      "sm90), the cpu and the naive cuda path: use impl naive (attention.impl = naive)");
+        return -1;
+    }
+    if (g.kernel == ATTN_KERNEL_SM90 && c->family == FAMILY_SM80) {
+        snprintf(err, errlen, "attention: the sm90 flash backward takes head sizes 32, 64, 96 and 128, not HS = %d "
+                 "(kernel auto runs it on the sm80 family): use kernel auto or sm80 (attention.kernel)", p.HS);
         return -1;
     }
     if (backward && c->family == FAMILY_SM80 && sm80_bwd_smem_bytes(p.HS) > g.smem_optin) {
@@ -111,14 +116,14 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
                  p.HS, sm80_bwd_smem_bytes(p.HS) / 1024, g.smem_optin / 1024);
         return -1;
     }
-    // HS 64: three warpgroups (BM 192) from 4K queries on, two below (short causal rows are
-    // imbalanced over 192-row tiles); the other head sizes fit two only, and so do the feature
-    // instances (a block mask among them needs query tiles that divide its blocks: BM 128).
-    c->fwd_wgs = p.HS == 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
-    // Below that, the causal HS 64 forward runs two blocks per SM (Sm90FwdTile's BLOCKS 2, with
-    // its measurements): one block's prologue and epilogue run under the other's loop. The
-    // feature instance gains from it only at the shortest rows (below 1K queries).
-    c->fwd_blocks = p.HS == 64 && p.causal && p.T_q < (c->extras ? 1024 : 4096) ? 2 : 1;
+    // HS 64 tiles (HS 32 and 64): three warpgroups (BM 192) from 4K queries on, two below (short
+    // causal rows are imbalanced over 192-row tiles); the other head sizes fit two only, and so do
+    // the feature instances (a block mask among them needs query tiles that divide its blocks).
+    c->fwd_wgs = p.HS <= 64 && p.T_q >= 4096 && !c->extras ? 3 : 2;
+    // Below that, the causal forward in HS 64 tiles runs two blocks per SM (Sm90FwdTile's BLOCKS
+    // 2, with its measurements): one block's prologue and epilogue run under the other's loop.
+    // The feature instance gains from it only at the shortest rows (below 1K queries).
+    c->fwd_blocks = p.HS <= 64 && p.causal && p.T_q < (c->extras ? 1024 : 4096) ? 2 : 1;
     return 0;
 }
 
@@ -186,8 +191,10 @@ static void sm80_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int
 // the tensor-map encoder's refusal, if any (then the main kernel was not launched).
 template <typename T, int HS, bool EXTRAS>
 static CUresult sm90_forward(const AttnParams &p, const AttnKernelChoice &c, TensorMapEncoder enc, cudaStream_t s) {
-    if (HS == 64 && !EXTRAS && c.fwd_wgs == 3) return flash_fwd_sm90_launch<T, 64, 3, false>(p, enc, s);
-    if (HS == 64 && c.fwd_blocks == 2) return flash_fwd_sm90_launch<T, 64, 2, EXTRAS, 2>(p, enc, s);
+    if constexpr (HS <= 64) {
+        if (!EXTRAS && c.fwd_wgs == 3) return flash_fwd_sm90_launch<T, HS, 3, false>(p, enc, s);
+        if (c.fwd_blocks == 2) return flash_fwd_sm90_launch<T, HS, 2, EXTRAS, 2>(p, enc, s);
+    }
     return flash_fwd_sm90_launch<T, HS, 2, EXTRAS>(p, enc, s);
 }
 template <typename T, int HS, bool EXTRAS>
@@ -200,14 +207,19 @@ static CUresult sm90_backward(const AttnParams &p, int sms, TensorMapEncoder enc
     return CUDA_SUCCESS;
 }
 
-// attn_select_kernel returns the sm90 family for the forward at head sizes 64, 96, 128 and 256
-// and for the backward at 64 and 128 only.
+// attn_select_kernel returns the sm90 family for the forward at head sizes 32, 64, 96, 128 and
+// 256 and for the backward at 32, 64, 96 and 128.
 template <typename T, bool EXTRAS>
 static CUresult sm90_dispatch_hs(const AttnParams &p, const AttnKernelChoice &c, int backward, int sms,
                                  TensorMapEncoder enc, cudaStream_t s) {
-    if (backward)
-        return c.hs == 64 ? sm90_backward<T, 64, EXTRAS>(p, sms, enc, s) : sm90_backward<T, 128, EXTRAS>(p, sms, enc, s);
+    if (backward) switch (c.hs) {
+        case 32: return sm90_backward<T, 32, EXTRAS>(p, sms, enc, s);
+        case 64: return sm90_backward<T, 64, EXTRAS>(p, sms, enc, s);
+        case 96: return sm90_backward<T, 96, EXTRAS>(p, sms, enc, s);
+        default: return sm90_backward<T, 128, EXTRAS>(p, sms, enc, s);
+        }
     switch (c.hs) {
+    case 32: return sm90_forward<T, 32, EXTRAS>(p, c, enc, s);
     case 64: return sm90_forward<T, 64, EXTRAS>(p, c, enc, s);
     case 96: return sm90_forward<T, 96, EXTRAS>(p, c, enc, s);
     case 128: return sm90_forward<T, 128, EXTRAS>(p, c, enc, s);

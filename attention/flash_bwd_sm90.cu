@@ -37,7 +37,10 @@
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
-template <typename T, int HS, bool EXTRAS, bool DQ, bool SPLIT>
+// HS is the tiles' head width (a multiple of 64), HS_OUT <= HS the tensors' head size: the
+// columns past it read as zeros (sm90_tile_hs), so their dK, dV and dQ come out 0 and dK and dV
+// are not stored (dQ's accumulator holds HS columns, attn_dq_acc_floats).
+template <typename T, int HS, bool EXTRAS, bool DQ, bool SPLIT, int HS_OUT = HS>
 __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     flash_bwd_sm90_kernel(const AttnParams p, const float *dsum, float *dq_accum,
                           const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -234,7 +237,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             float *dkr = tensor_at(static_cast<float *>(p.dk), p.dk_st, b, n0 + row, kvh) + 2 * t;
             float *dvr = tensor_at(static_cast<float *>(p.dv), p.dv_st, b, n0 + row, kvh) + 2 * t;
 #pragma unroll
-            for (int j = 0; j < HS / 8; j++) {
+            for (int j = 0; j < HS_OUT / 8; j++) {
                 const float2 k2 = make_float2(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
                 const float2 v2 = make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
                 if constexpr (SPLIT) {
@@ -412,7 +415,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 
     // dK = scale * dS^T Q and dV, staged through sK and sV, then stored with 16-byte writes.
 #pragma unroll
-    for (int j = 0; j < HS / 8; j++)
+    for (int j = 0; j < HS_OUT / 8; j++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int off = sw128_offset<BN>(krow + 8 * r, 8 * j + 2 * t);
@@ -422,8 +425,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     named_barrier(BAR_MMA, NT);
     T *dkg = tensor_at(static_cast<T *>(p.dk), p.dk_st, b, n0, kvh);
     T *dvg = tensor_at(static_cast<T *>(p.dv), p.dv_st, b, n0, kvh);
-    tile_store_sw128<BN, BN, HS, NT>(dkg, p.dk_st.row, sK, 0, n_valid, tid);
-    tile_store_sw128<BN, BN, HS, NT>(dvg, p.dv_st.row, sV, 0, n_valid, tid);
+    tile_store_sw128<BN, BN, HS_OUT, NT>(dkg, p.dk_st.row, sK, 0, n_valid, tid);
+    tile_store_sw128<BN, BN, HS_OUT, NT>(dvg, p.dv_st.row, sV, 0, n_valid, tid);
 #endif
 }
 
@@ -445,33 +448,37 @@ bool flash_bwd_sm90_stream_k(const AttnParams &p, bool extras, bool dq_accum, in
 template <typename T, int HS, bool EXTRAS>
 CUresult flash_bwd_sm90_launch(const AttnParams &p, const float *dsum, float *dq_accum, int sms, TensorMapEncoder enc,
                                cudaStream_t s) {
-    using Tile = Sm90BwdTile<HS>;
+    constexpr int HST = sm90_tile_hs(HS);
+    using Tile = Sm90BwdTile<HST>;
+    using Smem = Sm90BwdSmem<T, HST>;
     CUresult status = CUDA_SUCCESS;
     const QkvMaps m = qkv_tensor_maps(enc, p, Tile::BM, Tile::BN, &status);
-    const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, HS, Tile::BM, &status);
+    const CUtensorMap tm_do = sw128_tensor_map(enc, p.dout, p.do_st, p.B, p.T_q, p.NH, p.HS, Tile::BM, &status);
     if (status != CUDA_SUCCESS) return status;
     static_assert(Tile::BN == Sm90BwdTile<64>::BN, "flash_bwd_sm90_stream_k counts units of 128 keys");
     if (flash_bwd_sm90_stream_k(p, EXTRAS, dq_accum, sms)) {
         const int64_t units = (int64_t)cdiv(p.T_k, Tile::BN) * p.NKV * p.B;
         const int64_t iters = units * (p.NH / p.NKV) * cdiv(p.T_q, Tile::BM);  // bwd_pairs' total per unit
-        flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(flash_bwd_sm90_kernel<T, HS, false, true, true>,
-                                                          dim3((unsigned)(iters < sms ? iters : sms)), Tile::NTHREADS,
-                                                          s, p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
+        flash_launch<Smem, SM90_SMEM_LIMIT>(flash_bwd_sm90_kernel<T, HST, false, true, true, HS>,
+                                            dim3((unsigned)(iters < sms ? iters : sms)), Tile::NTHREADS, s, p, dsum,
+                                            dq_accum, m.q, m.k, m.v, tm_do);
         return CUDA_SUCCESS;
     }
-    const auto kernel = dq_accum ? flash_bwd_sm90_kernel<T, HS, EXTRAS, true, false>
-                                 : flash_bwd_sm90_kernel<T, HS, true, false, false>;
-    flash_launch<Sm90BwdSmem<T, HS>, SM90_SMEM_LIMIT>(kernel, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B), Tile::NTHREADS, s,
-                                                      p, dsum, dq_accum, m.q, m.k, m.v, tm_do);
+    const auto kernel = dq_accum ? flash_bwd_sm90_kernel<T, HST, EXTRAS, true, false, HS>
+                                 : flash_bwd_sm90_kernel<T, HST, true, false, false, HS>;
+    flash_launch<Smem, SM90_SMEM_LIMIT>(kernel, dim3(cdiv(p.T_k, Tile::BN), p.NKV, p.B), Tile::NTHREADS, s, p, dsum,
+                                        dq_accum, m.q, m.k, m.v, tm_do);
     return CUDA_SUCCESS;
 }
 
+// Head sizes 32, 64, 96 and 128 (32 in HS 64's tiles, 96 in HS 128's); HS 256 would hold dK and
+// dV in 256 registers per thread, so its backward runs the sm80 family (attn_select_kernel).
 #define INSTANTIATE_BWD_SM90(T, HS)                                                                            \
     template CUresult flash_bwd_sm90_launch<T, HS, false>(const AttnParams &, const float *, float *, int,     \
                                                           TensorMapEncoder, cudaStream_t);                     \
     template CUresult flash_bwd_sm90_launch<T, HS, true>(const AttnParams &, const float *, float *, int,      \
                                                          TensorMapEncoder, cudaStream_t);
-INSTANTIATE_BWD_SM90(__nv_bfloat16, 64)
-INSTANTIATE_BWD_SM90(__nv_bfloat16, 128)
-INSTANTIATE_BWD_SM90(__half, 64)
-INSTANTIATE_BWD_SM90(__half, 128)
+#define INSTANTIATE_BWD_SM90_T(T) \
+    INSTANTIATE_BWD_SM90(T, 32) INSTANTIATE_BWD_SM90(T, 64) INSTANTIATE_BWD_SM90(T, 96) INSTANTIATE_BWD_SM90(T, 128)
+INSTANTIATE_BWD_SM90_T(__nv_bfloat16)
+INSTANTIATE_BWD_SM90_T(__half)

@@ -305,18 +305,22 @@ bool flash_sm90_ok() {
     return a.binaryVersion == 90;
 }
 
-// Every head size with two warpgroups, plain and with the features; HS 64 also with three (plain
-// only) and with two blocks per SM (plain and with the features): attn_select_kernel.
+// Every head size with two warpgroups, plain and with the features; HS 32 and 64 (HS 64's tiles)
+// also with three (plain only) and with two blocks per SM (plain and with the features):
+// attn_select_kernel.
 #define INSTANTIATE_FWD_SM90_HS(T, HS)                                                                          \
     template CUresult flash_fwd_sm90_launch<T, HS, 2, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
     template CUresult flash_fwd_sm90_launch<T, HS, 2, true>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+#define INSTANTIATE_FWD_SM90_HS64(T, HS)                                                                         \
+    INSTANTIATE_FWD_SM90_HS(T, HS)                                                                               \
+    template CUresult flash_fwd_sm90_launch<T, HS, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template CUresult flash_fwd_sm90_launch<T, HS, 2, false, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
+    template CUresult flash_fwd_sm90_launch<T, HS, 2, true, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t);
 #define INSTANTIATE_FWD_SM90(T)                                                                                  \
-    INSTANTIATE_FWD_SM90_HS(T, 64)                                                                               \
+    INSTANTIATE_FWD_SM90_HS64(T, 32)                                                                             \
+    INSTANTIATE_FWD_SM90_HS64(T, 64)                                                                             \
     INSTANTIATE_FWD_SM90_HS(T, 96)                                                                               \
     INSTANTIATE_FWD_SM90_HS(T, 128)                                                                              \
-    INSTANTIATE_FWD_SM90_HS(T, 256)                                                                              \
-    template CUresult flash_fwd_sm90_launch<T, 64, 3, false>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
-    template CUresult flash_fwd_sm90_launch<T, 64, 2, false, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t); \
-    template CUresult flash_fwd_sm90_launch<T, 64, 2, true, 2>(const AttnParams &, TensorMapEncoder, cudaStream_t);
+    INSTANTIATE_FWD_SM90_HS(T, 256)
 INSTANTIATE_FWD_SM90(__nv_bfloat16)
 INSTANTIATE_FWD_SM90(__half)

@@ -150,7 +150,7 @@ template <typename T, int HS> struct DqSmem {
 // at 8K, HS 128 472 -> 522 causal at 16K.
 //   HS 256: BN 64, two stages (Q and three stages at BN 128 would take 320 KB; these 192 KB), O
 //           at 128 registers per thread.
-// Tiles are whole 64-column blocks: HS 96 runs in HS 128's tiles (sm90_tile_hs).
+// Tiles are whole 64-column blocks: HS 32 runs in HS 64's tiles, HS 96 in HS 128's (sm90_tile_hs).
 // BLOCKS 2 (HS 64, two warpgroups): BN 64 and two stages, so that two blocks share a
 // multiprocessor (128 registers per thread, no spills, plain or with the features; 48 KB of
 // shared memory each) and one's prologue and epilogue run under the other's loop. Plain, against
@@ -220,8 +220,9 @@ template <typename T, int HS> struct Sm90BwdSmem {
 };
 
 // The head width of the sm90 tiles for head size HS: SW128 tiles are whole 64-column blocks, so
-// HS 96 runs in HS 128's tiles. The copy engine reads the columns past HS as zeros (the tensor
-// maps end at HS): they add nothing to S = Q K^T, O's come out 0 and are not stored.
+// HS 32 runs in HS 64's tiles and HS 96 in HS 128's. The copy engine reads the columns past HS as
+// zeros (the tensor maps end at HS): they add nothing to S = Q K^T, and the columns of O, dQ, dK
+// and dV past HS come out 0 and are not stored (dQ's accumulator has room for them).
 constexpr int sm90_tile_hs(int HS) { return (HS + 63) / 64 * 64; }
 
 // Block-sparse attention (attention.h) visits whole tiles of its ATTN_SPARSE_BLOCK blocks: every
@@ -258,9 +259,9 @@ template <typename T, int HS, bool EXTRAS>
 void flash_bwd_dq_launch(const AttnParams &p, const float *dsum, cudaStream_t s);
 
 // sm90 family (T in {__nv_bfloat16, __half}; EXTRAS = soft-capping, ALiBi or dropout present, the
-// forward's EXTRAS instances with NWG 2 only): the forward for HS in {64, 96, 128, 256}, the
-// backward for HS in {64, 128} (its dK and dV take HS registers per thread; the other head
-// sizes run the sm80 backward on Hopper). The backward adds dQ into dq_accum, or with dq_accum
+// forward's EXTRAS instances with NWG 2 only): the forward for HS in {32, 64, 96, 128, 256},
+// the backward for HS in {32, 64, 96, 128} (its dK and dV take HS registers per thread: HS 256
+// runs the sm80 backward on Hopper). The backward adds dQ into dq_accum, or with dq_accum
 // NULL (the deterministic mode) leaves dQ to flash_bwd_dq_launch. sms: the device's
 // multiprocessors (the stream-K instance's grid).
 // The driver's cuTensorMapEncodeTiled (looked up once per context, attention_cuda.cu).

@@ -132,7 +132,8 @@ static const CfgKey KEYS[] = {
      "flash (tiled, memory linear in T) or naive (materialised scores)"},
     {"attention.kernel", CFG_ENUM, OFF(attention.kernel), "auto", 0, 0, KERNEL_NAMES,
      "CUDA flash kernel family: auto (the Hopper family where the GPU and the problem allow, "
-     "else sm80), sm90 (refused on a GPU without it), sm80 (everywhere, for comparisons)"},
+     "else sm80), sm90 (refused on a GPU without it, and for the backward at head size 256, which "
+     "auto runs on sm80), sm80 (everywhere, for comparisons)"},
     {"attention.window", CFG_INT, OFF(attention.window), "-1", -1, BIG, NULL,
      "sliding window: keys at most this far back; -1 = unbounded"},
     {"attention.window_every", CFG_INT, OFF(attention.window_every), "1", 1, 1024, NULL,

@@ -66,9 +66,10 @@ struct Backend {
     // out (B,T,C) = wte[tokens] + wpe[pos]; pos (B,T) or NULL for pos = t.
     void (*embed_forward)(Backend *be, void *out, const int *tokens, const int *pos, const void *wte,
                           const void *wpe, int B, int T, int C);
-    // dwte += scatter(dout), dwpe += scatter(dout) (dwpe may be NULL when there is no table).
+    // dwte (V,C) += scatter(dout), dwpe (P,C) += scatter(dout) (dwpe may be NULL when there is
+    // no table).
     void (*embed_backward)(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
-                           const int *pos, int B, int T, int C);
+                           const int *pos, int B, int T, int C, int V, int P);
     // out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N) fp32 saved for backward.
     void (*layernorm_forward)(Backend *be, void *out, float *mean, float *rstd, const void *inp,
                               const void *w, const void *b, int N, int C);

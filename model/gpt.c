@@ -916,7 +916,8 @@ void gpt_backward(GPT *m, float grad_scale) {
     }
     if (m->drop_resid) resid_dropout(m, m->dres, (size_t)N * C, g->L, 0);
     void *dwpe = m->wpe_i >= 0 ? tensor_ptr(m, dw, m->wpe_i) : NULL;
-    be->embed_backward(be, tensor_ptr(m, dw, m->wte_i), dwpe, m->dres, m->tokens, m->pos, B, T, C);
+    be->embed_backward(be, tensor_ptr(m, dw, m->wte_i), dwpe, m->dres, m->tokens, m->pos, B, T, C, g->Vp,
+                       g->maxT);
     report_embeddings(m);
 }
 

@@ -86,7 +86,7 @@ static void test_embed(Backend *be, Rng *r, int B, int T, int C) {
                 dwte_ref[tokens[i] * C + c] += dout[i * C + c];
                 dwpe_ref[(pp ? pp[i] : i % T) * C + c] += dout[i * C + c];
             }
-        be->embed_backward(be, dwte, dwpe, dout, tokens, pp, B, T, C);
+        be->embed_backward(be, dwte, dwpe, dout, tokens, pp, B, T, C, V, maxT);
         EXPECT(rel_err_d(dwte, dwte_ref, V * C) < OP_TOL, "dwte rel err %g",
                rel_err_d(dwte, dwte_ref, V * C));
         EXPECT(rel_err_d(dwpe, dwpe_ref, maxT * C) < OP_TOL, "dwpe rel err %g",

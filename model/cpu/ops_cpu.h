@@ -14,7 +14,7 @@
 void cpu_embed_forward(Backend *be, void *out, const int *tokens, const int *pos, const void *wte,
                        const void *wpe, int B, int T, int C);
 void cpu_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
-                        const int *pos, int B, int T, int C);
+                        const int *pos, int B, int T, int C, int V, int P);
 void cpu_layernorm_forward(Backend *be, void *out, float *mean, float *rstd, const void *inp,
                            const void *w, const void *b, int N, int C);
 void cpu_layernorm_backward(Backend *be, void *dinp, void *dcopy, void *dw, void *db,

@@ -28,9 +28,9 @@ void cpu_embed_forward(Backend *be, void *out_, const int *tokens, const int *po
 }
 
 void cpu_embed_backward(Backend *be, void *dwte_, void *dwpe_, const void *dout_, const int *tokens,
-                        const int *pos, int B, int T, int C) {
-    float *dwte = dwte_;        // (Vp, C)
-    float *dwpe = dwpe_;        // (maxT, C) or NULL
+                        const int *pos, int B, int T, int C, int V, int P) {
+    float *dwte = dwte_;        // (V, C)
+    float *dwpe = dwpe_;        // (P, C) or NULL
     const float *dout = dout_;  // (B, T, C)
     #pragma omp parallel for schedule(static) if ((size_t)B * T * C >= CPU_PAR_MIN)
     for (int c0 = 0; c0 < C; c0 += COL_CHUNK) {

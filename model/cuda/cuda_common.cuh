@@ -195,7 +195,7 @@ void cuda_convert_to_f32(Backend *be, float *dst, const void *src, size_t n);   
 
 // ops_cuda_embed.cu
 void cuda_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
-                         const int *pos, int B, int T, int C);
+                         const int *pos, int B, int T, int C, int V, int P);
 
 // ops_cuda_xent.cu
 void cuda_softmax_xent(Backend *be, void *logits, float *losses, float *lse, const int *targets,

@@ -1,6 +1,7 @@
 // ops_cuda_embed: the embedding backward, deterministic. Rows of dout are scattered into the
 // token table (and the position table) without atomics: the row indices are sorted by table
-// row with CUB's stable radix sort (positions i % T come out of a fill in that order, no sort),
+// row with CUB's stable radix sort over the bits a row index of the table needs (positions
+// i % T come out of a fill in that order, no sort),
 // then one block per distinct table row adds that row's contributions in ascending token order
 // in fp32 and rounds once into the gradient. The result is bitwise the same on every run. A
 // table row that many tokens share (a frequent token) is summed by one block serially; that is
@@ -49,21 +50,25 @@ __global__ void embed_scatter_kernel(T *table, const T *dout, const int *keys, c
     *t = from_f32<T>(to_f32(*t) + acc);
 }
 
-// table (rows, C) += scatter of dout (N, C) by ids (N), or by position i % T when ids is NULL.
+// table (R, C) += scatter of dout (N, C) by ids (N), or by position i % T when ids is NULL.
 static void embed_scatter(Backend *be, void *table, const void *dout, const int *ids, int N, int T,
-                          int C) {
+                          int C, int R) {
     CudaCtx *ctx = cuda_ctx(be);
-    // Keys are table rows, non-negative ints: the sign bit never needs sorting.
-    const int end_bit = (int)sizeof(int) * 8 - 1;
+    // Keys are table rows in [0, R): the sort passes over their low end_bit bits alone (7 for
+    // the quickstart's 128 padded rows, 16 for GPT-2's 50,304, against 31 for any int), so it
+    // runs fewer digit passes.
+    int end_bit = 1;
+    while (end_bit < 31 && (1 << end_bit) < R) end_bit++;
     const size_t ib = align256((size_t)N * sizeof(int));
     size_t sort_bytes = 0;
     if (ids)
         CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const int *)NULL, (int *)NULL,
                                                    (const int *)NULL, (int *)NULL, N, 0, end_bit,
                                                    ctx->stream));
-    char *s = (char *)cuda_scratch(ctx, 4 * ib + sort_bytes);
-    int *keys_in = (int *)s, *keys = (int *)(s + ib);              // (N)
-    int *rows_in = (int *)(s + 2 * ib), *rows = (int *)(s + 3 * ib);  // (N)
+    // The sorted keys and rows first; the sort's inputs and its temporary storage after them.
+    char *s = (char *)cuda_scratch(ctx, ids ? 4 * ib + sort_bytes : 2 * ib);
+    int *keys = (int *)s, *rows = (int *)(s + ib);                         // (N)
+    int *keys_in = (int *)(s + 2 * ib), *rows_in = (int *)(s + 3 * ib);    // (N), ids only
     void *sort_tmp = s + 4 * ib;
 
     if (ids) {
@@ -85,8 +90,8 @@ static void embed_scatter(Backend *be, void *table, const void *dout, const int 
 }
 
 void cuda_embed_backward(Backend *be, void *dwte, void *dwpe, const void *dout, const int *tokens,
-                         const int *pos, int B, int T, int C) {
+                         const int *pos, int B, int T, int C, int V, int P) {
     const int N = B * T;
-    embed_scatter(be, dwte, dout, tokens, N, T, C);
-    if (dwpe) embed_scatter(be, dwpe, dout, pos, N, T, C);
+    embed_scatter(be, dwte, dout, tokens, N, T, C, V);
+    if (dwpe) embed_scatter(be, dwpe, dout, pos, N, T, C, P);
 }

@@ -863,6 +863,37 @@ static void test_refusals(AttnContext *ctx) {
     CUDA_OK(cudaFree(lse));
 }
 
+// A context that asked for the sm90 family runs the forward at head size 256 and refuses the
+// backward there (its dK and dV do not fit the registers), naming the head sizes it takes; a
+// context of kernel auto runs that backward on the sm80 family.
+static void test_sm90_head_sizes(AttnContext *sm90, AttnContext *autos) {
+    const int B = 1, T = 8, NH = 1, HS = 256;
+    const size_t n = (size_t)B * T * NH * HS;   // elements of each of q, k, v, out, dq, dk, dv, dout
+    void *buf;
+    float *lse;
+    CUDA_OK(cudaMalloc(&buf, 8 * n * 2));
+    CUDA_OK(cudaMemset(buf, 0, 8 * n * 2));
+    CUDA_OK(cudaMalloc((void **)&lse, (size_t)B * NH * T * sizeof(float)));
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    attn_fused_qkv(&p, buf, (char *)buf + 3 * n * 2, B, T, NH, NH, HS, 2);
+    attn_fused_qkv_grads(&p, (char *)buf + 4 * n * 2, (char *)buf + 7 * n * 2, 2);
+    p.lse = lse;
+    p.causal = 1;
+    p.window_left = p.window_right = -1;
+    p.dtype = DTYPE_BF16;
+    p.scale = 1.0f / 16.0f;
+    char err[ERR_LEN] = "";
+    EXPECT(attn_forward(sm90, &p, err, sizeof err) == 0, "sm90 forward at HS 256: %s", err);
+    EXPECT(attn_backward(sm90, &p, err, sizeof err) == -1 && strstr(err, "32, 64, 96 and 128") &&
+               strstr(err, "HS = 256"),
+           "sm90 backward at HS 256: expected a refusal naming the head sizes it takes, got '%s'", err);
+    EXPECT(attn_backward(autos, &p, err, sizeof err) == 0, "auto backward at HS 256 after the refusal: %s", err);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaFree(buf));
+    CUDA_OK(cudaFree(lse));
+}
+
 // ---- the features on the sm90 family ------------------------------------------------------
 
 // Dropout masks of the kernels themselves, read back bit by bit for a forward on family f and a
@@ -970,6 +1001,8 @@ static void test_softcap_families(AttnContext *sm90, AttnContext *sm80, Rng *rng
         {"sm90 bf16 hs128 softcap 3 drop 0.2 Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 128, 1, -1, -1, 0, 0, 0, 0.2f, 0,
          3.0f},
         {"sm90 fp16 hs64 softcap 50 docs fused", FP, FL, 3, 190, 190, 2, 1, 64, 0, -1, -1, 0, 1, 1, 0, 0, 50.0f},
+        {"sm90 bf16 hs96 softcap 2 causal GQA T=300 drop", BF, FL, 2, 300, 300, 4, 2, 96, 1, -1, -1, 0, 0, 0, 0.1f, 0, 2.0f},
+        {"sm90 fp16 hs32 softcap 1.5 Tq=70 Tk=300 alibi", FP, FL, 1, 70, 300, 2, 1, 32, 0, -1, -1, 1, 0, 0, 0, 0, 1.5f},
         {"sm90 bf16 hs64 softcap 0.8 alibi drop T=1500", BF, FL, 1, 1500, 1500, 2, 2, 64, 1, -1, -1, 1, 0, 0, 0.1f, 0,
          0.8f},
     };
@@ -1065,8 +1098,11 @@ int main(int argc, char **argv) {
          0.1f, 0, 0.7f},
         {"fp32 (naive) softcap 5 alibi per row", DTYPE_F32, FL, 2, 90, 90, 2, 2, 64, 0, 30, 30, 2, 0, 0, 0, 0, 5.0f},
         {"fp16 hs128 alibi per batch row det", FP, FL, 2, 100, 100, 2, 2, 128, 0, 20, 20, 2, 0, 0, 0, 1, 0},
-        // head sizes 32, 96 and 256 (sm80 tiles of their own; on Hopper the sm90 forward at 96 and 256)
+        // head sizes 32, 96 and 256 (sm80 tiles of their own; on Hopper the sm90 family in HS 64's and
+        // HS 128's tiles, but the backward at 256)
         {"bf16 hs32 causal T=1", BF, FL, 1, 1, 1, 2, 2, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs32 causal T=4100 (three warpgroups)", BF, FL, 1, 4100, 4100, 1, 1, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs96 causal T=4100 fused", FP, FL, 1, 4100, 4100, 1, 1, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0},
         {"bf16 hs32 causal GQA 6/2 T=257 fused", BF, FL, 2, 257, 257, 6, 2, 32, 1, -1, -1, 0, 0, 1, 0, 0, 0},
         {"fp16 hs32 Tq=37 Tk=300", FP, FL, 2, 37, 300, 2, 2, 32, 0, -1, -1, 0, 0, 0, 0, 0, 0},
         {"bf16 hs32 T=1025 window 50/20 det", BF, FL, 1, 1025, 1025, 2, 1, 32, 0, 50, 20, 0, 0, 0, 0, 1, 0},
@@ -1092,6 +1128,8 @@ int main(int argc, char **argv) {
         {"chunks bf16 hs128 causal deterministic", BF, 1, 230, 2, 2, 128, 1, -1, -1, 1, 129, 100, 1},
         {"chunks bf16 hs32 causal GQA", BF, 2, 200, 4, 2, 32, 1, -1, -1, 0, 70, 130, 0},
         {"chunks fp16 hs96 causal window 60/0", FP, 1, 257, 2, 1, 96, 1, 60, 0, 0, 100, 190, 0},
+        {"chunks bf16 hs96 full stream-K", BF, 1, 1400, 4, 4, 96, 0, -1, -1, 0, 650, 650, 0},
+        {"chunks fp16 hs32 full GQA stream-K", FP, 2, 1100, 4, 2, 32, 0, -1, -1, 0, 500, 600, 0},
         {"chunks bf16 hs256 causal alibi deterministic", BF, 1, 190, 2, 2, 256, 1, -1, -1, 1, 97, 64, 1},
         // more pair iterations than multiprocessors: stream-K blocks whose runs cross key tiles;
         // then more units (key tiles x heads) than two waves of 132: whole units first
@@ -1133,6 +1171,11 @@ int main(int argc, char **argv) {
     TEST_CASE("dropout masks of every forward/backward family pair equal attn_dropout_keep (offset as an argument, "
               "and split with device memory)", test_dropout_masks(ctxs));
     if (!quick) TEST_CASE("softcap on the sm90 family, refused on sm80", test_softcap_families(sm90, ctxs[1], &rng));
+    if (sm90)
+        TEST_CASE("a context of kernel sm90 refuses the backward at HS 256, naming the head sizes it takes",
+                  test_sm90_head_sizes(sm90, ctxs[0]));
+    else
+        printf("  no sm90 family on this GPU or binary: its head-size refusal is not checked\n");
     attn_context_destroy(sm90);
     attn_context_destroy(ctxs[0]);
     attn_context_destroy(ctxs[1]);

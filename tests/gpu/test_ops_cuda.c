@@ -179,8 +179,10 @@ static void test_strided(Ctx *t) {
 
 // ---- embedding ----
 
-static void test_embed(Ctx *t) {
-    const int B = 3, T = 50, C = 72, V = 20, maxT = 64, N = B * T;  // V small: many repeats
+// V small: many repeats, one pass of the row sort (5 bits); V past 2^16 (GPT-2's vocabulary
+// is 16 bits): three passes.
+static void test_embed_v(Ctx *t, const int V) {
+    const int B = 3, T = 50, C = 72, maxT = 64, N = B * T;
     int *tok = rand_ids(t, N, V), *pos = rand_ids(t, N, maxT);
     float *wte = rand_vec(t, (size_t)V * C, 0.0f, 1.0f),
           *wpe = rand_vec(t, (size_t)maxT * C, 0.0f, 1.0f);
@@ -203,9 +205,9 @@ static void test_embed(Ctx *t) {
     void *d_dout = dev_from(t, dout, (size_t)N * C);
     void *d_dwte = dev_from(t, dwte0, (size_t)V * C),
          *d_dwpe = dev_from(t, dwpe0, (size_t)maxT * C);
-    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C);
+    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C, V, maxT);
     float *dwte = copy_of(dwte0, (size_t)V * C), *dwpe = copy_of(dwpe0, (size_t)maxT * C);
-    t->cpu->embed_backward(t->cpu, dwte, dwpe, dout, tok, NULL, B, T, C);
+    t->cpu->embed_backward(t->cpu, dwte, dwpe, dout, tok, NULL, B, T, C, V, maxT);
     float *g_dwte = fetch(t, d_dwte, (size_t)V * C), *g_dwpe = fetch(t, d_dwpe, (size_t)maxT * C);
     // A token row sums up to N contributions, a position row B.
     expect_close(t, "embed_backward dwte", g_dwte, dwte, (size_t)V * C, tol(t->u, 1, N));
@@ -213,8 +215,8 @@ static void test_embed(Ctx *t) {
     // Explicit positions (packed documents restart them): a position row sums up to N.
     float *dwpe_pos = copy_of(dwpe0, (size_t)maxT * C);
     t->gpu->upload_f32(t->gpu, d_dwpe, dwpe0, (size_t)maxT * C);
-    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, d_pos, B, T, C);
-    t->cpu->embed_backward(t->cpu, dwte, dwpe_pos, dout, tok, pos, B, T, C);
+    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, d_pos, B, T, C, V, maxT);
+    t->cpu->embed_backward(t->cpu, dwte, dwpe_pos, dout, tok, pos, B, T, C, V, maxT);
     float *g_dwpe_pos = fetch(t, d_dwpe, (size_t)maxT * C);
     expect_close(t, "embed_backward dwpe (pos)", g_dwpe_pos, dwpe_pos, (size_t)maxT * C,
                  tol(t->u, 1, N));
@@ -222,7 +224,7 @@ static void test_embed(Ctx *t) {
     // Determinism: the same inputs give bitwise the same gradients.
     t->gpu->upload_f32(t->gpu, d_dwte, dwte0, (size_t)V * C);
     t->gpu->upload_f32(t->gpu, d_dwpe, dwpe0, (size_t)maxT * C);
-    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C);
+    t->gpu->embed_backward(t->gpu, d_dwte, d_dwpe, d_dout, d_tok, NULL, B, T, C, V, maxT);
     float *again = fetch(t, d_dwte, (size_t)V * C);
     EXPECT(memcmp(again, g_dwte, (size_t)V * C * sizeof(float)) == 0,
            "embed_backward is deterministic");
@@ -230,6 +232,11 @@ static void test_embed(Ctx *t) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) t->gpu->release(t->gpu, bufs[i]);
     free(tok), free(pos), free(wte), free(wpe), free(ref), free(dout), free(dwte0), free(dwpe0);
     free(dwte), free(dwpe), free(g_dwte), free(g_dwpe), free(again);
+}
+
+static void test_embed(Ctx *t) {
+    test_embed_v(t, 20);
+    test_embed_v(t, 70001);
 }
 
 // ---- RoPE ----
