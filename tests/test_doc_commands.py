@@ -170,6 +170,7 @@ NOT_RUN = [
      "builds the GPU attention test and libattention.so for the GPU commands beside it (make test compiles "
      "every CUDA source of the library already)"),
     (r"^scripts/run_gpu_attention\.sh ", f"{GPU} (nvidia-smi, the GPU attention test, compute-sanitizer)"),
+    (r'^(SANITIZE_TOOLS="[^"]*" )?bash scripts/gpu_sanitize\.sh ', f"{GPU} (compute-sanitizer over the GPU tests)"),
     (r"^(python3 )?scripts/bench_attention\.py\b", f"{GPU} (the CUDA kernels through libattention.so)"),
     (r"^(PYTHONPATH=\S+ )?python3 scripts/bench_flash_attn_func\.py\b",
      f"{GPU} (CUDA tensors through the Python package)"),
