@@ -214,14 +214,15 @@ static void run_sample(Run *r, long long step) {
     free(text);
 }
 
-// A checkpoint in two halves (trainer/checkpoint.h): begin starts writing the files, end
-// writes the state as it is then (the RNG after a sample run between the two) and moves the
-// checkpoint into place.
+// What either half of a checkpoint says when it fails.
 __attribute__((noreturn)) static void checkpoint_failed(const Run *r, const char *err) {
     fatal(EXIT_RUNTIME, "checkpoint at step %lld failed: %s (older checkpoints are intact)",
           r->state.step, err);
 }
 
+// A checkpoint in two halves (trainer/checkpoint.h): begin starts writing the files, end
+// writes the state as it is then (the RNG after a sample run between the two) and moves the
+// checkpoint into place.
 static CkptWrite *checkpoint_begin(Run *r) {
     char err[ERR_LEN];
     CkptWrite *w = checkpoint_save_begin(r->cfg.log.dir, r->model, trainer_optim_state(r->trainer),
