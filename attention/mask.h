@@ -14,10 +14,8 @@ typedef struct {
     int lo, hi;  // visible keys j satisfy lo <= j < hi; empty (fully masked row) when lo >= hi
 } AttnKeyRange;
 
-// Key position that query i is aligned to: bottom-right alignment (i + T_k - T_q).
-ATTN_HD int attn_aligned_pos(int T_q, int T_k, int i) { return i + (T_k - T_q); }
-// The same for any params, in key-index coordinates: query i sits where key i + shift would;
-// bottom-right alignment or, with pos_explicit, the difference of the chunks' first positions.
+// Where query i sits, in key-index coordinates: at key i + shift. Bottom-right alignment
+// (shift = T_k - T_q) or, with pos_explicit, the difference of the chunks' first positions.
 ATTN_HD int64_t attn_query_shift(const AttnParams *p) {
     return p->pos_explicit ? p->q_pos0 - p->k_pos0 : (int64_t)p->T_k - p->T_q;
 }

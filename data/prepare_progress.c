@@ -13,8 +13,6 @@ void progress_init(Progress *p, FILE *f, int64_t total_bytes, uint64_t done_befo
     p->last = p->start;
 }
 
-double progress_elapsed(const Progress *p) { return now_seconds() - p->start; }
-
 void progress_update(Progress *p, const char *phase, uint64_t done, uint64_t tokens, int shards) {
     if (!p->f) return;
     double now = now_seconds(), elapsed = now - p->start;

@@ -19,4 +19,3 @@ void progress_init(Progress *p, FILE *f, int64_t total_bytes, uint64_t done_befo
 void progress_update(Progress *p, const char *phase, uint64_t done, uint64_t tokens, int shards);
 // Ends a terminal line so that what follows starts on a line of its own.
 void progress_finish(Progress *p);
-double progress_elapsed(const Progress *p);
