@@ -177,6 +177,8 @@ NOT_RUN = [
     (r"^export PYTHONPATH=", "a shell setting for the reader's session, not a command (the Python tests set "
      "PYTHONPATH themselves)"),
     (r"^python3 scripts/bench_train\.py\b", f"{GPU} (train_gpt and PyTorch on CUDA)"),
+    (r"^python3 scripts/ab_train\.py OLD/", f"{GPU} (two train_gpt builds on CUDA; tests/test_ab_train.py runs "
+     "the script on the CPU backend)"),
     (r"^(python3 )?scripts/bench_decode\.py\b", f"{GPU} (the split-KV decode kernel, train_gpt sample and SDPA on CUDA)"),
     (r"^(python3 )?scripts/profile_kernels\.py\b", f"{GPU} and Nsight Compute (ncu)"),
     (r"^for i in 1 2 3; do for b in OLD/train_gpt \./train_gpt; do \$b bench -c configs/gpt2_124m\.json \$B; ",
