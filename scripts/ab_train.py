@@ -22,17 +22,13 @@ shown).
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_RE = re.compile(r"([0-9.]+) ms/step, ([0-9]+) tokens/s")
-DONE_RE = re.compile(r"^done: .*\(([0-9]+) tok/s\)", re.M)
-VAL_RE = re.compile(r"val loss ([0-9.]+)")
+from bench_train import DONE, LINE, ROOT, VAL, flashgpt_sets  # train_gpt's output lines, --set
 
 
 def fail(msg, code):
@@ -43,9 +39,7 @@ def fail(msg, code):
 def run_once(binary, args, log_dir):
     """One run of one binary: {"tokens_s", "wall_s"} and, for a whole run, "best_val"."""
     cmd = [binary] + (["train"] if args.whole_run else ["bench", "--steps", str(args.steps)])
-    cmd += ["-c", args.config, "--device", args.device]
-    for kv in args.set:
-        cmd += ["--set", kv]
+    cmd += ["-c", args.config, "--device", args.device] + flashgpt_sets(args)
     if args.whole_run:
         cmd += ["--set", f"log.dir={log_dir}"]
     t0 = time.monotonic()
@@ -57,17 +51,17 @@ def run_once(binary, args, log_dir):
         fail(f"{' '.join(cmd)} exited with {r.returncode}:\n{tail}", 1)
     res = {"wall_s": wall}
     if args.whole_run:
-        done = DONE_RE.findall(out)
+        done = [m for m in map(DONE.match, out.splitlines()) if m and m.group(3)]
         if not done:
-            fail(f"{' '.join(cmd)} printed no 'done:' line", 1)
-        res["tokens_s"] = int(done[-1])
-        vals = [float(v) for v in VAL_RE.findall(out)]
+            fail(f"{' '.join(cmd)} printed no 'done:' line with tok/s", 1)
+        res["tokens_s"] = int(done[-1].group(3))
+        vals = [float(v) for v in VAL.findall(out)]
         res["best_val"] = min(vals) if vals else None
     else:
-        m = BENCH_RE.findall(out)
+        m = LINE.search(out)
         if not m:
             fail(f"{' '.join(cmd)} printed no 'ms/step, tokens/s' line", 1)
-        res["tokens_s"] = int(m[-1][1])
+        res["tokens_s"] = int(float(m.group(2)))
     return res
 
 

@@ -69,7 +69,7 @@ def bench_flashgpt(args, graph):
             "mfu": float(m.group(3)) if m.group(3) else None, "mem_gib": float(m.group(4)) if m.group(4) else None}
 
 
-DONE = re.compile(r"^done: (\d+) steps, ([0-9.]+) s of training")
+DONE = re.compile(r"^done: (\d+) steps, ([0-9.]+) s of training(?: \((\d+) tok/s\))?")
 VAL = re.compile(r"val loss ([0-9.]+)")
 
 
