@@ -9,7 +9,7 @@ repository's root (a config's data paths are relative to it); CONFIG is found fr
 directory or from the root. Each round runs both, A first in odd rounds and B first in even
 ones, so neither side always follows the other on the GPU.
 - By default each run is `BIN bench -c CONFIG --device DEVICE --steps STEPS` (random tokens, one
-  warm-up step, then STEPS timed optimizer steps) and its tokens/s are read from its last line.
+  warm-up step, then STEPS timed optimizer steps) and its tokens/s are read from its result line.
 - With --whole-run each run is `BIN train -c CONFIG --device DEVICE` from scratch into a
   temporary log.dir (its own batch and steps; --steps is not used), timed from the process's
   start to its exit; the training tokens/s come from its "done:" line and the best validation
