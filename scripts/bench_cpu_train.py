@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from bench_train import LINE  # train_gpt bench's result line
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
@@ -25,7 +27,7 @@ def bench_ours(config, steps, threads):
                         "--device", "cpu"], capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
         sys.exit(f"train_gpt bench failed:\n{r.stderr}")
-    m = re.search(r"([0-9.]+) ms/step, ([0-9]+) tokens/s", r.stdout)
+    m = LINE.search(r.stdout)
     return float(m.group(1)), float(m.group(2))
 
 

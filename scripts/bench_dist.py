@@ -26,8 +26,9 @@ import socket
 import subprocess
 import sys
 
+from bench_train import LINE  # train_gpt bench's result line
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINE = re.compile(r"([0-9.]+) ms/step, ([0-9.]+) tokens/s(?:, MFU ([0-9.]+)%)?")
 PHASES = re.compile(r"bench: phases .*?:(.*)")
 
 

@@ -15,11 +15,10 @@ Every number in the table is measured by this run on this machine: the memory an
 each implementation, and the ratio of flash's tokens/s to naive's."""
 import argparse
 import json
-import re
 import subprocess
 import sys
 
-LINE = re.compile(r"([0-9.]+) ms/step, ([0-9.]+) tokens/s(?:, MFU ([0-9.]+)%)?(?:, GPU memory ([0-9.]+) GiB)?")
+from bench_train import LINE  # train_gpt bench's result line
 
 
 def run_cell(args, seq, impl):
