@@ -303,7 +303,10 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                     }
                 }
             };
-            if constexpr (!EXTRAS) step_by_class(partial, p_step);
+            // The feature instance with no score rule (dropout alone) computes P^T here too, as the
+            // plain one does, and takes only the keep bits after dP^T (ds_step_extras' `pre`).
+            const bool p_first = !EXTRAS || !(p.softcap > 0.f || p.alibi_slopes);
+            if (p_first) step_by_class(partial, p_step);
             wgmma_wait<0>();
             wgmma_fence_regs(dpt);
             // dS^T = P^T * (dP^T - D), kept in registers (for dK) and in shared memory (for dQ), and
@@ -320,8 +323,9 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             // cap' * (dP^T dropped - D), so that no score, probability or bit outlives its j (P^T
             // computed under dP^T's product, as above, kept 32 more registers live at HS 64 and
             // serialised the wgmma). Dropout: one Philox block per 16 elements, 32 queries at a time
-            // (flash_mask.cuh's fragment bytes; their words outlive j by up to three tiles).
-            auto ds_step_extras = [&](auto masked) {
+            // (flash_mask.cuh's fragment bytes; their words outlive j by up to three tiles). With
+            // `pre`, st already holds P^T (p_step, no score rule): only the keep bits are applied.
+            auto ds_step_extras = [&](auto masked, auto pre) {
                 const int h = pairs.head(it), m0 = pairs.m0(it, BM);
                 const ScoreRule rule = score_rule(p, b, h);
                 const int shift = (int)attn_query_shift(&p);
@@ -339,11 +343,15 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int key = n0 + krow + 8 * (e >> 1), i = m0 + q + (e & 1);
-                        float dcap;
-                        float x = exp2_ftz(score_log2(rule, st[4 * j + e], i + shift, key, &dcap) + nl[e & 1]);
-                        if constexpr (decltype(masked)::value) {
-                            const int2 rg = cRng[q + (e & 1)];
-                            if (key < rg.x || key >= rg.y) x = 0.f;
+                        float dcap = 1.f, x;
+                        if constexpr (decltype(pre)::value) {
+                            x = st[4 * j + e];
+                        } else {
+                            x = exp2_ftz(score_log2(rule, st[4 * j + e], i + shift, key, &dcap) + nl[e & 1]);
+                            if constexpr (decltype(masked)::value) {
+                                const int2 rg = cRng[q + (e & 1)];
+                                if (key < rg.x || key >= rg.y) x = 0.f;
+                            }
                         }
                         // rows past T_q and keys past T_k contribute 0 whatever their bit
                         const bool keep = dropout_byte_keeps(drop[(j >> 1) & 1][e & 1], 2 * (j & 1) + (e >> 1), keep_thresh);
@@ -356,7 +364,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 }
             };
             if constexpr (EXTRAS) {
-                step_by_class(partial, ds_step_extras);
+                if (p_first) ds_step_extras(Masked<false>(), std::true_type());
+                else step_by_class(partial, [&](auto masked) { ds_step_extras(masked, std::false_type()); });
             } else {
 #pragma unroll
                 for (int j = 0; j < NQ; j++) {

@@ -49,12 +49,16 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     float keep_scale = 1.f;  // applied to O once, at the end
     uint32_t keep_thresh = 0;
     uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
+    uint32_t keep_bias = 0;    // dropout_lane_bias(keep_thresh)
+    static_assert(NS % 4 == 0, "dropout draws 32 keys at a time");
+    uint32_t drop[NS / 4][2][2];  // HS 64: the tile's dropout bytes (dropout_bytes_fwd), softmax to pack
     if constexpr (EXTRAS) {
         rule = score_rule(p, b, h);
         pos0 = wrow0 + (int)attn_query_shift(&p);
         if (p.dropout_p > 0.f) {
             keep_scale = attn_dropout_scale(p.dropout_p), keep_thresh = attn_dropout_threshold(p.dropout_p);
             keep_offset = attn_dropout_offset(&p);
+            keep_bias = dropout_lane_bias(keep_thresh);
         }
     }
 
@@ -161,11 +165,20 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
             row_sum[r] = row_sum[r] * corr[r] + sum;
         }
         // Dropout after the sum (which is over the undropped probabilities), one Philox block
-        // per 16 elements (flash_mask.cuh); the survivors' scale waits for the output.
-        if (EXTRAS && p.dropout_p > 0.f)
-            dropout_fragment_fwd<NS>(p, keep_offset, keep_thresh, b, h, wrow0, n0, g, t, [&](int nt, int e, bool keep) {
-                if (!keep) s[nt * 4 + e] = 0.f;
-            });
+        // per 16 elements (flash_mask.cuh), drawn here under O += P V; the survivors' scale
+        // waits for the output. At HS 64 the bytes wait in `drop` and rescale_and_pack ANDs them
+        // into the packed P (dropout_pair_masks); at HS 128 and up, where that measured
+        // 0.89-0.91x at 8K keys (docs/PERFORMANCE.md), each fp32 element is tested here.
+        if (EXTRAS && p.dropout_p > 0.f) {
+            if constexpr (HS == 64) {
+#pragma unroll
+                for (int k = 0; k < NS / 4; k++) dropout_bytes_fwd(p, keep_offset, b, h, wrow0, n0 + 32 * k, g, t, drop[k]);
+            } else {
+                dropout_fragment_fwd<NS>(p, keep_offset, keep_thresh, b, h, wrow0, n0, g, t, [&](int nt, int e, bool keep) {
+                    if (!keep) s[nt * 4 + e] = 0.f;
+                });
+            }
+        }
     };
     // O *= corr, then P (fp32 in s) packed into pa, the A operand of the next O += P V.
     auto rescale_and_pack = [&]() {
@@ -177,6 +190,19 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
         for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
             for (int e = 0; e < 4; e++) pa[kk][e] = ElemTraits<T>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+        // pa[kk][e] holds row g + 8 (e & 1) of n8 tile 2 kk + (e >> 1): word e & 1 of 16-key tile
+        // kk & 1 of draw kk >> 1, its even bytes for tile 2 kk and odd ones for 2 kk + 1.
+        if (EXTRAS && HS == 64 && p.dropout_p > 0.f) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    uint32_t even, odd;
+                    dropout_pair_masks(drop[kk >> 1][kk & 1][r], keep_bias, even, odd);
+                    pa[kk][r] &= even;
+                    pa[kk][2 + r] &= odd;
+                }
+        }
     };
 
     // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while O += P V of tile
@@ -194,9 +220,10 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // 1.04-1.06x the split loops, and at HS 128, where the split loops measured 0.95-0.99x.
     // Turns with one loop measured 0.90-0.96x while thread 0 refilled the stages; with the
     // producer warpgroup, 1.03-1.04x the producer alone at HS 128 at 1K and 2K queries, level
-    // (0.99-1.01x) from 8K (docs/PERFORMANCE.md). The
-    // feature instances at HS 64 run split loops and mask their first tile whatever its class.
-    constexpr bool SPLIT = HS == 64 && (NWG == 3 || EXTRAS);
+    // (0.99-1.01x) from 8K (docs/PERFORMANCE.md). The feature instances run one loop too (at
+    // HS 64 with dropout about level with split loops, 1.00-1.03x) and at HS 64 mask their first
+    // tile whatever its class.
+    constexpr bool SPLIT = HS == 64 && NWG == 3;
     auto tile_softmax = [&](int i, auto masked) {
         if constexpr (std::is_same<decltype(masked), TileByClass>::value) {
             const int n0 = key_n0(i);

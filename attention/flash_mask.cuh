@@ -306,6 +306,24 @@ __device__ __forceinline__ void dropout_bytes_fwd(const AttnParams &p, uint64_t 
     w[1][0] = odd ? own0 : got0, w[1][1] = odd ? own1 : got1;
 }
 
+// The keep masks of the packed pairs of one word of dropout_bytes_fwd: bytes 0 and 2 (`even`, the
+// pair of n8 tile 2a) and bytes 1 and 3 (`odd`, tile 2a + 1) become 0xffff in their 16-bit lane
+// where they keep and 0 where they drop, to AND into the packed 16-bit probabilities. Each byte b
+// sits at bits 7..14 of its lane beside bias = (256 - thresh) << 7 in both lanes: the lane's top
+// bit is set exactly when b + 256 - thresh >= 256, i.e. b >= thresh, with no carry past the lane,
+// and prmt's sign mode spreads that bit over the lane: six instructions per word of four bytes
+// and an AND per pair, instead of a compare and a select per element.
+__device__ __forceinline__ uint32_t dropout_lane_bias(uint32_t thresh) { return ((256u - thresh) << 7) * 0x00010001u; }
+__device__ __forceinline__ uint32_t dropout_lane_mask(uint32_t lanes) {
+    uint32_t m;
+    asm("prmt.b32 %0, %1, 0, 0xbb99;\n" : "=r"(m) : "r"(lanes));  // sign of bytes 1 and 3, each over 16 bits
+    return m;
+}
+__device__ __forceinline__ void dropout_pair_masks(uint32_t word, uint32_t bias, uint32_t &even, uint32_t &odd) {
+    even = dropout_lane_mask((word & 0x00ff00ffu) * 128u + bias);
+    odd = dropout_lane_mask(__byte_perm(word, 0u, 0x4341u) * 128u + bias);  // bytes 1, 3 down to 0, 2
+}
+
 // The keep decisions of a forward-layout fragment: NT n8 tiles (NT even) from key j0 (a multiple of
 // 16) for rows row0 + g, row0 + g + 8 (row0 a multiple of 16); apply(nt, e, keep) gets element e
 // (row g + 8 (e >> 1), column 8 nt + 2t + (e & 1)). 32 keys at a time with the lane pair's swap;
