@@ -38,7 +38,9 @@ Arguments (and that both files exist) are checked before PyTorch is imported or 
 
 Feature-cost mode (--softcap CAP, --dropout P, --alibi, any of them): the same interleaved
 rounds and table, A being --lib as it is and B the same library with those features set on every
-call (ALiBi: the usual 2^(-8 (h + 1) / H) slopes), so B/A < 1 is what they cost:
+call (ALiBi: the usual 2^(-8 (h + 1) / H) slopes), so B/A < 1 is what they cost. A named
+shape's own dropout (shakespeare_char's 0.2) is left off in this mode, so A runs no feature at
+any row and that row's B/A is the cost of --dropout P alone:
 
     python3 scripts/bench_attention.py --softcap 50 --seqs 2048,8192 --rounds 3
 
@@ -70,15 +72,17 @@ NAMED_SHAPES = {
 }
 
 
-def speed_shapes(heads, seqs, names=()):
+def speed_shapes(heads, seqs, names=(), own_dropout=True):
     """The rows of the speed and A/B tables: the D sweep over heads x (causal, full) x seqs, then
-    the named shapes. Each a dict of name (None in the sweep), D, causal, N, B, H, dropout."""
+    the named shapes. Each a dict of name (None in the sweep), D, causal, N, B, H, dropout (a
+    named shape's own, or 0 without own_dropout)."""
     rows = [{"name": None, "D": D, "causal": causal, "N": N, "B": max(1, SWEEP_TOKENS // N),
              "H": max(1, SWEEP_WIDTH // D), "dropout": 0.0}
             for D in heads for causal in (True, False) for N in seqs]
     for name in names:
         B, N, H, D, drop = NAMED_SHAPES[name]
-        rows.append({"name": name, "D": D, "causal": True, "N": N, "B": B, "H": H, "dropout": drop})
+        rows.append({"name": name, "D": D, "causal": True, "N": N, "B": B, "H": H,
+                     "dropout": drop if own_dropout else 0.0})
     return rows
 
 
@@ -491,7 +495,7 @@ def main():
     seqs = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
     if args.seqs:
         seqs = args.seqs
-    shapes = speed_shapes(args.heads, seqs, args.shapes)
+    shapes = speed_shapes(args.heads, seqs, args.shapes, own_dropout=not features or bool(args.ab))
     if len(libs) > 1:
         rows = bench_ab(libs, dtype, shapes, args.reps, rounds)
         if args.json:

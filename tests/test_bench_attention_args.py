@@ -61,6 +61,10 @@ def test_heads_and_named_shapes():
     assert m.fwd_flops(gpt2) == 4 * 16 * 12 * 1024 * 1024 * 64 / 2
     assert m.mask_text(rows[1]) == "full" and m.mask_text(gpt2) == "causal (gpt2)"
     assert m.mask_text(shakespeare) == "causal (shakespeare_char, dropout 0.2)"
+    # Feature-cost mode leaves the shape's own dropout off: A runs no feature at any row.
+    bare = m.speed_shapes([64], [1024], ["shakespeare_char"], own_dropout=False)[-1]
+    assert bare["dropout"] == 0.0 and (bare["B"], bare["N"], bare["H"]) == (64, 256, 6)
+    assert m.mask_text(bare) == "causal (shakespeare_char)"
 
 
 def test_tables_print_one_line_per_shape(capsys):
