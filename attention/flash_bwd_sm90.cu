@@ -207,6 +207,10 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
     const float keep_scale = EXTRAS && p.dropout_p > 0.f ? attn_dropout_scale(p.dropout_p) : 1.f;
     const uint32_t keep_thresh = EXTRAS ? attn_dropout_threshold(p.dropout_p) : 0u;  // 0: every byte keeps
     const uint64_t keep_offset = EXTRAS && p.dropout_p > 0.f ? attn_dropout_offset(&p) : 0;  // read once
+    // p_step's P^T in the feature instance comes out times keep_scale (its log2 added to the
+    // exponent), so that ds_step_extras' `pre` path multiplies no element by it (D by its inverse)
+    const float log2_keep = EXTRAS ? log2f(keep_scale) : 0.f;
+    const float keep_inv = EXTRAS ? (float)(256u - keep_thresh) * (1.f / 256.f) : 1.f;
     const int krow = wg * 64 + warp * 16 + g;  // tile-relative key of d[4j + 0..1]; +8 for 2..3
     const uint32_t k_base = smem_u32(sK), v_base = smem_u32(sV), ds_base = smem_u32(sdS);
     // dQ split between the warpgroups: HS 64 (BM 128) by query halves, HS 128 (BM 64) by column
@@ -289,7 +293,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 for (int j = 0; j < NQ; j++) {
                     const int q = 8 * j + 2 * t;
                     const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
-                    const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+                    const float nl[2] = {fmaf(-lse.x, LOG2E_F, log2_keep), fmaf(-lse.y, LOG2E_F, log2_keep)};
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const float x = exp2_ftz(fmaf(st[4 * j + e], scale_log2, nl[e & 1]));
@@ -324,7 +328,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             // computed under dP^T's product, as above, kept 32 more registers live at HS 64 and
             // serialised the wgmma). Dropout: one Philox block per 16 elements, 32 queries at a time
             // (flash_mask.cuh's fragment bytes; their words outlive j by up to three tiles). With
-            // `pre`, st already holds P^T (p_step, no score rule): only the keep bits are applied.
+            // `pre`, st already holds P^T times keep_scale (p_step, no score rule): only the keep
+            // bits are applied, and dS^T = P^T keep_scale * (dP^T kept - D / keep_scale).
             auto ds_step_extras = [&](auto masked, auto pre) {
                 const int h = pairs.head(it), m0 = pairs.m0(it, BM);
                 const ScoreRule rule = score_rule(p, b, h);
@@ -337,6 +342,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                     const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
                     const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
                     const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
+                    constexpr bool PRE = decltype(pre)::value;
+                    const float dv2[2] = {PRE ? dd.x * keep_inv : dd.x, PRE ? dd.y * keep_inv : dd.y};
                     if (p.dropout_p > 0.f && j % 4 == 0)
                         dropout_bytes_bwd(p, keep_offset, b, h, m0 + 8 * j, n0 + krow - g, g, t, drop);
                     float pk[4], ds[4];
@@ -344,7 +351,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                     for (int e = 0; e < 4; e++) {
                         const int key = n0 + krow + 8 * (e >> 1), i = m0 + q + (e & 1);
                         float dcap = 1.f, x;
-                        if constexpr (decltype(pre)::value) {
+                        if constexpr (PRE) {
                             x = st[4 * j + e];
                         } else {
                             x = exp2_ftz(score_log2(rule, st[4 * j + e], i + shift, key, &dcap) + nl[e & 1]);
@@ -355,8 +362,13 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                         }
                         // rows past T_q and keys past T_k contribute 0 whatever their bit
                         const bool keep = dropout_byte_keeps(drop[(j >> 1) & 1][e & 1], 2 * (j & 1) + (e >> 1), keep_thresh);
-                        pk[e] = keep ? x * keep_scale : 0.f;
-                        ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - (e & 1 ? dd.y : dd.x));
+                        if constexpr (PRE) {
+                            pk[e] = keep ? x : 0.f;
+                            ds[e] = x * ((keep ? dpt[4 * j + e] : 0.f) - dv2[e & 1]);
+                        } else {
+                            pk[e] = keep ? x * keep_scale : 0.f;
+                            ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - dv2[e & 1]);
+                        }
                     }
 #pragma unroll
                     for (int r = 0; r < 2; r++)

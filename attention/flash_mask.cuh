@@ -287,9 +287,11 @@ __device__ __forceinline__ float score_log2(const ScoreRule &r, float raw, int p
 // block (g >> 1, t); in the backward's transposed ones (keys as fragment rows), queries 2t,
 // 2t + 1, 2t + 8, 2t + 9 and keys g, g + 8 of block (t, g >> 1). Over two tiles each lane of the
 // pair draws one block and they swap the halves the other holds: one Philox block per 16
-// elements. Element keeps when its byte is at least thresh (attn_dropout_threshold).
+// elements. Element keeps when its byte is at least thresh (attn_dropout_threshold): shifted to
+// the top of the word, the byte decides the comparison with thresh << 24 alone (the bytes below it
+// only break a tie, which keeps anyway), one shift and one compare.
 __device__ __forceinline__ bool dropout_byte_keeps(uint32_t word, int byte, uint32_t thresh) {
-    return ((word >> (8 * byte)) & 0xffu) >= thresh;
+    return (word << (24 - 8 * byte)) >= (thresh << 24);
 }
 
 // Forward: the bytes of the two tiles at keys j0 .. j0 + 31 (j0 a multiple of 16) for the rows

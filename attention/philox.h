@@ -12,13 +12,24 @@
 
 typedef struct { uint32_t x[4]; } Philox4;
 
+// The 32 x 32 -> 64-bit product's halves. On the GPU in 32-bit operations: the 64-bit form
+// compiles to a wide multiply plus an add of a zero high word per product.
+ATTN_HD void philox_mul(uint32_t a, uint32_t m, uint32_t *hi, uint32_t *lo) {
+#ifdef __CUDA_ARCH__
+    *hi = __umulhi(a, m), *lo = a * m;
+#else
+    const uint64_t p = (uint64_t)a * m;
+    *hi = (uint32_t)(p >> 32), *lo = (uint32_t)p;
+#endif
+}
+
 ATTN_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
                                uint32_t k1) {
     const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
     for (int r = 0; r < 10; r++) {
-        uint64_t p0 = (uint64_t)M0 * c0, p1 = (uint64_t)M1 * c2;
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        uint32_t hi0, lo0, hi1, lo1;
+        philox_mul(c0, M0, &hi0, &lo0);
+        philox_mul(c2, M1, &hi1, &lo1);
         uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
         c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
         k0 += W0; k1 += W1;
