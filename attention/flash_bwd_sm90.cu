@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             };
             // The feature instance with no score rule (dropout alone) computes P^T here too, as the
             // plain one does, and takes only the keep bits after dP^T (ds_step_extras' `pre`).
-            const bool p_first = !EXTRAS || !(p.softcap > 0.f || p.alibi_slopes);
+            const bool p_first = !EXTRAS || !score_rule_applies(p);
             if (p_first) step_by_class(partial, p_step);
             wgmma_wait<0>();
             wgmma_fence_regs(dpt);
@@ -331,21 +331,27 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
             // `pre`, st already holds P^T times keep_scale (p_step, no score rule): only the keep
             // bits are applied, and dS^T = P^T keep_scale * (dP^T kept - D / keep_scale).
             auto ds_step_extras = [&](auto masked, auto pre) {
+                constexpr bool PRE = decltype(pre)::value;
                 const int h = pairs.head(it), m0 = pairs.m0(it, BM);
                 const ScoreRule rule = score_rule(p, b, h);
                 const int shift = (int)attn_query_shift(&p);
                 static_assert(NQ % 4 == 0, "dropout draws 32 queries at a time");
                 uint32_t drop[2][2] = {{0u, 0u}, {0u, 0u}};  // bytes 0 keep when there is no dropout
+                const uint64_t row_step = attn_dropout_row_step(&p);  // 32 queries on: twice this
+                const uint64_t blk = p.dropout_p > 0.f ? dropout_lane_block_bwd(p, b, h, n0 + krow - g, g, t) +
+                                                             (uint64_t)(m0 >> 4) * row_step : 0;
 #pragma unroll
                 for (int j = 0; j < NQ; j++) {
                     const int q = 8 * j + 2 * t;
-                    const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
                     const float2 dd = *reinterpret_cast<const float2 *>(cD + q);
-                    const float nl[2] = {-lse.x * LOG2E_F, -lse.y * LOG2E_F};
-                    constexpr bool PRE = decltype(pre)::value;
+                    float nl[2] = {0.f, 0.f};  // -LSE in the log2 domain, for the exponentials (not with `pre`)
+                    if constexpr (!PRE) {
+                        const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
+                        nl[0] = -lse.x * LOG2E_F, nl[1] = -lse.y * LOG2E_F;
+                    }
                     const float dv2[2] = {PRE ? dd.x * keep_inv : dd.x, PRE ? dd.y * keep_inv : dd.y};
                     if (p.dropout_p > 0.f && j % 4 == 0)
-                        dropout_bytes_bwd(p, keep_offset, b, h, m0 + 8 * j, n0 + krow - g, g, t, drop);
+                        dropout_bytes_bwd(p, keep_offset, blk + (uint64_t)(j / 2) * row_step, g, drop);
                     float pk[4], ds[4];
 #pragma unroll
                     for (int e = 0; e < 4; e++) {

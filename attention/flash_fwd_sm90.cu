@@ -42,16 +42,20 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     const float scale_log2 = p.scale * LOG2E_F;
     // Scores stay raw and the scale folds into the exponent's FMA, unless the cap or ALiBi must
     // apply to the scaled score first (or the scale is not positive, which would reverse the max).
-    const bool prescale = (EXTRAS && (p.softcap > 0.f || p.alibi_slopes)) || !(p.scale > 0.f);
+    const bool prescale = (EXTRAS && score_rule_applies(p)) || !(p.scale > 0.f);
     const float sl = prescale ? 1.f : scale_log2;
     ScoreRule rule{};
     int pos0 = 0;  // aligned position of the warp's first row, in keys
     float keep_scale = 1.f;  // applied to O once, at the end
     uint32_t keep_thresh = 0;
     uint64_t keep_offset = 0;  // the Philox offset, read once (it may sit in device memory)
+    uint64_t keep_block = 0;   // PACKED_KEEP: the lane's Philox block at key 0 (dropout_lane_block_fwd)
     uint32_t keep_bias = 0;    // dropout_lane_bias(keep_thresh)
     static_assert(NS % 4 == 0, "dropout draws 32 keys at a time");
-    uint32_t drop[NS / 4][2][2];  // HS 64: the tile's dropout bytes (dropout_bytes_fwd), softmax to pack
+    // HS 64 ANDs the dropout bytes into the packed P (dropout_pair_masks); HS 128 and up, where
+    // that measured 0.89-0.91x at 8K keys (docs/PERFORMANCE.md), test each fp32 element instead.
+    constexpr bool PACKED_KEEP = HS == 64;
+    uint32_t drop[NS / 4][2][2];  // PACKED_KEEP: the tile's dropout bytes (dropout_bytes_fwd), softmax to pack
     if constexpr (EXTRAS) {
         rule = score_rule(p, b, h);
         pos0 = wrow0 + (int)attn_query_shift(&p);
@@ -59,6 +63,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
             keep_scale = attn_dropout_scale(p.dropout_p), keep_thresh = attn_dropout_threshold(p.dropout_p);
             keep_offset = attn_dropout_offset(&p);
             keep_bias = dropout_lane_bias(keep_thresh);
+            if constexpr (PACKED_KEEP) keep_block = dropout_lane_block_fwd(p, b, h, wrow0, g, t);
         }
     }
 
@@ -166,13 +171,12 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
         }
         // Dropout after the sum (which is over the undropped probabilities), one Philox block
         // per 16 elements (flash_mask.cuh), drawn here under O += P V; the survivors' scale
-        // waits for the output. At HS 64 the bytes wait in `drop` and rescale_and_pack ANDs them
-        // into the packed P (dropout_pair_masks); at HS 128 and up, where that measured
-        // 0.89-0.91x at 8K keys (docs/PERFORMANCE.md), each fp32 element is tested here.
+        // waits for the output. With PACKED_KEEP the bytes wait in `drop` for rescale_and_pack;
+        // without, each fp32 element is tested here.
         if (EXTRAS && p.dropout_p > 0.f) {
-            if constexpr (HS == 64) {
+            if constexpr (PACKED_KEEP) {
 #pragma unroll
-                for (int k = 0; k < NS / 4; k++) dropout_bytes_fwd(p, keep_offset, b, h, wrow0, n0 + 32 * k, g, t, drop[k]);
+                for (int k = 0; k < NS / 4; k++) dropout_bytes_fwd(p, keep_offset, keep_block + n0 + 32 * k, g, drop[k]);
             } else {
                 dropout_fragment_fwd<NS>(p, keep_offset, keep_thresh, b, h, wrow0, n0, g, t, [&](int nt, int e, bool keep) {
                     if (!keep) s[nt * 4 + e] = 0.f;
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
             for (int e = 0; e < 4; e++) pa[kk][e] = ElemTraits<T>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
         // pa[kk][e] holds row g + 8 (e & 1) of n8 tile 2 kk + (e >> 1): word e & 1 of 16-key tile
         // kk & 1 of draw kk >> 1, its even bytes for tile 2 kk and odd ones for 2 kk + 1.
-        if (EXTRAS && HS == 64 && p.dropout_p > 0.f) {
+        if (EXTRAS && PACKED_KEEP && p.dropout_p > 0.f) {
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll

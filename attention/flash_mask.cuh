@@ -268,6 +268,9 @@ __device__ __forceinline__ ScoreRule score_rule(const AttnParams &p, int b, int 
     r.slope_log2 = p.alibi_slopes ? alibi_slope(p, b, h) * LOG2E_F : 0.f;
     return r;
 }
+// Whether the feature instance's scores take a rule (soft-capping or ALiBi) before the
+// exponential; with dropout alone they stay as the plain instance has them.
+__device__ __forceinline__ bool score_rule_applies(const AttnParams &p) { return p.softcap > 0.f || p.alibi_slopes; }
 // The log2-domain score of raw score `raw` for aligned query position pos and key j; *dcap gets
 // the cap's derivative 1 - tanh^2 (1 without the cap).
 __device__ __forceinline__ float score_log2(const ScoreRule &r, float raw, int pos, int j, float *dcap) {
@@ -294,13 +297,20 @@ __device__ __forceinline__ bool dropout_byte_keeps(uint32_t word, int byte, uint
     return (word << (24 - 8 * byte)) >= (thresh << 24);
 }
 
-// Forward: the bytes of the two tiles at keys j0 .. j0 + 31 (j0 a multiple of 16) for the rows
-// row0 + g and row0 + g + 8 of a warp (row0 a multiple of 16). w[a][r] is tile a's word of row
-// g + 8 r; its byte 2 e + n holds column 8 n + 2 t + e of the tile (n = 0, 1).
-__device__ __forceinline__ void dropout_bytes_fwd(const AttnParams &p, uint64_t offset, int b, int h, int row0, int j0,
-                                                  int g, int t, uint32_t w[2][2]) {
+// Forward: the Philox block lane (g, t) draws for the rows row0 + g and row0 + g + 8 of a warp
+// (row0 a multiple of 16) at key 0; at keys from j0 (a multiple of 16) it is this plus j0
+// (attn_dropout_row_step's rule).
+__device__ __forceinline__ uint64_t dropout_lane_block_fwd(const AttnParams &p, int b, int h, int row0, int g, int t) {
+    return attn_dropout_block(&p, b, h, row0 + g, 16 * (g & 1) + 2 * t);
+}
+
+// Forward: the bytes of the two tiles at keys j0 .. j0 + 31 (j0 a multiple of 16) for those rows,
+// from blk = dropout_lane_block_fwd(...) + j0. w[a][r] is tile a's word of row g + 8 r; its byte
+// 2 e + n holds column 8 n + 2 t + e of the tile (n = 0, 1).
+__device__ __forceinline__ void dropout_bytes_fwd(const AttnParams &p, uint64_t offset, uint64_t blk, int g,
+                                                  uint32_t w[2][2]) {
     const bool odd = g & 1;  // draws tile `odd`; holds words 2 odd, 2 odd + 1 of each block
-    const Philox4 d = attn_philox_block(p.seed, offset, attn_dropout_block(&p, b, h, row0 + g, j0 + 16 * odd + 2 * t));
+    const Philox4 d = attn_philox_block(p.seed, offset, blk);
     const uint32_t own0 = odd ? d.x[2] : d.x[0], own1 = odd ? d.x[3] : d.x[1];
     const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? d.x[0] : d.x[2], 4);
     const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? d.x[1] : d.x[3], 4);
@@ -334,10 +344,11 @@ template <int NT, typename Apply>
 __device__ __forceinline__ void dropout_fragment_fwd(const AttnParams &p, uint64_t offset, uint32_t thresh, int b,
                                                      int h, int row0, int j0, int g, int t, Apply &&apply) {
     static_assert(NT % 2 == 0, "dropout draws whole 16-key tiles");
+    const uint64_t lane = dropout_lane_block_fwd(p, b, h, row0, g, t) + (uint64_t)j0;
 #pragma unroll
     for (int k = 0; k < NT / 4; k++) {
         uint32_t w[2][2];
-        dropout_bytes_fwd(p, offset, b, h, row0, j0 + 32 * k, g, t, w);
+        dropout_bytes_fwd(p, offset, lane + 32 * k, g, w);
 #pragma unroll
         for (int x = 0; x < 16; x++) {
             const int nt = 4 * k + (x >> 2), e = x & 3;
@@ -345,7 +356,7 @@ __device__ __forceinline__ void dropout_fragment_fwd(const AttnParams &p, uint64
         }
     }
     if constexpr (NT % 4 == 2) {
-        const Philox4 d = attn_philox_block(p.seed, offset, attn_dropout_block(&p, b, h, row0 + g, j0 + 8 * (NT - 2) + 2 * t));
+        const Philox4 d = attn_philox_block(p.seed, offset, lane - 16 * (g & 1) + 8 * (NT - 2));  // keys 2t, ...
 #pragma unroll
         for (int x = 0; x < 8; x++) {
             const int nt = NT - 2 + (x >> 2), e = x & 3;
@@ -354,14 +365,20 @@ __device__ __forceinline__ void dropout_fragment_fwd(const AttnParams &p, uint64
     }
 }
 
-// Backward: the bytes of the two tiles at queries q0 .. q0 + 31 (q0 a multiple of 16) for the keys
-// key0 + g and key0 + g + 8 of a warp (key0 a multiple of 16). v[a][x] packs tile a's halves g & 1
-// of words 2x (low 16 bits) and 2x + 1: its byte 2 n + y holds query 8 n + 2t + x, key g + 8 y of
-// the tile (n = 0, 1).
-__device__ __forceinline__ void dropout_bytes_bwd(const AttnParams &p, uint64_t offset, int b, int h, int q0, int key0,
-                                                  int g, int t, uint32_t v[2][2]) {
+// Backward: the Philox block lane (g, t) draws for the keys key0 + g and key0 + g + 8 of a warp
+// (key0 a multiple of 16) at query 0; at queries from q0 (a multiple of 16) it is this plus
+// q0 / 16 times attn_dropout_row_step.
+__device__ __forceinline__ uint64_t dropout_lane_block_bwd(const AttnParams &p, int b, int h, int key0, int g, int t) {
+    return attn_dropout_block(&p, b, h, 16 * (g & 1) + 2 * t, key0 + g);
+}
+
+// Backward: the bytes of the two tiles at queries q0 .. q0 + 31 for those keys, from blk (above).
+// v[a][x] packs tile a's halves g & 1 of words 2x (low 16 bits) and 2x + 1: its byte 2 n + y
+// holds query 8 n + 2t + x, key g + 8 y of the tile (n = 0, 1).
+__device__ __forceinline__ void dropout_bytes_bwd(const AttnParams &p, uint64_t offset, uint64_t blk, int g,
+                                                  uint32_t v[2][2]) {
     const bool odd = g & 1;  // draws tile `odd`; holds half `odd` of every word
-    const Philox4 d = attn_philox_block(p.seed, offset, attn_dropout_block(&p, b, h, q0 + 16 * odd + 2 * t, key0 + g));
+    const Philox4 d = attn_philox_block(p.seed, offset, blk);
     const uint32_t mine = odd ? 0x7632u : 0x5410u, other = odd ? 0x5410u : 0x7632u;
     const uint32_t own0 = __byte_perm(d.x[0], d.x[1], mine), own1 = __byte_perm(d.x[2], d.x[3], mine);
     const uint32_t got0 = __shfl_xor_sync(0xffffffffu, __byte_perm(d.x[0], d.x[1], other), 4);

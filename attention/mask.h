@@ -160,6 +160,9 @@ ATTN_HD uint64_t attn_dropout_block(const AttnParams *p, int b, int h, int i, in
                           (uint64_t)(j >> 4);
     return (tile << 4) | (uint64_t)(((i >> 1) & 3) << 2) | (uint64_t)((j >> 1) & 3);
 }
+// Its steps: 16 rows further (i) add attn_dropout_row_step(p) to a block, 16 keys further (j) add
+// 16 (one tile's blocks), so the flash kernels step along a tile instead of recomputing it.
+ATTN_HD uint64_t attn_dropout_row_step(const AttnParams *p) { return ((uint64_t)(p->T_k + 15) >> 4) << 4; }
 ATTN_HD int attn_dropout_byte_index(int i, int j) {
     return 4 * (2 * (i & 1) + ((i >> 3) & 1)) + 2 * (j & 1) + ((j >> 3) & 1);
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "attention/mask.h"
 #include "common/rng.h"
 #include "tests/attn_contiguous.h"
 #include "tests/testlib.h"
@@ -806,8 +807,30 @@ static void test_refusals_return(void) {
     inputs_free(&in);
 }
 
+// The flash kernels step a lane's Philox block along a tile instead of recomputing it:
+// attn_dropout_block at 16 rows and 16 keys further is the block plus attn_dropout_row_step and
+// plus 16, over random sizes (T_k up to 2^20, so the tile count needs 64 bits) and positions.
+static void test_dropout_block_steps(void) {
+    Rng r;
+    rng_seed(&r, 11);
+    int bad = 0;
+    for (int trial = 0; trial < 2000; trial++) {
+        AttnParams p = {0};
+        p.B = 1 + (int)rng_below(&r, 4), p.NH = 1 + (int)rng_below(&r, 16);
+        p.T_q = 1 + (int)rng_below(&r, 1 << 20), p.T_k = 1 + (int)rng_below(&r, 1 << 20);
+        const int b = (int)rng_below(&r, (uint64_t)p.B), h = (int)rng_below(&r, (uint64_t)p.NH);
+        const int i = (int)rng_below(&r, (uint64_t)p.T_q), j = (int)rng_below(&r, (uint64_t)p.T_k);
+        const int rows = (p.T_q - 1 - i) / 16, keys = (p.T_k - 1 - j) / 16;  // steps that stay inside
+        const int ri = rows ? (int)rng_below(&r, (uint64_t)rows + 1) : 0, kj = keys ? (int)rng_below(&r, (uint64_t)keys + 1) : 0;
+        const uint64_t want = attn_dropout_block(&p, b, h, i + 16 * ri, j + 16 * kj);
+        bad += want != attn_dropout_block(&p, b, h, i, j) + (uint64_t)ri * attn_dropout_row_step(&p) + 16u * (uint64_t)kj;
+    }
+    EXPECT(bad == 0, "%d of 2000 blocks differ from the stepped block", bad);
+}
+
 int main(void) {
     TEST_CASE("attn_check rejects bad input", test_check_bad_inputs());
+    TEST_CASE("dropout blocks step by attn_dropout_row_step and 16", test_dropout_block_steps());
     TEST_CASE("refused calls return a status and the process goes on", test_refusals_return());
     TEST_CASE("attn_visible matches an explicit mask", test_visible_rules());
     TEST_CASE("dropout keep statistics", test_dropout_statistics());
