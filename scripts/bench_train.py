@@ -27,9 +27,11 @@ vocabulary, flashgpt's only the real one), bf16 autocast, scaled_dot_product_att
 GPT-2 124M alone takes minutes). Tokens/s over the timed steps (CUDA synchronised). GPU memory is
 the device's used memory (total - free, the CUDA context included) at the end of the timed steps
 for both sides: flashgpt allocates everything up front, so this is its peak; PyTorch's caching
-allocator keeps its peak reservation, so this is PyTorch's peak footprint on the device (eager's
-cache is emptied before compile runs). PyTorch's own max_memory_allocated (the tensors alone,
-without the allocator's slack or the context) is shown beside it.
+allocator keeps its peak reservation, so this is PyTorch's peak footprint on the device (each
+PyTorch row runs in a process of its own, so none inherits another's cache or a fault: a mode
+that fails, e.g. with an error inside torch.compile, is a FAIL row with the error's last line and
+the other rows still print). PyTorch's own max_memory_allocated (the tensors alone, without the
+allocator's slack or the context) is shown beside it.
 Prints one table. MFU is train_gpt's (6*N + 6*L*T*C FLOPs per token against the peak of the GPU
 it runs on, cli/peak_flops.c); PyTorch's rows scale it by their tokens/s, since both sides run
 the same FLOPs per token. Where train_gpt prints no MFU (a GPU its table lacks), no row has one.
@@ -193,14 +195,25 @@ def bench_torch(args, cfg, mode):
         return {"status": "OOM"}
     dt = (time.perf_counter() - t0) / args.steps
     free, total = torch.cuda.mem_get_info()
-    res = {"status": "ok", "ms": dt * 1e3, "tok_s": args.batch * args.seq / dt,
-           "mem_gib": (total - free) / 2**30, "alloc_gib": torch.cuda.max_memory_allocated() / 2**30}
-    del model, opt, fwd
-    torch.cuda.empty_cache()
-    return res
+    return {"status": "ok", "ms": dt * 1e3, "tok_s": args.batch * args.seq / dt,
+            "mem_gib": (total - free) / 2**30, "alloc_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 COMPILE_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
+
+
+def torch_row(args, mode):
+    """bench_torch in a process of its own (this script with --torch-row): its result, or FAIL
+    with the last line of what it printed (a CUDA fault poisons the process that meets it)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "-c", args.config, "--batch", str(args.batch),
+           "--seq", str(args.seq), "--steps", str(args.steps), "--torch-row", mode or "eager"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = p.stdout.strip().splitlines()
+    if p.returncode == 0 and lines and lines[-1].startswith("{"):
+        return json.loads(lines[-1])
+    err = [l.strip() for l in (p.stdout + p.stderr).splitlines() if l.strip()]
+    return {"cmd": " ".join(cmd), "status": "FAIL", "why": (err[-1] if err else f"exit status {p.returncode}")[:200],
+            "output": (p.stdout + p.stderr)[-2000:]}
 
 
 def main():
@@ -218,17 +231,21 @@ def main():
                     help="also train the config from scratch, graphs auto and off (whole process)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "train_gpt"))
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--torch-row", choices=("eager",) + COMPILE_MODES, help=argparse.SUPPRESS)  # torch_row's worker
     args = ap.parse_args()
     if args.no_compile and args.compile_mode:
         ap.error("--no-compile skips every torch.compile row: drop --compile-mode, or --no-compile")
     cfg = json.load(open(os.path.join(ROOT, args.config)))["model"]
     cfg.setdefault("max_seq_len", 1024)
     args.max_seq_len = cfg["max_seq_len"]
+    if args.torch_row:
+        print(json.dumps(bench_torch(args, cfg, None if args.torch_row == "eager" else args.torch_row)))
+        return
     rows = {"flashgpt, graph": bench_flashgpt(args, "on"), "flashgpt, no graph": bench_flashgpt(args, "off"),
-            "pytorch eager": bench_torch(args, cfg, None)}
+            "pytorch eager": torch_row(args, None)}
     if not args.no_compile:
         for mode in args.compile_mode or COMPILE_MODES:
-            rows[f"pytorch compile {mode}"] = bench_torch(args, cfg, mode)
+            rows[f"pytorch compile {mode}"] = torch_row(args, mode)
     print(f"GPT ({args.config}), batch {args.batch} x seq {args.seq}, {args.steps} timed steps, bf16")
     print("| implementation | ms/step | tokens/s | MFU | GPU memory GiB | PyTorch allocated GiB | vs flashgpt |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -238,7 +255,7 @@ def main():
     mfu_per_tok = ref["mfu"] / ref["tok_s"] if ref else None
     for name, r in rows.items():
         if r["status"] != "ok":
-            why = r.get("output", "").replace("\n", " ") if r["status"] == "n/a" else ""
+            why = r.get("output", "").replace("\n", " ") if r["status"] == "n/a" else r.get("why", "")
             print(f"| {name} | {r['status']} {why} | | | | | |")
             continue
         mem = f"{r['mem_gib']:.2f}" if r.get("mem_gib") is not None else "-"
@@ -247,9 +264,9 @@ def main():
         mfu = r.get("mfu") or (mfu_per_tok * r["tok_s"] if mfu_per_tok else None)
         mfu = f"{mfu:.1f}%" if mfu else "-"
         print(f"| {name} | {r['ms']:.1f} | {r['tok_s']:,.0f} | {mfu} | {mem} | {alloc} | {ratio} |")
-    for name in ("flashgpt, graph", "flashgpt, no graph"):
-        if rows[name]["status"] == "FAIL":
-            print(rows[name].get("output", ""), file=sys.stderr)
+    for name, r in rows.items():
+        if r["status"] == "FAIL":
+            print(f"{name}:\n{r.get('output', '')}", file=sys.stderr)
     runs = {}
     if args.whole_run:
         print(f"\nwhole run of {args.config} (train_gpt train, from scratch)")
