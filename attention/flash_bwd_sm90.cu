@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                         const float2 lse = *reinterpret_cast<const float2 *>(cLse + q);
                         nl[0] = -lse.x * LOG2E_F, nl[1] = -lse.y * LOG2E_F;
                     }
-                    const float dv2[2] = {PRE ? dd.x * keep_inv : dd.x, PRE ? dd.y * keep_inv : dd.y};
+                    const float dsub[2] = {PRE ? dd.x * keep_inv : dd.x, PRE ? dd.y * keep_inv : dd.y};  // D, or D / keep_scale
                     if (p.dropout_p > 0.f && j % 4 == 0)
                         dropout_bytes_bwd(p, keep_offset, blk + (uint64_t)(j / 2) * row_step, g, drop);
                     float pk[4], ds[4];
@@ -370,10 +370,10 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                         const bool keep = dropout_byte_keeps(drop[(j >> 1) & 1][e & 1], 2 * (j & 1) + (e >> 1), keep_thresh);
                         if constexpr (PRE) {
                             pk[e] = keep ? x : 0.f;
-                            ds[e] = x * ((keep ? dpt[4 * j + e] : 0.f) - dv2[e & 1]);
+                            ds[e] = x * ((keep ? dpt[4 * j + e] : 0.f) - dsub[e & 1]);
                         } else {
                             pk[e] = keep ? x * keep_scale : 0.f;
-                            ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - dv2[e & 1]);
+                            ds[e] = x * dcap * ((keep ? dpt[4 * j + e] * keep_scale : 0.f) - dsub[e & 1]);
                         }
                     }
 #pragma unroll

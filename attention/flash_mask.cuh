@@ -356,7 +356,7 @@ __device__ __forceinline__ void dropout_fragment_fwd(const AttnParams &p, uint64
         }
     }
     if constexpr (NT % 4 == 2) {
-        const Philox4 d = attn_philox_block(p.seed, offset, lane - 16 * (g & 1) + 8 * (NT - 2));  // keys 2t, ...
+        const Philox4 d = attn_philox_block(p.seed, offset, lane - 16 * (g & 1) + 8 * (NT - 2));  // keys j0 + 8 (NT - 2) + 2t
 #pragma unroll
         for (int x = 0; x < 8; x++) {
             const int nt = NT - 2 + (x >> 2), e = x & 3;
