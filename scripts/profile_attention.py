@@ -142,21 +142,19 @@ def worker(args):
     torch = bench_attention.torch
     if not torch.cuda.is_available():
         sys.exit("profile_attention.py: no CUDA GPU visible to PyTorch")
-    B, N, H, D, drop = args.shape
-    dropout = args.dropout if args.dropout is not None else (drop or 0.0)
+    B, N, H, D, _ = args.shape
     lib = bench_attention.Ours(args.lib, args.kernel)
     torch.manual_seed(0)
     q, k, v, dout = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out = torch.empty_like(q)
     lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
-    p = bench_attention.with_dropout(lib.params(q, k, v, out, lse, not args.full), dropout)
-    ws = lib.workspace(p)
+    p = bench_attention.with_dropout(lib.params(q, k, v, out, lse, not args.full), args.dropout)
+    ws = lib.workspace(p)  # held while the calls run
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     for _ in range(RUNS):
         lib.forward(p)
         lib.backward(p, dout, dq, dk, dv)
     torch.cuda.synchronize()
-    del ws
 
 
 def main():
@@ -174,6 +172,8 @@ def main():
     ap.add_argument("--mix", type=int, default=12, help="opcodes listed (0: none)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.dropout is None:
+        args.dropout = args.shape[4] or 0.0
     if not os.path.isfile(args.lib):
         ap.error(f"--lib: no such file: '{args.lib}' (make libattention builds build/libattention.so)")
     if args.mix < 0:
@@ -188,7 +188,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     rep = os.path.join(args.out, name)
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--shape", f"{B},{N},{H},{D}", "--lib", args.lib,
-          "--kernel", args.kernel, "--dropout", str(args.dropout if args.dropout is not None else (args.shape[4] or 0.0))]
+          "--kernel", args.kernel, "--dropout", str(args.dropout)]
     me += ["--full"] * args.full
     cmd = [args.ncu, "--kernel-name-base", "demangled", "--kernel-name", MAIN_KERNEL[args.pass_],
            "--launch-skip", str(RUNS - 1), "--launch-count", "1", "--set", "full", "-f", "-o", rep] + me
@@ -203,9 +203,8 @@ def main():
         src = subprocess.run([args.ncu, "--import", rep + ".ncu-rep", "--page", "source", "--csv",
                               "--print-source", "sass"], capture_output=True, text=True, check=True).stdout
         mix = opcode_mix(src, args.mix)
-    drop = args.dropout if args.dropout is not None else (args.shape[4] or 0.0)
     title = (f"{'forward' if args.pass_ == 'fwd' else 'backward'}, B {B} x N {N}, {H} heads of {D}, "
-             f"{'full' if args.full else 'causal'}, dropout {drop:g} (report: {rep}.ncu-rep)")
+             f"{'full' if args.full else 'causal'}, dropout {args.dropout:g} (report: {rep}.ncu-rep)")
     print_summary(title, summarize_raw(raw), mix)
     return 0
 
