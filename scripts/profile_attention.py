@@ -37,8 +37,10 @@ import bench_attention  # noqa: E402  (imports no PyTorch until load_torch)
 MAIN_KERNEL = {"fwd": r"regex:(^|void )flash_fwd(_sm90)?_kernel<", "bwd": r"regex:(^|void )flash_bwd(_sm90)?_kernel<"}
 RUNS = 3  # forward and backward calls; ncu profiles the last one's main kernel
 STALL = "smsp__pcsamp_warps_issue_stalled_"
+TIME = "gpu__time_duration.sum"
+US_PER = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
 SUMMARY = (  # (raw metric, label, format)
-    ("gpu__time_duration.sum", "time us", "{:.1f}"),
+    (TIME, "time us", "{:.1f}"),
     ("smsp__inst_executed.sum", "warp instructions", "{:,.0f}"),
     ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue slots busy, % of active cycles", "{:.1f}"),
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy, % of the warp slots", "{:.1f}"),
@@ -79,10 +81,15 @@ def summarize_raw(text):
     rows = [r for r in rows if r and not r[0].startswith("==")]
     if len(rows) < 3:
         raise ValueError("the report holds no kernel (did the kernel-name filter match none?)")
-    head, vals = rows[0], rows[2]
+    head, units, vals = rows[0], rows[1], rows[2]
     col = {name: i for i, name in enumerate(head)}
     name = vals[col["Kernel Name"]] if "Kernel Name" in col else "?"
     metrics = {label: _number(vals[col[m]]) for m, label, _ in SUMMARY if m in col}
+    if TIME in col and metrics.get("time us") is not None:  # ncu picks the unit by the size
+        unit = units[col[TIME]] if col[TIME] < len(units) else ""
+        if unit not in US_PER:
+            raise ValueError(f"unknown unit '{unit}' of {TIME}")
+        metrics["time us"] *= US_PER[unit]
     stalls = {h[len(STALL):]: _number(vals[i]) or 0.0 for h, i in col.items()
               if h.startswith(STALL) and "not_issued" not in h}
     total = sum(stalls.values())

@@ -83,6 +83,19 @@ def test_summarize_raw():
         m.summarize_raw(RAW.splitlines()[0] + "\n")
 
 
+@pytest.mark.parametrize("unit, value, us", [("msecond", "2.05", 2050.0), ("nsecond", "950", 0.95),
+                                             ("usecond", "382.9", 382.9)])
+def test_time_follows_the_units_row(unit, value, us):
+    # ncu writes the duration in the unit that suits its size: a 2 ms kernel reads "2.05" in msecond
+    m = load()
+    head, units, vals = RAW.splitlines()[:3]
+    units = units.replace('"us"', f'"{unit}"', 1)
+    vals = vals.replace('"382.944000"', f'"{value}"', 1)
+    assert m.summarize_raw("\n".join([head, units, vals]))["metrics"]["time us"] == pytest.approx(us)
+    with pytest.raises(ValueError, match="unknown unit 'furlong'"):
+        m.summarize_raw("\n".join([head, units.replace(f'"{unit}"', '"furlong"', 1), vals]))
+
+
 def test_opcode_mix_and_table(capsys):
     m = load()
     ops, total = m.opcode_mix(SASS, 2)
