@@ -337,9 +337,12 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 const int shift = (int)attn_query_shift(&p);
                 static_assert(NQ % 4 == 0, "dropout draws 32 queries at a time");
                 uint32_t drop[2][2] = {{0u, 0u}, {0u, 0u}};  // bytes 0 keep when there is no dropout
+                // HS 64 steps the lane's block along the query tile; HS 128 computes it at each
+                // draw, which measured 1.02-1.05x against the stepping there (docs/PERFORMANCE.md)
+                constexpr bool STEP = HS == 64;
                 const uint64_t row_step = attn_dropout_row_step(&p);  // 32 queries on: twice this
-                const uint64_t blk = p.dropout_p > 0.f ? dropout_lane_block_bwd(p, b, h, n0 + krow - g, g, t) +
-                                                             (uint64_t)(m0 >> 4) * row_step : 0;
+                const uint64_t blk = STEP && p.dropout_p > 0.f ? dropout_lane_block_bwd(p, b, h, n0 + krow - g, g, t) +
+                                                                     (uint64_t)(m0 >> 4) * row_step : 0;
 #pragma unroll
                 for (int j = 0; j < NQ; j++) {
                     const int q = 8 * j + 2 * t;
@@ -351,7 +354,10 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                     }
                     const float dsub[2] = {PRE ? dd.x * keep_inv : dd.x, PRE ? dd.y * keep_inv : dd.y};  // D, or D / keep_scale
                     if (p.dropout_p > 0.f && j % 4 == 0)
-                        dropout_bytes_bwd(p, keep_offset, blk + (uint64_t)(j / 2) * row_step, g, drop);
+                        dropout_bytes_bwd(p, keep_offset,
+                                          STEP ? blk + (uint64_t)(j / 2) * row_step
+                                               : attn_dropout_block(&p, b, h, m0 + 8 * j + 16 * (g & 1) + 2 * t, n0 + krow),
+                                          g, drop);
                     float pk[4], ds[4];
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
