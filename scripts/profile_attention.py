@@ -12,8 +12,9 @@ the package's ctypes layer, as scripts/bench_attention.py does (bf16, random inp
 main kernel: flash_fwd_sm90_kernel or flash_fwd_kernel for the forward, flash_bwd_sm90_kernel or
 flash_bwd_kernel for the backward, whichever family the library runs. The report stays in DIR
 (default profile_attention/) as SHAPE_PASS.ncu-rep for Nsight Compute's interface, and the script
-prints the kernel, its time, warp instructions, issue slots busy, achieved occupancy and
-registers, the warp-stall reasons' shares of the PC samples (`wait`: a fixed-latency dependency;
+prints the kernel, its time, warp instructions, issue slots busy, the tensor pipe's, L2's and
+DRAM's utilisation (when the report has them), achieved occupancy and registers, the
+warp-stall reasons' shares of the PC samples (`wait`: a fixed-latency dependency;
 `barrier`: a named barrier or __syncthreads; `long_sb`: global or shared memory; see Nsight
 Compute's kernel profiling guide), and the N opcodes (--mix, default 12, 0 for none) that
 executed the most warp instructions.
@@ -39,11 +40,19 @@ RUNS = 3  # forward and backward calls; ncu profiles the last one's main kernel
 STALL = "smsp__pcsamp_warps_issue_stalled_"
 TIME = "gpu__time_duration.sum"
 US_PER = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+# The pipe and memory rows print when the report has them (the tensor pipe's metric is named
+# after the instruction family the kernel uses); the others always, '-' when missing.
 SUMMARY = (  # (raw metric, label, format)
     (TIME, "time us", "{:.1f}"),
     ("smsp__inst_executed.sum", "warp instructions", "{:,.0f}"),
     ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue slots busy, % of active cycles", "{:.1f}"),
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy, % of the warp slots", "{:.1f}"),
+    ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+     "tensor pipe (wgmma) busy, % of active cycles", "{:.1f}"),
+    ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+     "tensor pipe (mma.sync) busy, % of active cycles", "{:.1f}"),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 throughput, % of peak", "{:.1f}"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput, % of peak", "{:.1f}"),
     ("launch__registers_per_thread", "registers per thread", "{:.0f}"),
     ("launch__block_size", "threads per block", "{:.0f}"),
     ("launch__grid_size", "blocks", "{:,.0f}"),
@@ -71,6 +80,10 @@ def _number(text):
         return float(text.replace(",", ""))
     except ValueError:
         return None
+
+
+ALWAYS = {"time us", "warp instructions", "issue slots busy, % of active cycles",
+          "achieved occupancy, % of the warp slots", "registers per thread", "threads per block", "blocks"}
 
 
 def summarize_raw(text):
@@ -129,7 +142,8 @@ def print_summary(title, summary, mix):
     print("| --- | --- |")
     for m, label, fmt in SUMMARY:
         v = summary["metrics"].get(label)
-        print(f"| {label} | {fmt.format(v) if v is not None else '-'} |")
+        if v is not None or label in ALWAYS:
+            print(f"| {label} | {fmt.format(v) if v is not None else '-'} |")
     print("\n| stall reason (PC samples) | share |")
     print("| --- | --- |")
     for reason, share in summary["stalls"]:

@@ -106,3 +106,13 @@ def test_opcode_mix_and_table(capsys):
     out = capsys.readouterr().out
     assert "| time us | 382.9 |" in out and "| warp instructions | 107,530,940 |" in out
     assert "| wait | 60.0% |" in out and "| IMAD | 4,000 | 60.6% |" in out
+
+
+def test_summary_prints_the_pipe_and_memory_rows_the_report_has(capsys):
+    m = load()
+    m.print_summary("t", {"name": "k", "metrics": {"time us": 1.5, "L2 throughput, % of peak": 50.0},
+                          "stalls": [("wait", 1.0)]}, None)
+    out = capsys.readouterr().out
+    assert "| L2 throughput, % of peak | 50.0 |" in out and "| time us | 1.5 |" in out
+    assert "| warp instructions | - |" in out  # the always-printed rows say what is missing
+    assert "DRAM" not in out and "tensor pipe" not in out
