@@ -341,7 +341,8 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                 // draw, which measured 1.02-1.05x against the stepping there (docs/PERFORMANCE.md)
                 constexpr bool STEP = HS == 64;
                 const uint64_t row_step = attn_dropout_row_step(&p);  // 32 queries on: twice this
-                const uint64_t blk = STEP && p.dropout_p > 0.f ? dropout_lane_block_bwd(p, b, h, n0 + krow - g, g, t) +
+                const int key0 = n0 + krow - g;  // the warp's first key
+                const uint64_t blk = STEP && p.dropout_p > 0.f ? dropout_lane_block_bwd(p, b, h, 0, key0, g, t) +
                                                                      (uint64_t)(m0 >> 4) * row_step : 0;
 #pragma unroll
                 for (int j = 0; j < NQ; j++) {
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(Sm90BwdTile<HS>::NTHREADS, 1)
                     if (p.dropout_p > 0.f && j % 4 == 0)
                         dropout_bytes_bwd(p, keep_offset,
                                           STEP ? blk + (uint64_t)(j / 2) * row_step
-                                               : attn_dropout_block(&p, b, h, m0 + 8 * j + 16 * (g & 1) + 2 * t, n0 + krow),
+                                               : dropout_lane_block_bwd(p, b, h, m0 + 8 * j, key0, g, t),
                                           g, drop);
                     float pk[4], ds[4];
 #pragma unroll

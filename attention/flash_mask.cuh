@@ -366,10 +366,11 @@ __device__ __forceinline__ void dropout_fragment_fwd(const AttnParams &p, uint64
 }
 
 // Backward: the Philox block lane (g, t) draws for the keys key0 + g and key0 + g + 8 of a warp
-// (key0 a multiple of 16) at query 0; at queries from q0 (a multiple of 16) it is this plus
-// q0 / 16 times attn_dropout_row_step.
-__device__ __forceinline__ uint64_t dropout_lane_block_bwd(const AttnParams &p, int b, int h, int key0, int g, int t) {
-    return attn_dropout_block(&p, b, h, 16 * (g & 1) + 2 * t, key0 + g);
+// (key0 a multiple of 16) at queries from q0 (a multiple of 16); at q0 + 16 k it is the block at
+// q0 plus k times attn_dropout_row_step.
+__device__ __forceinline__ uint64_t dropout_lane_block_bwd(const AttnParams &p, int b, int h, int q0, int key0, int g,
+                                                          int t) {
+    return attn_dropout_block(&p, b, h, q0 + 16 * (g & 1) + 2 * t, key0 + g);
 }
 
 // Backward: the bytes of the two tiles at queries q0 .. q0 + 31 for those keys, from blk (above).
