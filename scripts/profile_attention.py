@@ -40,22 +40,22 @@ RUNS = 3  # forward and backward calls; ncu profiles the last one's main kernel
 STALL = "smsp__pcsamp_warps_issue_stalled_"
 TIME = "gpu__time_duration.sum"
 US_PER = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
-# The pipe and memory rows print when the report has them (the tensor pipe's metric is named
-# after the instruction family the kernel uses); the others always, '-' when missing.
-SUMMARY = (  # (raw metric, label, format)
-    (TIME, "time us", "{:.1f}"),
-    ("smsp__inst_executed.sum", "warp instructions", "{:,.0f}"),
-    ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue slots busy, % of active cycles", "{:.1f}"),
-    ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy, % of the warp slots", "{:.1f}"),
+SUMMARY = (  # (raw metric, label, format, printed as '-' when the report lacks it)
+    (TIME, "time us", "{:.1f}", True),
+    ("smsp__inst_executed.sum", "warp instructions", "{:,.0f}", True),
+    ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue slots busy, % of active cycles", "{:.1f}", True),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy, % of the warp slots", "{:.1f}", True),
+    # the pipe and memory rows only when the report has them (the tensor pipe's metric is named
+    # after the instruction family the kernel uses)
     ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
-     "tensor pipe (wgmma) busy, % of active cycles", "{:.1f}"),
+     "tensor pipe (wgmma) busy, % of active cycles", "{:.1f}", False),
     ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-     "tensor pipe (mma.sync) busy, % of active cycles", "{:.1f}"),
-    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 throughput, % of peak", "{:.1f}"),
-    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput, % of peak", "{:.1f}"),
-    ("launch__registers_per_thread", "registers per thread", "{:.0f}"),
-    ("launch__block_size", "threads per block", "{:.0f}"),
-    ("launch__grid_size", "blocks", "{:,.0f}"),
+     "tensor pipe (mma.sync) busy, % of active cycles", "{:.1f}", False),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 throughput, % of peak", "{:.1f}", False),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput, % of peak", "{:.1f}", False),
+    ("launch__registers_per_thread", "registers per thread", "{:.0f}", True),
+    ("launch__block_size", "threads per block", "{:.0f}", True),
+    ("launch__grid_size", "blocks", "{:,.0f}", True),
 )
 
 
@@ -82,10 +82,6 @@ def _number(text):
         return None
 
 
-ALWAYS = {"time us", "warp instructions", "issue slots busy, % of active cycles",
-          "achieved occupancy, % of the warp slots", "registers per thread", "threads per block", "blocks"}
-
-
 def summarize_raw(text):
     """From `ncu --import REP --page raw --csv` (a header row, a units row, one row per kernel):
     the first kernel's name, its SUMMARY metrics by label and its stall reasons' shares, largest
@@ -97,7 +93,7 @@ def summarize_raw(text):
     head, units, vals = rows[0], rows[1], rows[2]
     col = {name: i for i, name in enumerate(head)}
     name = vals[col["Kernel Name"]] if "Kernel Name" in col else "?"
-    metrics = {label: _number(vals[col[m]]) for m, label, _ in SUMMARY if m in col}
+    metrics = {label: _number(vals[col[m]]) for m, label, _, _ in SUMMARY if m in col}
     if TIME in col and metrics.get("time us") is not None:  # ncu picks the unit by the size
         unit = units[col[TIME]] if col[TIME] < len(units) else ""
         if unit not in US_PER:
@@ -140,9 +136,9 @@ def print_summary(title, summary, mix):
     print(f"kernel: {summary['name']}")
     print("| metric | value |")
     print("| --- | --- |")
-    for m, label, fmt in SUMMARY:
+    for m, label, fmt, always in SUMMARY:
         v = summary["metrics"].get(label)
-        if v is not None or label in ALWAYS:
+        if v is not None or always:
             print(f"| {label} | {fmt.format(v) if v is not None else '-'} |")
     print("\n| stall reason (PC samples) | share |")
     print("| --- | --- |")
@@ -226,7 +222,11 @@ def main():
         mix = opcode_mix(src, args.mix)
     title = (f"{'forward' if args.pass_ == 'fwd' else 'backward'}, B {B} x N {N}, {H} heads of {D}, "
              f"{'full' if args.full else 'causal'}, dropout {args.dropout:g} (report: {rep}.ncu-rep)")
-    print_summary(title, summarize_raw(raw), mix)
+    try:
+        summary = summarize_raw(raw)
+    except ValueError as e:  # a report this script cannot read: say so, no traceback
+        sys.exit(f"profile_attention.py: {rep}.ncu-rep: {e}")
+    print_summary(title, summary, mix)
     return 0
 
 
