@@ -115,6 +115,8 @@ typedef struct {
     float dropout;
     int deterministic;
     float softcap;  // 0 = off (omitted in most cases below)
+    int ramp;       // K's rows grow toward key 0 (up to 7x): the forward, which visits keys last
+                    // to first, sees a row's running max jump by many units several times
 } Case;
 
 // Strided view of a tensor on the host (fp32) and on the device (element type).
@@ -414,7 +416,11 @@ static void run_case(AttnContext *ctx, const Case *c, Rng *rng) {
     Buf *ins[4] = {c->fused ? &qkv_all : &q, c->fused ? NULL : &k, c->fused ? NULL : &v, &dout};
     for (int i = 0; i < 4; i++) {
         if (!ins[i]) continue;
-        for (size_t e = 0; e < ins[i]->n; e++) ins[i]->h[e] = round_to(dt, rng_normal(rng));
+        for (size_t e = 0; e < ins[i]->n; e++) {
+            const int key = (int)(e / ((size_t)NKV * HS) % Tk);
+            const float grow = c->ramp && i == 1 ? 1.f + 6.f * (float)(Tk - 1 - key) / (float)Tk : 1.f;
+            ins[i]->h[e] = round_to(dt, grow * rng_normal(rng));
+        }
         upload(ins[i]->d, ins[i]->h, ins[i]->n, dt);
     }
 
@@ -994,17 +1000,17 @@ static void test_softcap_families(AttnContext *sm90, AttnContext *sm80, Rng *rng
     const AttnImpl FL = ATTN_IMPL_FLASH;
     // name, dtype, impl, B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, fused, dropout, det, softcap
     const Case cases[] = {
-        {"sm90 bf16 hs64 softcap 1.5 causal GQA T=333", BF, FL, 2, 333, 333, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 1.5f},
-        {"sm90 fp16 hs128 softcap 2 Tq=70 Tk=300", FP, FL, 1, 70, 300, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0, 2.0f},
+        {"sm90 bf16 hs64 softcap 1.5 causal GQA T=333", BF, FL, 2, 333, 333, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 1.5f, 0},
+        {"sm90 fp16 hs128 softcap 2 Tq=70 Tk=300", FP, FL, 1, 70, 300, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0, 2.0f, 0},
         {"sm90 bf16 hs64 softcap 1.5 alibi/row win 40/10", BF, FL, 2, 257, 257, 2, 2, 64, 1, 40, 10, 2, 0, 0, 0, 0,
-         1.5f},
+         1.5f, 0},
         {"sm90 bf16 hs128 softcap 3 drop 0.2 Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 128, 1, -1, -1, 0, 0, 0, 0.2f, 0,
-         3.0f},
-        {"sm90 fp16 hs64 softcap 50 docs fused", FP, FL, 3, 190, 190, 2, 1, 64, 0, -1, -1, 0, 1, 1, 0, 0, 50.0f},
-        {"sm90 bf16 hs96 softcap 2 causal GQA T=300 drop", BF, FL, 2, 300, 300, 4, 2, 96, 1, -1, -1, 0, 0, 0, 0.1f, 0, 2.0f},
-        {"sm90 fp16 hs32 softcap 1.5 Tq=70 Tk=300 alibi", FP, FL, 1, 70, 300, 2, 1, 32, 0, -1, -1, 1, 0, 0, 0, 0, 1.5f},
+         3.0f, 0},
+        {"sm90 fp16 hs64 softcap 50 docs fused", FP, FL, 3, 190, 190, 2, 1, 64, 0, -1, -1, 0, 1, 1, 0, 0, 50.0f, 0},
+        {"sm90 bf16 hs96 softcap 2 causal GQA T=300 drop", BF, FL, 2, 300, 300, 4, 2, 96, 1, -1, -1, 0, 0, 0, 0.1f, 0, 2.0f, 0},
+        {"sm90 fp16 hs32 softcap 1.5 Tq=70 Tk=300 alibi", FP, FL, 1, 70, 300, 2, 1, 32, 0, -1, -1, 1, 0, 0, 0, 0, 1.5f, 0},
         {"sm90 bf16 hs64 softcap 0.8 alibi drop T=1500", BF, FL, 1, 1500, 1500, 2, 2, 64, 1, -1, -1, 1, 0, 0, 0.1f, 0,
-         0.8f},
+         0.8f, 0},
     };
     if (sm90)
         for (int i = 0; i < (int)(sizeof cases / sizeof *cases); i++) run_case(sm90, &cases[i], rng);
@@ -1046,78 +1052,83 @@ int main(int argc, char **argv) {
     const AttnImpl FL = ATTN_IMPL_FLASH, NV = ATTN_IMPL_NAIVE;
     // name, dtype, impl, B, T_q, T_k, NH, NKV, HS, causal, wl, wr, alibi, docs, fused, dropout, det, softcap
     const Case quick_cases[] = {
-        {"quick bf16 hs64 causal T=97", BF, FL, 1, 97, 97, 2, 1, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"quick fp16 hs128 T=70 alibi+drop", FP, FL, 1, 70, 70, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0.1f, 1, 0},
-        {"quick bf16 hs64 docs naive", BF, NV, 2, 50, 50, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0, 0},
-        {"quick bf16 hs96 causal GQA T=70 fused", BF, FL, 1, 70, 70, 4, 2, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"quick fp16 hs256 T=65 alibi det", FP, FL, 1, 65, 65, 2, 1, 256, 0, -1, -1, 1, 0, 0, 0, 1, 0},
-        {"quick bf16 hs32 causal T=97 drop", BF, FL, 2, 97, 97, 2, 2, 32, 1, -1, -1, 0, 0, 0, 0.1f, 0, 0},
+        {"quick bf16 hs64 causal T=97", BF, FL, 1, 97, 97, 2, 1, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"quick fp16 hs128 T=70 alibi+drop", FP, FL, 1, 70, 70, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0.1f, 1, 0, 0},
+        {"quick bf16 hs64 docs naive", BF, NV, 2, 50, 50, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0, 0, 0},
+        {"quick bf16 hs96 causal GQA T=70 fused", BF, FL, 1, 70, 70, 4, 2, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"quick fp16 hs256 T=65 alibi det", FP, FL, 1, 65, 65, 2, 1, 256, 0, -1, -1, 1, 0, 0, 0, 1, 0, 0},
+        {"quick bf16 hs32 causal T=97 drop", BF, FL, 2, 97, 97, 2, 2, 32, 1, -1, -1, 0, 0, 0, 0.1f, 0, 0, 0},
+        {"quick bf16 hs128 T=300 ramp", BF, FL, 1, 300, 300, 2, 2, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0, 1},
     };
     const Case cases[] = {
-        {"bf16 hs64 T=1", BF, FL, 2, 1, 1, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=1", BF, FL, 1, 1, 1, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=17", BF, FL, 2, 17, 17, 3, 3, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 T=64", BF, FL, 1, 64, 64, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=97 fused", BF, FL, 2, 97, 97, 4, 4, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"bf16 hs64 T=128", BF, FL, 1, 128, 128, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=1000", BF, FL, 1, 1000, 1000, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 T=1025", BF, FL, 1, 1025, 1025, 2, 1, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal T=4096", BF, FL, 1, 4096, 4096, 1, 1, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs128 causal T=97", BF, FL, 2, 97, 97, 2, 2, 128, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs128 T=1025 fused", BF, FL, 1, 1025, 1025, 2, 2, 128, 0, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"fp16 hs64 causal T=333", FP, FL, 2, 333, 333, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"fp16 hs128 T=200", FP, FL, 1, 200, 200, 3, 3, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 GQA 8/2 causal T=300", BF, FL, 2, 300, 300, 8, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"bf16 hs128 MQA 4/1 T=150", BF, FL, 1, 150, 150, 4, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 Tq=37 Tk=300", BF, FL, 2, 37, 300, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs128 causal Tq=37 Tk=300", BF, FL, 1, 37, 300, 2, 1, 128, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 window 31/0 causal", BF, FL, 1, 513, 513, 2, 2, 64, 1, 31, 0, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs128 window 50/20", BF, FL, 2, 400, 400, 2, 2, 128, 0, 50, 20, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 masked rows Tq=200 Tk=40", BF, FL, 1, 200, 40, 2, 2, 64, 0, 3, 0, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 alibi causal T=300", BF, FL, 1, 300, 300, 4, 4, 64, 1, -1, -1, 1, 0, 0, 0, 0, 0},
-        {"bf16 hs64 docs causal B=2 T=256", BF, FL, 2, 256, 256, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0, 0},
-        {"fp16 hs128 docs T=190", FP, FL, 3, 190, 190, 2, 1, 128, 0, -1, -1, 0, 1, 1, 0, 0, 0},
-        {"bf16 hs64 dropout 0.1 causal T=200", BF, FL, 2, 200, 200, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0, 0},
-        {"fp16 hs128 dropout 0.3 T=129", FP, FL, 1, 129, 129, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0, 0},
-        {"bf16 hs64 deterministic causal T=500", BF, FL, 2, 500, 500, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 1, 0},
-        {"bf16 hs128 deterministic T=300", BF, FL, 1, 300, 300, 2, 2, 128, 0, 40, 40, 1, 0, 0, 0.1f, 1, 0},
-        {"naive bf16 hs64 causal T=300 GQA", BF, NV, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"naive fp16 hs128 T=97 drop+alibi", FP, NV, 1, 97, 97, 2, 2, 128, 0, -1, -1, 1, 0, 0, 0.2f, 0, 0},
-        {"naive fp32 hs64 causal T=100", DTYPE_F32, NV, 1, 100, 100, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"naive bf16 hs64 window+docs", BF, NV, 2, 120, 120, 2, 2, 64, 1, 20, 0, 0, 1, 0, 0, 0, 0},
-        {"bf16 hs64 GQA 4/2 causal Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"fp16 hs128 GQA 4/1 causal Tq=200 Tk=70 win 30/0", FP, FL, 1, 200, 70, 4, 1, 128, 1, 30, 0, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs64 causal Tq=257 Tk=129 win 40/10 det", BF, FL, 2, 257, 129, 2, 2, 64, 1, 40, 10, 0, 0, 0, 0, 1, 0},
-        {"bf16 hs64 alibi per batch row causal", BF, FL, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0, 0},
-        {"naive bf16 hs64 GQA causal Tq=200 Tk=77 win 20/0", BF, NV, 2, 200, 77, 4, 2, 64, 1, 20, 0, 0, 0, 0, 0, 0, 0},
-        {"naive fp32 hs32 MQA causal Tq=130 Tk=64", DTYPE_F32, NV, 1, 130, 64, 4, 1, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"naive bf16 hs64 alibi per batch row causal", BF, NV, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0, 0},
-        {"naive fp16 hs128 softcap 1.5 causal alibi", FP, NV, 2, 97, 97, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0, 0, 1.5f},
-        {"naive bf16 hs64 softcap 2 Tq=70 Tk=150 GQA", BF, NV, 1, 70, 150, 4, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 2.0f},
+        {"bf16 hs64 T=1", BF, FL, 2, 1, 1, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=1", BF, FL, 1, 1, 1, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=17", BF, FL, 2, 17, 17, 3, 3, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 T=64", BF, FL, 1, 64, 64, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=97 fused", BF, FL, 2, 97, 97, 4, 4, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"bf16 hs64 T=128", BF, FL, 1, 128, 128, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=1000", BF, FL, 1, 1000, 1000, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 T=1025", BF, FL, 1, 1025, 1025, 2, 1, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal T=4096", BF, FL, 1, 4096, 4096, 1, 1, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 causal T=97", BF, FL, 2, 97, 97, 2, 2, 128, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 T=1025 fused", BF, FL, 1, 1025, 1025, 2, 2, 128, 0, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"fp16 hs64 causal T=333", FP, FL, 2, 333, 333, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs128 T=200", FP, FL, 1, 200, 200, 3, 3, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 GQA 8/2 causal T=300", BF, FL, 2, 300, 300, 8, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"bf16 hs128 MQA 4/1 T=150", BF, FL, 1, 150, 150, 4, 1, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 Tq=37 Tk=300", BF, FL, 2, 37, 300, 2, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 causal Tq=37 Tk=300", BF, FL, 1, 37, 300, 2, 1, 128, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 window 31/0 causal", BF, FL, 1, 513, 513, 2, 2, 64, 1, 31, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 window 50/20", BF, FL, 2, 400, 400, 2, 2, 128, 0, 50, 20, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs128 T=700 ramp", BF, FL, 1, 700, 700, 2, 2, 128, 0, -1, -1, 0, 0, 0, 0, 0, 0, 1},
+        {"fp16 hs64 causal T=1500 ramp", FP, FL, 1, 1500, 1500, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 1},
+        {"bf16 hs64 T=777 ramp alibi", BF, FL, 1, 777, 777, 2, 2, 64, 0, -1, -1, 1, 0, 0, 0, 0, 0, 1},
+        {"fp16 hs128 causal T=600 ramp drop", FP, FL, 1, 600, 600, 2, 2, 128, 1, -1, -1, 0, 0, 0, 0.1f, 0, 0, 1},
+        {"bf16 hs64 masked rows Tq=200 Tk=40", BF, FL, 1, 200, 40, 2, 2, 64, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 alibi causal T=300", BF, FL, 1, 300, 300, 4, 4, 64, 1, -1, -1, 1, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 docs causal B=2 T=256", BF, FL, 2, 256, 256, 2, 2, 64, 1, -1, -1, 0, 1, 0, 0, 0, 0, 0},
+        {"fp16 hs128 docs T=190", FP, FL, 3, 190, 190, 2, 1, 128, 0, -1, -1, 0, 1, 1, 0, 0, 0, 0},
+        {"bf16 hs64 dropout 0.1 causal T=200", BF, FL, 2, 200, 200, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0.1f, 0, 0, 0},
+        {"fp16 hs128 dropout 0.3 T=129", FP, FL, 1, 129, 129, 2, 1, 128, 0, -1, -1, 0, 0, 0, 0.3f, 0, 0, 0},
+        {"bf16 hs64 deterministic causal T=500", BF, FL, 2, 500, 500, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 1, 0, 0},
+        {"bf16 hs128 deterministic T=300", BF, FL, 1, 300, 300, 2, 2, 128, 0, 40, 40, 1, 0, 0, 0.1f, 1, 0, 0},
+        {"naive bf16 hs64 causal T=300 GQA", BF, NV, 2, 300, 300, 4, 2, 64, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"naive fp16 hs128 T=97 drop+alibi", FP, NV, 1, 97, 97, 2, 2, 128, 0, -1, -1, 1, 0, 0, 0.2f, 0, 0, 0},
+        {"naive fp32 hs64 causal T=100", DTYPE_F32, NV, 1, 100, 100, 2, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"naive bf16 hs64 window+docs", BF, NV, 2, 120, 120, 2, 2, 64, 1, 20, 0, 0, 1, 0, 0, 0, 0, 0},
+        {"bf16 hs64 GQA 4/2 causal Tq=300 Tk=97", BF, FL, 2, 300, 97, 4, 2, 64, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs128 GQA 4/1 causal Tq=200 Tk=70 win 30/0", FP, FL, 1, 200, 70, 4, 1, 128, 1, 30, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs64 causal Tq=257 Tk=129 win 40/10 det", BF, FL, 2, 257, 129, 2, 2, 64, 1, 40, 10, 0, 0, 0, 0, 1, 0, 0},
+        {"bf16 hs64 alibi per batch row causal", BF, FL, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0, 0, 0},
+        {"naive bf16 hs64 GQA causal Tq=200 Tk=77 win 20/0", BF, NV, 2, 200, 77, 4, 2, 64, 1, 20, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"naive fp32 hs32 MQA causal Tq=130 Tk=64", DTYPE_F32, NV, 1, 130, 64, 4, 1, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"naive bf16 hs64 alibi per batch row causal", BF, NV, 3, 150, 150, 4, 2, 64, 1, -1, -1, 2, 0, 0, 0, 0, 0, 0},
+        {"naive fp16 hs128 softcap 1.5 causal alibi", FP, NV, 2, 97, 97, 2, 2, 128, 1, -1, -1, 1, 0, 0, 0, 0, 1.5f, 0},
+        {"naive bf16 hs64 softcap 2 Tq=70 Tk=150 GQA", BF, NV, 1, 70, 150, 4, 2, 64, 0, -1, -1, 0, 0, 0, 0, 0, 2.0f, 0},
         {"naive fp32 softcap 0.7 causal Tq=100 Tk=60 drop", DTYPE_F32, NV, 1, 100, 60, 2, 1, 64, 1, -1, -1, 2, 0, 0,
-         0.1f, 0, 0.7f},
-        {"fp32 (naive) softcap 5 alibi per row", DTYPE_F32, FL, 2, 90, 90, 2, 2, 64, 0, 30, 30, 2, 0, 0, 0, 0, 5.0f},
-        {"fp16 hs128 alibi per batch row det", FP, FL, 2, 100, 100, 2, 2, 128, 0, 20, 20, 2, 0, 0, 0, 1, 0},
+         0.1f, 0, 0.7f, 0},
+        {"fp32 (naive) softcap 5 alibi per row", DTYPE_F32, FL, 2, 90, 90, 2, 2, 64, 0, 30, 30, 2, 0, 0, 0, 0, 5.0f, 0},
+        {"fp16 hs128 alibi per batch row det", FP, FL, 2, 100, 100, 2, 2, 128, 0, 20, 20, 2, 0, 0, 0, 1, 0, 0},
         // head sizes 32, 96 and 256 (sm80 tiles of their own; on Hopper the sm90 family in HS 64's and
         // HS 128's tiles, but the backward at 256)
-        {"bf16 hs32 causal T=1", BF, FL, 1, 1, 1, 2, 2, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs32 causal T=4100 (three warpgroups)", BF, FL, 1, 4100, 4100, 1, 1, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"fp16 hs96 causal T=4100 fused", FP, FL, 1, 4100, 4100, 1, 1, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"bf16 hs32 causal GQA 6/2 T=257 fused", BF, FL, 2, 257, 257, 6, 2, 32, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"fp16 hs32 Tq=37 Tk=300", FP, FL, 2, 37, 300, 2, 2, 32, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs32 T=1025 window 50/20 det", BF, FL, 1, 1025, 1025, 2, 1, 32, 0, 50, 20, 0, 0, 0, 0, 1, 0},
-        {"bf16 hs32 alibi+drop docs causal", BF, FL, 2, 190, 190, 2, 2, 32, 1, -1, -1, 1, 1, 0, 0.2f, 0, 0},
-        {"bf16 hs96 causal T=333 fused", BF, FL, 2, 333, 333, 3, 3, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"fp16 hs96 GQA 4/2 T=200", FP, FL, 1, 200, 200, 4, 2, 96, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs96 causal Tq=300 Tk=97 MQA", BF, FL, 2, 300, 97, 4, 1, 96, 1, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs96 T=1025 masked rows win 3/0", BF, FL, 1, 1025, 1025, 2, 2, 96, 0, 3, 0, 0, 0, 0, 0, 0, 0},
-        {"fp16 hs96 alibi drop 0.1 det T=129", FP, FL, 1, 129, 129, 2, 2, 96, 1, -1, -1, 2, 0, 0, 0.1f, 1, 0},
-        {"bf16 hs96 docs causal fused", BF, FL, 3, 190, 190, 2, 1, 96, 1, -1, -1, 0, 1, 1, 0, 0, 0},
-        {"bf16 hs256 causal T=300 fused", BF, FL, 1, 300, 300, 2, 2, 256, 1, -1, -1, 0, 0, 1, 0, 0, 0},
-        {"fp16 hs256 GQA 4/2 Tq=70 Tk=129", FP, FL, 2, 70, 129, 4, 2, 256, 0, -1, -1, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs256 causal T=97 win 40/0", BF, FL, 2, 97, 97, 2, 2, 256, 1, 40, 0, 0, 0, 0, 0, 0, 0},
-        {"bf16 hs256 alibi drop 0.2 det T=200", BF, FL, 1, 200, 200, 2, 1, 256, 1, -1, -1, 1, 0, 0, 0.2f, 1, 0},
-        {"fp16 hs256 docs T=190 fused", FP, FL, 2, 190, 190, 2, 2, 256, 0, -1, -1, 0, 1, 1, 0, 0, 0},
+        {"bf16 hs32 causal T=1", BF, FL, 1, 1, 1, 2, 2, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs32 causal T=4100 (three warpgroups)", BF, FL, 1, 4100, 4100, 1, 1, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs96 causal T=4100 fused", FP, FL, 1, 4100, 4100, 1, 1, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"bf16 hs32 causal GQA 6/2 T=257 fused", BF, FL, 2, 257, 257, 6, 2, 32, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"fp16 hs32 Tq=37 Tk=300", FP, FL, 2, 37, 300, 2, 2, 32, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs32 T=1025 window 50/20 det", BF, FL, 1, 1025, 1025, 2, 1, 32, 0, 50, 20, 0, 0, 0, 0, 1, 0, 0},
+        {"bf16 hs32 alibi+drop docs causal", BF, FL, 2, 190, 190, 2, 2, 32, 1, -1, -1, 1, 1, 0, 0.2f, 0, 0, 0},
+        {"bf16 hs96 causal T=333 fused", BF, FL, 2, 333, 333, 3, 3, 96, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"fp16 hs96 GQA 4/2 T=200", FP, FL, 1, 200, 200, 4, 2, 96, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs96 causal Tq=300 Tk=97 MQA", BF, FL, 2, 300, 97, 4, 1, 96, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs96 T=1025 masked rows win 3/0", BF, FL, 1, 1025, 1025, 2, 2, 96, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"fp16 hs96 alibi drop 0.1 det T=129", FP, FL, 1, 129, 129, 2, 2, 96, 1, -1, -1, 2, 0, 0, 0.1f, 1, 0, 0},
+        {"bf16 hs96 docs causal fused", BF, FL, 3, 190, 190, 2, 1, 96, 1, -1, -1, 0, 1, 1, 0, 0, 0, 0},
+        {"bf16 hs256 causal T=300 fused", BF, FL, 1, 300, 300, 2, 2, 256, 1, -1, -1, 0, 0, 1, 0, 0, 0, 0},
+        {"fp16 hs256 GQA 4/2 Tq=70 Tk=129", FP, FL, 2, 70, 129, 4, 2, 256, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs256 causal T=97 win 40/0", BF, FL, 2, 97, 97, 2, 2, 256, 1, 40, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"bf16 hs256 alibi drop 0.2 det T=200", BF, FL, 1, 200, 200, 2, 1, 256, 1, -1, -1, 1, 0, 0, 0.2f, 1, 0, 0},
+        {"fp16 hs256 docs T=190 fused", FP, FL, 2, 190, 190, 2, 2, 256, 0, -1, -1, 0, 1, 1, 0, 0, 0, 0},
     };
     // name, dtype, B, T, NH, NKV, HS, causal, wl, wr, alibi, q_split, k_split, det
     const ChunkCase chunk_cases[] = {
