@@ -114,7 +114,7 @@ typedef struct {
     int alibi, docs, fused;  // ALiBi slopes (1: (NH), 2: (B, NH)); 3 documents per row; fused QKV
     float dropout;
     int deterministic;
-    float softcap;  // 0 = off (omitted in most cases below)
+    float softcap;  // 0 = off
     int ramp;       // K's rows grow toward key 0 (up to 7x): the forward, which visits keys last
                     // to first, sees a row's running max jump by many units several times
 } Case;
