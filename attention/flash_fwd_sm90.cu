@@ -1,10 +1,10 @@
 // flash_fwd_sm90: the FlashAttention-2 forward on Hopper's warpgroup MMA (wgmma, sm_90a). One
 // block per (query tile, head, batch row); each warpgroup owns 64 query rows. S = Q K^T reads
 // both operands from shared memory; the probabilities stay in registers as the A operand of
-// O += P V. Q and K/V tiles are copied by the copy engine (TMA); K/V stream through three stages
-// handed over by mbarriers. The loop
-// is software-pipelined as in FlashAttention-3: S of the next key tile is issued before O += P V
-// of the current one, so the softmax runs while the tensor cores work. Masking follows
+// O += P V. Q and K/V tiles are copied by the copy engine (TMA); K/V stream through two or three
+// stages handed over by mbarriers. The loop is software-pipelined as in FlashAttention-3: S of
+// the next key tile is issued before O += P V of the current one, so the softmax runs while the
+// tensor cores work. Masking follows
 // flash_fwd_sm80.cu (partial tiles masked per element, empty tiles skipped). Soft-capping, ALiBi
 // and dropout live in the EXTRAS instances only (flash_mask.cuh's ScoreRule and dropout fragment bytes), so
 // the plain instance keeps its registers; dropout draws the same mask as every implementation.
@@ -28,7 +28,14 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     extern __shared__ unsigned char smem_raw[];
     auto &sm = smem_storage<Sm90FwdSmem<T, HS, NWG, BLOCKS>>(smem_raw);
     T *sQ = sm.q, *sK = sm.k[0], *sV = sm.v[0];  // (BM, HS), STAGES x (BN, HS), STAGES x (BN, HS)
-    const uint32_t full0 = smem_u32(sm.full), empty0 = smem_u32(sm.empty);  // STAGES mbarriers each
+    // KV_APART: K and V of a stage land and are released apart (K once S = Q K^T has completed,
+    // V once O += P V has), so a refill of K does not wait for the O += P V issued with the next
+    // S. Measured 1.01-1.04x at HS 64 with two warpgroups (1K and 2K queries), 0.90-0.99x at
+    // HS 128 and 0.97-1.00x with three warpgroups (docs/PERFORMANCE.md), which keep one pair of
+    // mbarriers per stage: full_k and empty_k stand for the whole stage there.
+    constexpr bool KV_APART = HS == 64 && NWG == 2;
+    const uint32_t full_k0 = smem_u32(sm.full_k), empty_k0 = smem_u32(sm.empty_k);
+    const uint32_t full_v0 = smem_u32(sm.full_v), empty_v0 = smem_u32(sm.empty_v);
 
     const QueryBlock qb = query_block<EXTRAS>(p, BM, BN);
     const int h = qb.h, b = qb.b, kvh = qb.kvh, m0 = qb.m0;
@@ -69,34 +76,52 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
 
     // Key tiles run from last to first (the partial diagonal and ragged tiles first, then the
     // bulk): tile i starts at key key_n0(i), in stage i % STAGES. One thread has the copy engine
-    // load each tile (keys past T_k read as zeros), which lands on the stage's `full` barrier;
-    // every MMA thread arrives on `empty` when its warpgroup is done with the stage. A stage is
-    // refilled once all have released it, so warpgroups drift apart by up to a tile instead of
-    // meeting every tile. Q lands with tile 0 (rows past T_q read as zeros).
+    // load each tile's K and V (keys past T_k read as zeros), which land on the stage's `full_k`
+    // and (KV_APART) `full_v` barriers; every MMA thread arrives on `empty_k` once its
+    // S = Q K^T of the tile has completed and on `empty_v` once its O += P V has (without
+    // KV_APART on `empty_k`, then). K and V are refilled once all have released them, so
+    // warpgroups drift apart by up to a tile instead of meeting every tile. Q lands with K of
+    // tile 0 (rows past T_q read as zeros).
     const int n_tiles = qb.n_tiles();
     auto key_n0 = [&](int i) { return qb.key_tile(n_tiles - 1 - i) * BN; };  // i-th tile from the last
-    auto load_kv = [&](int i) {  // one thread
+    auto load_k = [&](int i) {  // one thread; Q lands with K of tile 0, V too without KV_APART
         const int n0 = key_n0(i), st = i % STAGES;
-        const uint32_t full = full0 + st * 8;
-        if (i >= STAGES) mbar_wait(empty0 + st * 8, ((i / STAGES) - 1) & 1);
-        mbar_arrive_expect_tx(full, (2 * BN + (i == 0 ? BM : 0)) * HS * 2);
+        const uint32_t full = full_k0 + st * 8;
+        if (i >= STAGES) mbar_wait(empty_k0 + st * 8, ((i / STAGES) - 1) & 1);
+        mbar_arrive_expect_tx(full, ((KV_APART ? 1 : 2) * BN + (i == 0 ? BM : 0)) * HS * 2);
         if (i == 0) tma_load_sw128<BM, HS>(sQ, &tm_q, m0, h, b, full);
         tma_load_sw128<BN, HS>(sK + st * BN * HS, &tm_k, n0, kvh, b, full);
-        tma_load_sw128<BN, HS>(sV + st * BN * HS, &tm_v, n0, kvh, b, full);
+        if (!KV_APART) tma_load_sw128<BN, HS>(sV + st * BN * HS, &tm_v, n0, kvh, b, full);
+    };
+    auto load_v = [&](int i) {  // one thread, KV_APART
+        if constexpr (!KV_APART) return;
+        const int st = i % STAGES;
+        const uint32_t full = full_v0 + st * 8;
+        if (i >= STAGES) mbar_wait(empty_v0 + st * 8, ((i / STAGES) - 1) & 1);
+        mbar_arrive_expect_tx(full, BN * HS * 2);
+        tma_load_sw128<BN, HS>(sV + st * BN * HS, &tm_v, key_n0(i), kvh, b, full);
     };
     if (tid == 0) {
-        for (int st = 0; st < STAGES; st++) mbar_init(full0 + st * 8, 1), mbar_init(empty0 + st * 8, Tile::NMMA);
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(full_k0 + st * 8, 1), mbar_init(empty_k0 + st * 8, Tile::NMMA);
+            if (KV_APART) mbar_init(full_v0 + st * 8, 1), mbar_init(empty_v0 + st * 8, Tile::NMMA);
+        }
         mbar_init_fence();
-        for (int i = 0; i < STAGES && i < n_tiles; i++) load_kv(i);
+        for (int i = 0; i < STAGES && i < n_tiles; i++) load_k(i), load_v(i);
     }
     __syncthreads();
-    // The producer warpgroup (Tile::PRODUCER) issues the refills, each once its stage is released;
-    // otherwise thread 0 does, after its own warpgroup's release (the step below).
+    // The producer warpgroup (Tile::PRODUCER) issues the refills, each once its stage is released,
+    // with KV_APART K of tile i before V of tile i - 1 (S of tile i and O += P V of tile i - 1 go
+    // out together, and K's stage is released first); otherwise thread 0 does, after its own
+    // warpgroup's release (the step below).
     if constexpr (Tile::PRODUCER) {
         if (wg == NWG) {
             setmaxnreg_dec<Tile::REGS_PRODUCER>();
             if (tid == Tile::NMMA)
-                for (int i = STAGES; i < n_tiles; i++) load_kv(i);
+                for (int i = STAGES; i <= n_tiles; i++) {
+                    if (i < n_tiles) load_k(i);
+                    if (i - 1 >= STAGES) load_v(i - 1);
+                }
             return;
         }
         setmaxnreg_inc<Tile::REGS_MMA>();
@@ -121,7 +146,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // S = Q K^T of tile i (waits for its stage), issued and committed as one wgmma group.
     auto issue_scores = [&](int i) {
         const int st = i % STAGES;
-        mbar_wait(full0 + st * 8, (i / STAGES) & 1);
+        mbar_wait(full_k0 + st * 8, (i / STAGES) & 1);
         const uint64_t k_desc = desc_add(k_desc0, st * BN * HS * 2);
         wgmma_fence();
 #pragma unroll
@@ -130,9 +155,12 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
                                    desc_add(k_desc, (ks >> 2) * BN * 128 + (ks & 3) * 32), ks > 0);
         wgmma_commit();
     };
-    // O += P V of tile i, one wgmma group (P from registers, V from its stage).
+    // O += P V of tile i, one wgmma group (P from registers, V from its stage; KV_APART waits
+    // for V here).
     auto issue_pv = [&](int i) {
-        const uint64_t v_desc = desc_add(v_desc0, (i % STAGES) * BN * HS * 2);
+        const int st = i % STAGES;
+        if (KV_APART) mbar_wait(full_v0 + st * 8, (i / STAGES) & 1);
+        const uint64_t v_desc = desc_add(v_desc0, st * BN * HS * 2);
         wgmma_fence_regs(o);
         wgmma_fence();
 #pragma unroll
@@ -270,6 +298,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
         turn_end(false);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
+        if (KV_APART) mbar_arrive(empty_k0);
         if constexpr (EXTRAS && HS == 64) softmax(0, Masked<true>());
         else tile_softmax(0, TileByClass());
         rescale_and_pack();
@@ -279,14 +308,15 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
         issue_scores(i);
         issue_pv(i - 1);
         turn_end(false);
-        wgmma_wait<1>();  // S of tile i
+        wgmma_wait<1>();  // S of tile i (KV_APART: its K is released)
         wgmma_fence_regs(s);
+        if (KV_APART) mbar_arrive(empty_k0 + (i % STAGES) * 8);
         tile_softmax(i, masked);
         wgmma_wait<0>();  // O += P V of tile i - 1
         wgmma_fence_regs(o);
         wgmma_fence_regs(pa);
-        mbar_arrive(empty0 + ((i - 1) % STAGES) * 8);
-        if (!Tile::PRODUCER && tid == 0 && i - 1 + STAGES < n_tiles) load_kv(i - 1 + STAGES);
+        mbar_arrive((KV_APART ? empty_v0 : empty_k0) + ((i - 1) % STAGES) * 8);
+        if (!Tile::PRODUCER && tid == 0 && i - 1 + STAGES < n_tiles) load_k(i - 1 + STAGES), load_v(i - 1 + STAGES);
         rescale_and_pack();
     };
     if constexpr (SPLIT) {

@@ -174,14 +174,15 @@ template <int HS, int NWG, int BLOCKS = 1> struct Sm90FwdTile {
     static_assert(BLOCKS == 1 || (BLOCKS == 2 && NWG == 2 && HS == 64), "two blocks per SM at HS 64 only");
 };
 // Q (later the staging area for O), STAGES stages of K and of V, every tile SW128 and so
-// 1024-byte aligned (each is a multiple of 1 KB), then per stage a `full` mbarrier (the stage
-// landed) and an `empty` one (every warpgroup released it).
+// 1024-byte aligned (each is a multiple of 1 KB), then per stage and per K and V a `full`
+// mbarrier (the tile landed) and an `empty` one (every warpgroup released it); K's pair stands
+// for the whole stage where K and V are not handed over apart (flash_fwd_sm90.cu's KV_APART).
 template <typename T, int HS, int NWG, int BLOCKS = 1> struct Sm90FwdSmem {
     using Tile = Sm90FwdTile<HS, NWG, BLOCKS>;
     alignas(1024) T q[Tile::BM * HS];
     T k[Tile::STAGES][Tile::BN * HS];
     T v[Tile::STAGES][Tile::BN * HS];
-    uint64_t full[Tile::STAGES], empty[Tile::STAGES];
+    uint64_t full_k[Tile::STAGES], empty_k[Tile::STAGES], full_v[Tile::STAGES], empty_v[Tile::STAGES];
 };
 
 // Hopper backward (flash_bwd_sm90.cu, wgmma): two MMA warpgroups of 64 keys share a key tile of
