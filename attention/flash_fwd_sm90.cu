@@ -28,12 +28,9 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     extern __shared__ unsigned char smem_raw[];
     auto &sm = smem_storage<Sm90FwdSmem<T, HS, NWG, BLOCKS>>(smem_raw);
     T *sQ = sm.q, *sK = sm.k[0], *sV = sm.v[0];  // (BM, HS), STAGES x (BN, HS), STAGES x (BN, HS)
-    // KV_APART: K and V of a stage land and are released apart (K once S = Q K^T has completed,
-    // V once O += P V has), so a refill of K does not wait for the O += P V issued with the next
-    // S. Measured 1.01-1.04x at HS 64 with two warpgroups (1K and 2K queries), 0.90-0.99x at
-    // HS 128 and 0.97-1.00x with three warpgroups (docs/PERFORMANCE.md), which keep one pair of
-    // mbarriers per stage: full_k and empty_k stand for the whole stage there.
-    constexpr bool KV_APART = HS == 64 && NWG == 2;
+    // K and V of a stage on mbarriers of their own (Tile::KV_APART), else full_k and empty_k
+    // stand for the whole stage.
+    constexpr bool KV_APART = Tile::KV_APART;
     const uint32_t full_k0 = smem_u32(sm.full_k), empty_k0 = smem_u32(sm.empty_k);
     const uint32_t full_v0 = smem_u32(sm.full_v), empty_v0 = smem_u32(sm.empty_v);
 

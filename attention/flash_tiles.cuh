@@ -163,10 +163,15 @@ template <typename T, int HS> struct DqSmem {
 // copies and gives its registers to the two that compute (setmaxnreg: 2 x 240 + 24 = 3 x 168),
 // so no MMA warp waits for a stage's release to refill it and the warpgroups drift apart
 // freely. Three warpgroups (170 registers each) and two blocks per SM (128) have none to give.
+// KV_APART (HS 64, two warpgroups): K and V of a stage land and are released apart (K once
+// S = Q K^T has completed, V once O += P V has), so a refill of K does not wait for the O += P V
+// issued with the next S. Measured 1.01-1.10x at 1K and 2K queries; 0.90-0.99x at HS 128 and
+// 0.97-1.00x with three warpgroups (docs/PERFORMANCE.md), which hand a stage over whole.
 template <int HS, int NWG, int BLOCKS = 1> struct Sm90FwdTile {
     static constexpr int BM = 64 * NWG, BN = HS <= 128 && BLOCKS == 1 ? 128 : 64;
     static constexpr int STAGES = HS <= 128 && BLOCKS == 1 ? 3 : 2;
     static constexpr bool PRODUCER = NWG == 2 && BLOCKS == 1;
+    static constexpr bool KV_APART = HS == 64 && NWG == 2;
     static constexpr int NMMA = 128 * NWG, NTHREADS = NMMA + (PRODUCER ? 128 : 0);
     static constexpr int REGS_MMA = 240, REGS_PRODUCER = 24;
     static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
@@ -176,7 +181,7 @@ template <int HS, int NWG, int BLOCKS = 1> struct Sm90FwdTile {
 // Q (later the staging area for O), STAGES stages of K and of V, every tile SW128 and so
 // 1024-byte aligned (each is a multiple of 1 KB), then per stage and per K and V a `full`
 // mbarrier (the tile landed) and an `empty` one (every warpgroup released it); K's pair stands
-// for the whole stage where K and V are not handed over apart (flash_fwd_sm90.cu's KV_APART).
+// for the whole stage where K and V are not handed over apart (Sm90FwdTile's KV_APART).
 template <typename T, int HS, int NWG, int BLOCKS = 1> struct Sm90FwdSmem {
     using Tile = Sm90FwdTile<HS, NWG, BLOCKS>;
     alignas(1024) T q[Tile::BM * HS];
