@@ -159,21 +159,24 @@ template <typename T, int HS> struct DqSmem {
 // rows below 4K only. The feature instance with dropout 0.2 (H100, 16K tokens, 32 heads): causal
 // 1.23x at 256, 1.13x at 512, 1.03x at 1K, 0.97x at 2K (shakespeare_char's 64 x 256, 6 heads:
 // 1.10x), so it takes it below 1K queries.
-// PRODUCER (two warpgroups at one block per SM): a third warpgroup has one thread issue the
-// copies and gives its registers to the two that compute (setmaxnreg: 2 x 240 + 24 = 3 x 168),
-// so no MMA warp waits for a stage's release to refill it and the warpgroups drift apart
-// freely. Three warpgroups (170 registers each) and two blocks per SM (128) have none to give.
-// KV_APART (HS 64, two warpgroups): K and V of a stage land and are released apart (K once
-// S = Q K^T has completed, V once O += P V has), so a refill of K does not wait for the O += P V
-// issued with the next S. Measured 1.01-1.10x at 1K and 2K queries; 0.90-0.99x at HS 128 and
-// 0.97-1.00x with three warpgroups (docs/PERFORMANCE.md), which hand a stage over whole.
+// PRODUCER (one block per SM): one more warpgroup has one thread issue the copies and gives its
+// registers to those that compute (setmaxnreg: 2 x 240 + 24 = 3 x 168 with two MMA warpgroups,
+// 3 x 160 + 32 = 4 x 128 with three), so no MMA warp waits for a stage's release to refill it
+// and the warpgroups drift apart freely. Two blocks per SM (128 registers) have none to give.
+// With three warpgroups (and K and V apart) it measured 1.15-1.29x at HS 64 from 4K queries
+// and 1.19x / 1.06x at full 2K / 1K rows, which it now runs (docs/PERFORMANCE.md).
+// KV_APART (HS 64): K and V of a stage land and are released apart (K once S = Q K^T has
+// completed, V once O += P V has), so a refill of K does not wait for the O += P V issued with
+// the next S. Measured 1.01-1.10x at 1K and 2K queries with two warpgroups; with three under
+// the producer, 1.14-1.25x the base at 4K-32K where the producer alone made 1.10-1.15x; 0.90-0.99x
+// at HS 128, which hands a stage over whole (docs/PERFORMANCE.md).
 template <int HS, int NWG, int BLOCKS = 1> struct Sm90FwdTile {
     static constexpr int BM = 64 * NWG, BN = HS <= 128 && BLOCKS == 1 ? 128 : 64;
     static constexpr int STAGES = HS <= 128 && BLOCKS == 1 ? 3 : 2;
-    static constexpr bool PRODUCER = NWG == 2 && BLOCKS == 1;
-    static constexpr bool KV_APART = HS == 64 && NWG == 2;
+    static constexpr bool PRODUCER = BLOCKS == 1;
+    static constexpr bool KV_APART = HS == 64;
     static constexpr int NMMA = 128 * NWG, NTHREADS = NMMA + (PRODUCER ? 128 : 0);
-    static constexpr int REGS_MMA = 240, REGS_PRODUCER = 24;
+    static constexpr int REGS_MMA = NWG == 3 ? 160 : 240, REGS_PRODUCER = NWG == 3 ? 32 : 24;
     static_assert(HS % 64 == 0, "SW128 tiles are whole 64-column blocks");
     static_assert(NWG == 2 || (NWG == 3 && HS == 64), "warpgroups that fit the registers");
     static_assert(BLOCKS == 1 || (BLOCKS == 2 && NWG == 2 && HS == 64), "two blocks per SM at HS 64 only");
