@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // pass it by more than 8 (log2 units), so P stays below 2^8 and O is rescaled only on the
     // tiles where a row of the warp moved; the LSE and the final 1 / sum use the same max, so the
     // softmax is the same. Measured 1.02-1.09x at D 128 and 1.04x at D 64's short causal rows
-    // (docs/PERFORMANCE.md). The three-warpgroup instance lost 17-21% with it and the two-block
-    // feature instance would spill: both keep the exact max.
+    // (docs/PERFORMANCE.md). The three-warpgroup instance lost 17-21% with it (0.91-1.00x under
+    // the producer) and the two-block feature instance would spill: both keep the exact max.
     constexpr bool LAZY = NWG == 2 && !(EXTRAS && BLOCKS == 2);
     float o[NO * 4], s[NS * 4];
 #pragma unroll
@@ -260,9 +260,10 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // 1.04-1.06x the split loops, and at HS 128, where the split loops measured 0.95-0.99x.
     // Turns with one loop measured 0.90-0.96x while thread 0 refilled the stages; with the
     // producer warpgroup, 1.03-1.04x the producer alone at HS 128 at 1K and 2K queries, level
-    // (0.99-1.01x) from 8K (docs/PERFORMANCE.md). The feature instances run one loop too (at
-    // HS 64 with dropout about level with split loops, 1.00-1.03x) and at HS 64 mask their first
-    // tile whatever its class.
+    // (0.99-1.01x) from 8K (docs/PERFORMANCE.md). Three warpgroups under the producer keep the
+    // split loops: one loop there measured 0.94-1.05x (0.97x in the median). The feature
+    // instances run one loop too (at HS 64 with dropout about level with split loops,
+    // 1.00-1.03x) and at HS 64 mask their first tile whatever its class.
     constexpr bool SPLIT = HS == 64 && NWG == 3;
     auto tile_softmax = [&](int i, auto masked) {
         if constexpr (std::is_same<decltype(masked), TileByClass>::value) {
@@ -272,8 +273,8 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
             softmax(i, masked);
         }
     };
-    // Warpgroup turns in the SPLIT and PRODUCER instances (FlashAttention-3's ping-pong; not with
-    // two blocks per SM, where the other block fills the gaps): the warpgroups issue
+    // Warpgroup turns in the PRODUCER instances (FlashAttention-3's ping-pong; not with two
+    // blocks per SM, where the other block fills the gaps): the warpgroups issue
     // their tensor-core work one after the other, so one's softmax runs while the next one's
     // GEMMs do. Warpgroup wg takes a turn on named barrier TURN0 + wg once warpgroup wg - 1
     // (mod NWG) has arrived on it after issuing its own; warpgroup 0 takes its first turn at once
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(Sm90FwdTile<HS, NWG, BLOCKS>::NTHREADS, BLOCKS
     // O += P V of the last tile).
     constexpr int TURN0 = 8;           // ids 1 .. NWG stage the output below
     constexpr int TURN_THREADS = 256;  // the warpgroup that waits and the one that arrives
-    constexpr bool TURNS = (SPLIT && BLOCKS == 1) || Tile::PRODUCER;
+    constexpr bool TURNS = Tile::PRODUCER;
     auto turn_begin = [&](bool first) {
         if (TURNS && (!first || wg > 0)) named_barrier(TURN0 + wg, TURN_THREADS);
     };
