@@ -117,14 +117,13 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
         return -1;
     }
     // HS 64 tiles (HS 32 and 64): three warpgroups (BM 192, under a producer warpgroup) for the
-    // full rows and from 4K queries on; the causal rows below 4K run two (short causal rows are
-    // imbalanced over 192-row tiles) at two blocks per SM, below. The other head sizes fit two
-    // only, and so do the feature instances (a block mask among them needs query tiles that
-    // divide its blocks).
+    // full rows and for causal rows from 4K queries on (shorter causal rows are imbalanced over
+    // 192-row tiles); the other head sizes fit two only, and so do the feature instances (a block
+    // mask among them needs query tiles that divide its blocks).
     c->fwd_wgs = p.HS <= 64 && (p.T_q >= 4096 || !p.causal) && !c->extras ? 3 : 2;
-    // Below that, the causal forward in HS 64 tiles runs two blocks per SM (Sm90FwdTile's BLOCKS
-    // 2, with its measurements): one block's prologue and epilogue run under the other's loop.
-    // The feature instance gains from it only at the shortest rows (below 1K queries).
+    // The causal forward in HS 64 tiles below 4K queries runs two blocks per SM (Sm90FwdTile's
+    // BLOCKS 2, with its measurements): one block's prologue and epilogue run under the other's
+    // loop. The feature instance gains from it only at the shortest rows (below 1K queries).
     c->fwd_blocks = p.HS <= 64 && p.causal && p.T_q < (c->extras ? 1024 : 4096) ? 2 : 1;
     return 0;
 }

@@ -164,12 +164,13 @@ template <typename T, int HS> struct DqSmem {
 // 3 x 160 + 32 = 4 x 128 with three), so no MMA warp waits for a stage's release to refill it
 // and the warpgroups drift apart freely. Two blocks per SM (128 registers) have none to give.
 // With three warpgroups (and K and V apart) it measured 1.15-1.29x at HS 64 from 4K queries
-// and 1.19x / 1.06x at full 2K / 1K rows, which it now runs (docs/PERFORMANCE.md).
+// and 1.19x / 1.06x at full 2K / 1K rows, so those full rows run three warpgroups too
+// (docs/PERFORMANCE.md).
 // KV_APART (HS 64): K and V of a stage land and are released apart (K once S = Q K^T has
 // completed, V once O += P V has), so a refill of K does not wait for the O += P V issued with
 // the next S. Measured 1.01-1.10x at 1K and 2K queries with two warpgroups; with three under
-// the producer, 1.14-1.25x the base at 4K-32K where the producer alone made 1.10-1.15x; 0.90-0.99x
-// at HS 128, which hands a stage over whole (docs/PERFORMANCE.md).
+// the producer, 1.14-1.25x the base at 4K-32K where the producer alone made 1.10-1.15x;
+// 0.90-0.99x at HS 128, which hands a stage over whole (docs/PERFORMANCE.md).
 template <int HS, int NWG, int BLOCKS = 1> struct Sm90FwdTile {
     static constexpr int BM = 64 * NWG, BN = HS <= 128 && BLOCKS == 1 ? 128 : 64;
     static constexpr int STAGES = HS <= 128 && BLOCKS == 1 ? 3 : 2;
