@@ -247,9 +247,10 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 // Every block present: the same tiles in the same order as dense, so bitwise the same forward.
-// (The cases keep to shapes where dense runs the feature instances' tiles: not HS 64 causal below
-// 4K queries, where the sm90 forward runs BN 64 at two blocks per SM, nor from 4K on, where it
-// runs three warpgroups.)
+// (The cases keep to shapes where dense runs the feature instances' tiles: head sizes in HS 128's
+// tiles. At HS 32 and 64 the sm90 forward's plain instances run three warpgroups (full rows, and
+// causal rows from 4K queries) or two blocks per SM (shorter causal rows), which a block mask
+// does not.)
 // The deterministic backward of a mask runs the kernels' feature instances, compiled apart from
 // the plain ones (their multiply-adds may contract differently), so its gradients equal dense
 // within a few bf16 roundings (2^-8 each) of the largest gradient, not bitwise.
@@ -342,7 +343,7 @@ int main(void) {
         {"bigbird hs256 causal T=700 (64-key backward tiles)", 1, 700, 700, 2, 1, 256, 1, -1, BB},
     };
     const Case full[] = {
-        {"full mask hs64 T=1000", 1, 1000, 1000, 2, 1, 64, 0, -1, FULL},
+        {"full mask hs96 T=1000 GQA", 1, 1000, 1000, 2, 1, 96, 0, -1, FULL},
         {"full mask hs128 causal T=333", 2, 333, 333, 2, 2, 128, 1, -1, FULL},
     };
     const Case unread = {"unread block hs64 T=700", 1, 700, 700, 2, 1, 64, 0, -1, sp(ATTN_SPARSE_LOCAL_GLOBAL, 1, 0, 0, 0)};
