@@ -123,7 +123,8 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
     c->fwd_wgs = p.HS <= 64 && (p.T_q >= 4096 || !p.causal) && !c->extras ? 3 : 2;
     // The causal forward in HS 64 tiles below 4K queries runs two blocks per SM (Sm90FwdTile's
     // BLOCKS 2, with its measurements): one block's prologue and epilogue run under the other's
-    // loop. The feature instance gains from it only at the shortest rows (below 1K queries).
+    // loop; against the one-block producer instance 1.14x at 1K and 1.05x at 2K. The feature
+    // instance gains from it only at the shortest rows (below 1K queries).
     c->fwd_blocks = p.HS <= 64 && p.causal && p.T_q < (c->extras ? 1024 : 4096) ? 2 : 1;
     return 0;
 }
