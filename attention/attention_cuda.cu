@@ -120,12 +120,13 @@ static int attn_select_kernel(const AttnGpu &g, const AttnParams &p, int backwar
     // full rows and for causal rows from 4K queries on (shorter causal rows are imbalanced over
     // 192-row tiles); the other head sizes fit two only, and so do the feature instances (a block
     // mask among them needs query tiles that divide its blocks).
-    c->fwd_wgs = p.HS <= 64 && (p.T_q >= 4096 || !p.causal) && !c->extras ? 3 : 2;
-    // The causal forward in HS 64 tiles below 4K queries runs two blocks per SM (Sm90FwdTile's
-    // BLOCKS 2, with its measurements): one block's prologue and epilogue run under the other's
-    // loop; against the one-block producer instance 1.14x at 1K and 1.05x at 2K. The feature
-    // instance gains from it only at the shortest rows (below 1K queries).
-    c->fwd_blocks = p.HS <= 64 && p.causal && p.T_q < (c->extras ? 1024 : 4096) ? 2 : 1;
+    const bool hs64 = p.HS <= 64, short_causal = p.causal && p.T_q < 4096;
+    c->fwd_wgs = hs64 && !short_causal && !c->extras ? 3 : 2;
+    // The short causal rows in HS 64 tiles run two blocks per SM instead (Sm90FwdTile's BLOCKS 2,
+    // with its measurements): one block's prologue and epilogue run under the other's loop;
+    // against the one-block producer instance 1.14x at 1K and 1.05x at 2K. The feature instance
+    // gains from it only at the shortest rows (below 1K queries).
+    c->fwd_blocks = hs64 && (c->extras ? p.causal && p.T_q < 1024 : short_causal) ? 2 : 1;
     return 0;
 }
 
