@@ -208,7 +208,8 @@ def main():
           "--kernel", args.kernel, "--dropout", str(args.dropout)]
     me += ["--full"] * args.full
     cmd = [args.ncu, "--kernel-name-base", "demangled", "--kernel-name", MAIN_KERNEL[args.pass_],
-           "--launch-skip", str(RUNS - 1), "--launch-count", "1", "--set", "full", "-f", "-o", rep] + me
+           "--launch-skip", str(RUNS - 1), "--launch-count", "1", "--set", "full",
+           "--clock-control", "none", "--cache-control", "none", "-f", "-o", rep] + me
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
