@@ -181,6 +181,8 @@ NOT_RUN = [
      "the script on the CPU backend)"),
     (r"^(python3 )?scripts/bench_decode\.py\b", f"{GPU} (the split-KV decode kernel, train_gpt sample and SDPA on CUDA)"),
     (r"^(python3 )?scripts/profile_(kernels|attention)\.py\b", f"{GPU} and Nsight Compute (ncu)"),
+    (r"^python3 scripts/sass_stats\.py\b", "needs nvdisasm, which the CUDA toolkit here lacks (pip's "
+     "nvidia-cuda-nvdisasm has it); tests/test_sass_stats.py runs the script with stand-in tools"),
     (r"^for i in 1 2 3; do for b in OLD/train_gpt \./train_gpt; do \$b bench -c configs/gpt2_124m\.json \$B; ",
      f"{GPU} ($B, set on the line before, holds --device cuda)"),
     (r"^python3 scripts/long_context_table\.py\b", f"{GPU} (--device cuda by default)"),
