@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The static instruction mix of a CUDA file's kernels, without a GPU: compiled to a cubin with the
-Makefile's code-generation flags, disassembled by nvdisasm, counted per kernel.
+Makefile's NVCCFLAGS (read from the tree's own Makefile), disassembled by nvdisasm, counted per kernel.
 
 usage: python3 scripts/sass_stats.py FILE.cu [FILE.cu ...] [--kernel REGEX] [--ops HGMMA,R2UR,...]
            [--base REV] [--arch sm_90a] [--nvcc PATH] [--nvdisasm PATH]
@@ -27,8 +27,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The Makefile's NVCCFLAGS that decide the code (not -lineinfo or the host compiler's flags).
-NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DFLASHGPT_CUDA"]
+# Prints the Makefile's NVCCFLAGS (read beside the Makefile: `make -f Makefile -f -`).
+PRINT_FLAGS = "sass-stats-nvccflags:\n\t@echo $(NVCCFLAGS)\n"
 FUNC = re.compile(r"^\s*\.text\.(\S+):")
 INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
@@ -67,14 +67,23 @@ def demangle(names):
     return {n: d.split("(")[0] if d != n else n for n, d in zip(names, out)}
 
 
+def nvcc_flags(tree, nvcc):
+    """The NVCCFLAGS of `tree`'s Makefile, its CUDA_ARCH left out (the caller names one)."""
+    p = subprocess.run(["make", "-s", "--no-print-directory", "-C", tree, "-f", "Makefile", "-f", "-", f"NVCC={nvcc}",
+                        "CUDA_ARCH=", "sass-stats-nvccflags"], input=PRINT_FLAGS, capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        sys.stderr.write(p.stderr[-3000:])
+        sys.exit(f"sass_stats.py: could not read NVCCFLAGS from {tree}/Makefile")
+    return p.stdout.split()
+
+
 def build(tree, files, args, tmp):
-    """{kernel: opcodes} of the files compiled in `tree`."""
-    kernels = {}
+    """{kernel: opcodes} of the files compiled in `tree` (with its Makefile's flags)."""
+    kernels, flags = {}, nvcc_flags(tree, args.nvcc)
     for i, f in enumerate(files):
         cubin = os.path.join(tmp, f"{i}.cubin")
-        cmd = [args.nvcc, *NVCC_FLAGS, f"-I{tree}", "-cubin", f"-gencode=arch=compute_{args.arch[3:]},code={args.arch}",
-               os.path.join(tree, f), "-o", cubin]
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        cmd = [args.nvcc, *flags, "-cubin", f"-gencode=arch=compute_{args.arch[3:]},code={args.arch}", f, "-o", cubin]
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=tree)
         if p.returncode != 0:
             sys.stderr.write(p.stderr[-3000:])
             sys.exit(f"sass_stats.py: nvcc failed on {f} (exit status {p.returncode})")
@@ -86,6 +95,12 @@ def build(tree, files, args, tmp):
     return kernels
 
 
+def numbers(ops, wanted):
+    """A kernel's table cells: its instructions, its span's and the span's count of each opcode."""
+    n, s, c = stats(ops, wanted)
+    return [n, s] + [c[w] for w in wanted]
+
+
 def table(now, base, pattern, wanted):
     """The markdown table's lines: a row per matching kernel of `now` (base: {} or REV's)."""
     names = demangle(sorted(now))
@@ -94,15 +109,11 @@ def table(now, base, pattern, wanted):
     for k in sorted(now, key=lambda k: names[k]):
         if not pattern.search(names[k]):
             continue
-        n, s, c = stats(now[k], wanted)
-        cells = [str(n), str(s)] + [str(c[w]) for w in wanted]
+        cells = numbers(now[k], wanted)
         if base:
-            if k in base:
-                bn, bs, bc = stats(base[k], wanted)
-                cells = [f"{a} -> {b}" for a, b in zip([bn, bs] + [bc[w] for w in wanted], [n, s] + [c[w] for w in wanted])]
-            else:
-                cells = [f"(new) {x}" for x in cells]
-        lines.append("| " + " | ".join([names[k]] + cells) + " |")
+            cells = ([f"{a} -> {b}" for a, b in zip(numbers(base[k], wanted), cells)] if k in base
+                     else [f"(new) {x}" for x in cells])
+        lines.append("| " + " | ".join([names[k]] + [str(x) for x in cells]) + " |")
     return lines
 
 
